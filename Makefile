@@ -1,0 +1,35 @@
+# The two commands a fresh machine needs: `make run` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint typecheck pytest clean
+
+$(STAMP): pyproject.toml scripts/ensure-llama-server
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet ninja cmake
+	$(BIN)/pip install --quiet -e '.[test]'
+	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/ensure-llama-server $(VENV)
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/llmgw up
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/python manage.py check
+	$(BIN)/python manage.py makemigrations --check --dry-run
+	$(BIN)/pytest
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,29 @@
+"""The node agent's Celery app: ``celery -A agent_worker worker -Q node-$(hostname)``.
+
+It imports no Django. Commands from the control plane arrive as tasks on the node's
+queue; the agent's own runtime (discovery, the link, heartbeats, the supervisor)
+lives in the worker process for its whole life.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from agent_worker.config import broker_url
+
+app = Celery("agent_worker")
+app.conf.update(
+    broker_url=broker_url(),
+    result_backend=broker_url(),
+    # The supervisor, the link and the log buffers must share one process for the
+    # worker's whole life; prefork would run tasks in children that have none of them.
+    worker_pool="threads",
+    worker_concurrency=4,
+    task_acks_late=False,
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    task_serializer="json",
+    accept_content=["json"],
+    result_expires=300,
+)
+app.autodiscover_tasks(["agent_worker"], force=True)

@@ -1,0 +1,102 @@
+"""``llmgw_ctl`` subcommands for the catalog: apply, export, delete, models."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+from django.core.management.base import CommandError
+
+from catalog.models import Model
+from catalog.schema import CatalogError
+from catalog.services import apply_catalog, delete_entry, export_catalog
+from fleet.models import ReplicaState
+from fleet.selectors import model_rows
+from llmgw_site.tables import render_json, render_table
+
+
+def add_parsers(subparsers) -> None:
+    apply = subparsers.add_parser("apply", help="create or update what a catalog file names")
+    apply.add_argument("-f", "--file", required=True, help="catalog YAML file, or - for stdin")
+    apply.add_argument("--dry-run", action="store_true", help="print the changes, apply nothing")
+    apply.add_argument("--prune", action="store_true", help="also remove what the file omits")
+    apply.set_defaults(handler=apply_command)
+
+    export = subparsers.add_parser("export", help="write the catalog in apply's format")
+    export.add_argument("-o", "--output", help="file to write (default: stdout)")
+    export.set_defaults(handler=export_command)
+
+    delete = subparsers.add_parser("delete", help="delete a model, pool or fabric")
+    delete.add_argument("kind", choices=["model", "pool", "fabric"])
+    delete.add_argument("name")
+    delete.set_defaults(handler=delete_command)
+
+    models = subparsers.add_parser("models", help="list models with wanted and ready replicas")
+    models.add_argument("--json", action="store_true")
+    models.set_defaults(handler=models_command)
+
+
+def apply_command(options, out) -> None:
+    path = options["file"]
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise CommandError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        changes = apply_catalog(
+            text, filename=path, dry_run=options["dry_run"], prune=options["prune"]
+        )
+    except CatalogError as exc:
+        raise CommandError(
+            "nothing applied; fix these and run again:\n  " + "\n  ".join(exc.problems)
+        ) from None
+    for change in changes:
+        out.write(change.describe())
+    verb = "would change" if options["dry_run"] else "changed"
+    out.write(f"{verb} {len(changes)} entr{'y' if len(changes) == 1 else 'ies'}")
+
+
+def export_command(options, out) -> None:
+    text = yaml.safe_dump(export_catalog(), sort_keys=False, allow_unicode=True)
+    if options.get("output"):
+        Path(options["output"]).write_text(text)
+    else:
+        out.write(text.rstrip("\n"))
+
+
+def delete_command(options, out) -> None:
+    try:
+        existed = delete_entry(options["kind"], options["name"])
+    except CatalogError as exc:
+        raise CommandError(exc.problems[0]) from None
+    if not existed:
+        known = ", ".join(Model.objects.values_list("name", flat=True)) or "none"
+        raise CommandError(f"no {options['kind']} named {options['name']!r} (models: {known})")
+    out.write(f"deleted {options['kind']} {options['name']}")
+
+
+def models_command(options, out) -> None:
+    rows = model_rows()
+    if options["json"]:
+        out.write(
+            render_json(
+                [
+                    {
+                        "name": r["name"],
+                        "aliases": r["aliases"],
+                        "wanted": r["wanted"],
+                        "ready": r["ready"],
+                        "replicas": [str(i["replica"].id) for i in r["replicas"]],
+                    }
+                    for r in rows
+                ]
+            )
+        )
+        return
+    table = []
+    for row in rows:
+        states = [item["replica"].state for item in row["replicas"]]
+        starting = sum(1 for s in states if s in (ReplicaState.PLACING, ReplicaState.STARTING))
+        table.append([row["name"], ",".join(row["aliases"]), row["wanted"], row["ready"], starting])
+    out.write(render_table(["MODEL", "ALIASES", "WANTED", "READY", "STARTING"], table))

@@ -1,0 +1,146 @@
+"""The catalog: which models to run, and how. Placement decides where."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+
+KNOWN_ENGINES = ("llama.cpp", "vllm", "sglang")
+LAUNCH_MODES = ("native", "ray", "mp")
+STRATEGIES = ("pack", "spread")
+
+
+class Engine(models.Model):
+    """An engine version every node should have, with one archive per build."""
+
+    name = models.CharField(max_length=64)
+    version = models.CharField(max_length=64)
+    # [{"name": "cpu-x64", "url": "...", "sha256": "...", "packages": ["libgomp1"]}]
+    builds = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["name", "version"], name="engine_unique")]
+        ordering = ["name", "version"]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.version}"
+
+
+class Pool(models.Model):
+    """A named group of nodes a profile can be confined to."""
+
+    name = models.CharField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Fabric(models.Model):
+    """A high-speed network (InfiniBand, RoCE); agents declare which adapters are on it."""
+
+    name = models.CharField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Model(models.Model):
+    """A model clients ask for by ``name`` (or an alias), and where its weights come from."""
+
+    name = models.CharField(max_length=128, unique=True)
+    aliases = ArrayField(models.CharField(max_length=128), default=list, blank=True)
+    # An absolute local path, an https:// URL of one file, or a hub id like org/repo.
+    source = models.CharField(max_length=1024)
+    sha256 = models.CharField(max_length=64, blank=True)
+    description = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Profile(models.Model):
+    """How a model runs: engine, resources and replica count."""
+
+    model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="profiles")
+    name = models.CharField(max_length=64)
+    engine = models.CharField(max_length=32)
+    engine_version = models.CharField(max_length=64, blank=True)
+    replicas = models.PositiveIntegerField(default=1)
+    gpus_per_rank = models.PositiveIntegerField(default=0)
+    tensor_parallel = models.PositiveIntegerField(default=1)
+    nodes = models.PositiveIntegerField(default=1, help_text="nodes (ranks) per replica")
+    memory = models.BigIntegerField(default=0, help_text="host RAM per rank, bytes")
+    gpu_memory = models.BigIntegerField(default=0, help_text="free memory needed on each GPU")
+    disk = models.BigIntegerField(default=0, help_text="disk for the weights, bytes")
+    context = models.PositiveIntegerField(default=0)
+    pool = models.CharField(max_length=64, blank=True)
+    launch_mode = models.CharField(max_length=16, default="native")
+    strategy = models.CharField(max_length=16, default="pack")
+    args = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    startup_timeout = models.PositiveIntegerField(default=600, help_text="seconds")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["model", "name"], name="profile_unique_per_model")
+        ]
+        ordering = ["model__name", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.model.name}/{self.name}"
+
+    def fingerprint(self) -> str:
+        """Hash what changes the running engine; replicas, pool or timeouts do not."""
+        return profile_fingerprint(self.model, self)
+
+
+def profile_fingerprint(model: Model, profile: Profile) -> str:
+    facts = {
+        "model": model.name,
+        "source": model.source,
+        "sha256": model.sha256,
+        "engine": profile.engine,
+        "engine_version": profile.engine_version,
+        "gpus_per_rank": profile.gpus_per_rank,
+        "tensor_parallel": profile.tensor_parallel,
+        "nodes": profile.nodes,
+        "context": profile.context,
+        "launch_mode": profile.launch_mode,
+        "args": list(profile.args),
+        "env": dict(sorted(profile.env.items())),
+    }
+    encoded = json.dumps(facts, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(encoded).hexdigest()[:16]
+
+
+class ApiKey(models.Model):
+    """A key clients send to ``/v1``; only its hash is stored."""
+
+    name = models.CharField(max_length=128)
+    prefix = models.CharField(max_length=16, unique=True, help_text="shown to identify the key")
+    hashed_key = models.CharField(max_length=128)
+    # Empty means every model.
+    allowed_models = ArrayField(models.CharField(max_length=128), default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"

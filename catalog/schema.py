@@ -1,0 +1,253 @@
+"""The catalog file's format, validated field by field.
+
+``parse_catalog`` turns YAML text into a ``CatalogFile`` or raises ``CatalogError``
+listing every problem with file, entry and field named, so an operator fixes a
+typo in one pass instead of one per run.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from catalog.models import KNOWN_ENGINES, LAUNCH_MODES, STRATEGIES
+from protocol.units import parse_duration, parse_size
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+Duration = Annotated[int, BeforeValidator(parse_duration)]
+
+
+class CatalogError(Exception):
+    """Every problem found in a catalog file, each naming file, entry and field."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+def _check_name(value: str) -> str:
+    if not NAME.match(value):
+        raise ValueError(
+            f"{value!r} is not a usable name; use letters, digits and . _ - : / (128 at most)"
+        )
+    return value
+
+
+class EngineBuild(_Strict):
+    name: str
+    url: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    packages: list[str] = []
+
+
+class EngineEntry(_Strict):
+    name: str
+    version: str
+    builds: list[EngineBuild] = []
+
+    @field_validator("name")
+    @classmethod
+    def engine_is_known(cls, value: str) -> str:
+        if value not in KNOWN_ENGINES:
+            raise ValueError(f"unknown engine {value!r}; llmgw runs {', '.join(KNOWN_ENGINES)}")
+        return value
+
+
+class NamedEntry(_Strict):
+    name: str
+    description: str = ""
+
+    _name = field_validator("name")(_check_name)
+
+
+class ProfileEntry(_Strict):
+    name: str
+    engine: str
+    engine_version: str = ""
+    replicas: int = Field(default=1, ge=0)
+    gpus_per_rank: int = Field(default=0, ge=0)
+    tensor_parallel: int = Field(default=1, ge=1)
+    nodes: int = Field(default=1, ge=1)
+    memory: Size = 0
+    gpu_memory: Size = 0
+    disk: Size = 0
+    context: int = Field(default=0, ge=0)
+    pool: str = ""
+    launch_mode: str = "native"
+    strategy: str = "pack"
+    args: list[str] = []
+    env: dict[str, str] = {}
+    startup_timeout: Duration = 600
+
+    _name = field_validator("name")(_check_name)
+
+    @field_validator("engine")
+    @classmethod
+    def engine_is_known(cls, value: str) -> str:
+        if value not in KNOWN_ENGINES:
+            raise ValueError(f"unknown engine {value!r}; llmgw runs {', '.join(KNOWN_ENGINES)}")
+        return value
+
+    @field_validator("launch_mode")
+    @classmethod
+    def launch_mode_is_known(cls, value: str) -> str:
+        if value not in LAUNCH_MODES:
+            raise ValueError(f"unknown launch_mode {value!r}; use one of {', '.join(LAUNCH_MODES)}")
+        return value
+
+    @field_validator("strategy")
+    @classmethod
+    def strategy_is_known(cls, value: str) -> str:
+        if value not in STRATEGIES:
+            raise ValueError(f"unknown strategy {value!r}; use pack or spread")
+        return value
+
+    @field_validator("startup_timeout")
+    @classmethod
+    def startup_timeout_positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("startup_timeout must be at least 1s")
+        return value
+
+    @model_validator(mode="after")
+    def parallelism_fits(self) -> ProfileEntry:
+        if self.gpus_per_rank and self.gpus_per_rank % self.tensor_parallel:
+            raise ValueError(
+                f"tensor_parallel {self.tensor_parallel} does not divide gpus_per_rank "
+                f"{self.gpus_per_rank}; use a tensor_parallel that divides it"
+            )
+        if not self.gpus_per_rank and self.tensor_parallel > 1:
+            raise ValueError("tensor_parallel above 1 needs gpus_per_rank; a CPU rank has none")
+        if self.engine == "llama.cpp" and self.nodes > 1:
+            raise ValueError("llama.cpp cannot span nodes; set nodes: 1")
+        if self.engine == "sglang" and self.launch_mode == "ray":
+            raise ValueError("sglang has no ray launch mode; use native")
+        return self
+
+
+class ModelEntry(_Strict):
+    name: str
+    source: str
+    sha256: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
+    aliases: list[str] = []
+    description: str = ""
+    profiles: list[ProfileEntry] = []
+
+    _name = field_validator("name")(_check_name)
+
+    @field_validator("aliases")
+    @classmethod
+    def aliases_are_names(cls, value: list[str]) -> list[str]:
+        return [_check_name(alias) for alias in value]
+
+    @field_validator("source")
+    @classmethod
+    def source_is_usable(cls, value: str) -> str:
+        if value.startswith("/") or value.startswith("https://") or HUB_ID.match(value):
+            return value
+        if value.startswith("http://"):
+            raise ValueError(f"source {value!r} uses plain http; use https://")
+        raise ValueError(
+            f"source {value!r} is neither an absolute path, an https:// URL nor a hub id "
+            "like org/repo"
+        )
+
+    @model_validator(mode="after")
+    def profile_names_unique(self) -> ModelEntry:
+        names = [profile.name for profile in self.profiles]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"profile {duplicates[0]!r} is named twice")
+        return self
+
+
+class CatalogFile(_Strict):
+    engines: list[EngineEntry] = []
+    pools: list[NamedEntry] = []
+    fabrics: list[NamedEntry] = []
+    models: list[ModelEntry] = []
+
+
+def parse_catalog(text: str, filename: str = "catalog.yaml") -> CatalogFile:
+    """Parse and validate a catalog file, or raise CatalogError naming every problem."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CatalogError([f"{filename}: not valid YAML: {exc}"]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise CatalogError(
+            [f"{filename}: the top level must be a mapping with models:, engines: …"]
+        )
+    try:
+        catalog = CatalogFile.model_validate(data)
+    except ValidationError as exc:
+        raise CatalogError([_describe(filename, data, error) for error in exc.errors()]) from None
+    problems = _cross_check(catalog, filename)
+    if problems:
+        raise CatalogError(problems)
+    return catalog
+
+
+def _describe(filename: str, data: Any, error: Any) -> str:
+    """Name the entry (by index and name) and the field a pydantic error is about."""
+    parts: list[str] = []
+    node = data
+    for key in error["loc"]:
+        if isinstance(key, int) and isinstance(node, list) and key < len(node):
+            node = node[key]
+            name = node.get("name") if isinstance(node, dict) else None
+            parts[-1] = f"{parts[-1]}[{key}]" + (f" ({name})" if name else "")
+        elif isinstance(node, dict) and key in node:
+            node = node[key]
+            parts.append(str(key))
+        else:
+            parts.append(str(key))
+    where = ": ".join(parts) if parts else "top level"
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = f"unknown key {parts[-1]!r}; check its spelling"
+    elif error["type"] == "missing":
+        message = "is required"
+    return f"{filename}: {where}: {message}"
+
+
+def _cross_check(catalog: CatalogFile, filename: str) -> list[str]:
+    """Problems that span entries: duplicates, names clients could confuse, undeclared pools."""
+    problems = []
+    for section in ("engines", "pools", "fabrics", "models"):
+        seen: set[tuple[str, ...]] = set()
+        for index, entry in enumerate(getattr(catalog, section)):
+            key = (entry.name, getattr(entry, "version", ""))
+            if key in seen:
+                problems.append(f"{filename}: {section}[{index}] ({entry.name}): named twice")
+            seen.add(key)
+    served: dict[str, str] = {}
+    for index, model in enumerate(catalog.models):
+        for name in [model.name, *model.aliases]:
+            if name in served and served[name] != model.name:
+                problems.append(
+                    f"{filename}: models[{index}] ({model.name}): {name!r} is already a name "
+                    f"of model {served[name]!r}; clients could not tell them apart"
+                )
+            served.setdefault(name, model.name)
+    return problems

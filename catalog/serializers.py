@@ -1,0 +1,100 @@
+"""API shapes for the catalog; values are checked by the same rules as catalog files."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError as PydanticError
+from rest_framework import serializers
+
+from catalog.models import Engine, Fabric, Model, Pool, Profile
+from catalog.schema import EngineEntry, ModelEntry, ProfileEntry
+
+
+def _validate_with(entry_class, data: dict, exclude: tuple[str, ...] = ()) -> dict:
+    """Run the catalog file's validation on API input, naming each field that fails."""
+    try:
+        entry = entry_class.model_validate(data)
+    except PydanticError as exc:
+        errors: dict[str, list[str]] = {}
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "non_field_errors"
+            message = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                message = f"unknown field {field!r}; check its spelling"
+            errors.setdefault(field, []).append(message)
+        raise serializers.ValidationError(errors) from None
+    return entry.model_dump(exclude=set(exclude))
+
+
+class EngineSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Engine
+        fields = ["id", "name", "version", "builds"]
+
+    def validate(self, attrs):
+        merged = {"name": "", "version": "", "builds": []}
+        if self.instance:
+            merged.update(name=self.instance.name, version=self.instance.version,
+                          builds=self.instance.builds)  # fmt: skip
+        merged.update(attrs)
+        return _validate_with(EngineEntry, merged)
+
+
+class PoolSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Pool
+        fields = ["id", "name", "description"]
+
+
+class FabricSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Fabric
+        fields = ["id", "name", "description"]
+
+
+class ProfileSerializer(serializers.ModelSerializer):
+    model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all())
+    fingerprint = serializers.CharField(read_only=True)
+    args = serializers.JSONField(required=False)
+    env = serializers.JSONField(required=False)
+    memory = serializers.JSONField(required=False, help_text="bytes, or a size like 1GiB")
+    gpu_memory = serializers.JSONField(required=False, help_text="bytes, or a size like 40GiB")
+    disk = serializers.JSONField(required=False, help_text="bytes, or a size like 20GiB")
+    startup_timeout = serializers.JSONField(required=False, help_text="seconds, or like 10m")
+
+    class Meta:
+        model = Profile
+        fields = [
+            "id", "model", "name", "engine", "engine_version", "replicas", "gpus_per_rank",
+            "tensor_parallel", "nodes", "memory", "gpu_memory", "disk", "context", "pool",
+            "launch_mode", "strategy", "args", "env", "startup_timeout", "fingerprint",
+        ]  # fmt: skip
+
+    def validate(self, attrs):
+        model = attrs.pop("model", None) or (self.instance.model if self.instance else None)
+        current = {}
+        if self.instance:
+            current = {
+                name: getattr(self.instance, name)
+                for name in ProfileEntry.model_fields
+                if hasattr(self.instance, name)
+            }
+        current.update(attrs)
+        validated = _validate_with(ProfileEntry, current)
+        validated["model"] = model
+        return validated
+
+
+class ModelSerializer(serializers.ModelSerializer):
+    profiles = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+
+    class Meta:
+        model = Model
+        fields = ["id", "name", "aliases", "source", "sha256", "description", "profiles"]
+
+    def validate(self, attrs):
+        current = {}
+        if self.instance:
+            current = {name: getattr(self.instance, name) for name in
+                       ("name", "aliases", "source", "sha256", "description")}  # fmt: skip
+        current.update(attrs)
+        return _validate_with(ModelEntry, current, exclude=("profiles",))

@@ -1,0 +1,275 @@
+"""Verbs that change the catalog: apply a file, delete an entry, export it back.
+
+``apply_catalog`` works out every change first (a plan a person can read), then
+makes them all in one transaction, so a refused file leaves nothing half-applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+
+from catalog.models import Engine, Fabric, Model, Pool, Profile
+from catalog.schema import CatalogError, CatalogFile, ModelEntry, ProfileEntry, parse_catalog
+from fleet.transitions import record_event
+from protocol.units import format_duration, format_size
+
+PROFILE_FIELDS = (
+    "engine", "engine_version", "replicas", "gpus_per_rank", "tensor_parallel", "nodes",
+    "memory", "gpu_memory", "disk", "context", "pool", "launch_mode", "strategy", "args",
+    "env", "startup_timeout",
+)  # fmt: skip
+MODEL_FIELDS = ("source", "sha256", "aliases", "description")
+SIZE_FIELDS = {"memory", "gpu_memory", "disk"}
+
+
+@dataclass
+class Change:
+    """One thing apply would do: create, update or delete an entry."""
+
+    action: str  # create | update | delete
+    kind: str  # engine | pool | fabric | model | profile
+    name: str
+    fields: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        sign = {"create": "+", "update": "~", "delete": "-"}[self.action]
+        line = f"{sign} {self.kind} {self.name}"
+        if self.fields:
+            line += ": " + ", ".join(
+                f"{name} {_show(name, old)} -> {_show(name, new)}"
+                for name, (old, new) in self.fields.items()
+            )
+        return line
+
+
+def _show(name: str, value: Any) -> str:
+    if name in SIZE_FIELDS and isinstance(value, int):
+        return format_size(value)
+    return repr(value)
+
+
+def apply_catalog(
+    text: str, filename: str = "catalog.yaml", *, dry_run: bool = False, prune: bool = False
+) -> list[Change]:
+    """Make the catalog match the file; return the changes (made, or only planned if dry_run)."""
+    catalog = parse_catalog(text, filename)
+    with transaction.atomic():
+        _check_references(catalog, filename, prune=prune)
+        changes = _plan(catalog, prune=prune)
+        if not dry_run:
+            for change in changes:
+                _make(change, catalog)
+            if changes:
+                record_event(
+                    "catalog", filename, f"applied {len(changes)} change(s) from {filename}"
+                )
+    return changes
+
+
+def _check_references(catalog: CatalogFile, filename: str, *, prune: bool) -> None:
+    pools = {pool.name for pool in catalog.pools}
+    engines = {(engine.name, engine.version) for engine in catalog.engines}
+    if not prune:
+        pools |= set(Pool.objects.values_list("name", flat=True))
+        engines |= set(Engine.objects.values_list("name", "version"))
+    declared_engines = {name for name, _version in engines}
+    problems = []
+    for index, model in enumerate(catalog.models):
+        for pindex, profile in enumerate(model.profiles):
+            where = (
+                f"{filename}: models[{index}] ({model.name}): profiles[{pindex}] ({profile.name})"
+            )
+            if profile.pool and profile.pool not in pools:
+                problems.append(
+                    f"{where}: pool: {profile.pool!r} is not declared; add it under pools:"
+                )
+            if (
+                profile.engine_version
+                and profile.engine in declared_engines
+                and (profile.engine, profile.engine_version) not in engines
+            ):
+                known = sorted(v for n, v in engines if n == profile.engine)
+                problems.append(
+                    f"{where}: engine_version: {profile.engine} {profile.engine_version} is not "
+                    f"declared; declared: {', '.join(known)}"
+                )
+    if problems:
+        raise CatalogError(problems)
+
+
+def _plan(catalog: CatalogFile, *, prune: bool) -> list[Change]:
+    changes: list[Change] = []
+    existing_engines = {(e.name, e.version): e for e in Engine.objects.all()}
+    for entry in catalog.engines:
+        builds = [build.model_dump() for build in entry.builds]
+        engine = existing_engines.pop((entry.name, entry.version), None)
+        name = f"{entry.name} {entry.version}"
+        if engine is None:
+            changes.append(Change("create", "engine", name))
+        elif engine.builds != builds:
+            changes.append(Change("update", "engine", name, {"builds": (engine.builds, builds)}))
+    if prune:
+        changes += [Change("delete", "engine", f"{n} {v}") for n, v in existing_engines]
+
+    for kind, model_class, entries in (
+        ("pool", Pool, catalog.pools),
+        ("fabric", Fabric, catalog.fabrics),
+    ):
+        existing = {row.name: row for row in model_class.objects.all()}
+        for entry in entries:
+            row = existing.pop(entry.name, None)
+            if row is None:
+                changes.append(Change("create", kind, entry.name))
+            elif row.description != entry.description:
+                changes.append(
+                    Change(
+                        "update",
+                        kind,
+                        entry.name,
+                        {"description": (row.description, entry.description)},
+                    )
+                )
+        if prune:
+            changes += [Change("delete", kind, name) for name in existing]
+
+    existing_models = {m.name: m for m in Model.objects.prefetch_related("profiles")}
+    for entry in catalog.models:
+        model = existing_models.pop(entry.name, None)
+        wanted = {name: getattr(entry, name) for name in MODEL_FIELDS}
+        if model is None:
+            changes.append(Change("create", "model", entry.name))
+            changes += [
+                Change("create", "profile", f"{entry.name}/{profile.name}")
+                for profile in entry.profiles
+            ]
+            continue
+        differ = _differences(model, wanted)
+        if differ:
+            changes.append(Change("update", "model", entry.name, differ))
+        profiles = {profile.name: profile for profile in model.profiles.all()}
+        for profile_entry in entry.profiles:
+            profile = profiles.pop(profile_entry.name, None)
+            name = f"{entry.name}/{profile_entry.name}"
+            if profile is None:
+                changes.append(Change("create", "profile", name))
+                continue
+            differ = _differences(
+                profile, {field: getattr(profile_entry, field) for field in PROFILE_FIELDS}
+            )
+            if differ:
+                changes.append(Change("update", "profile", name, differ))
+        # A model's profiles are its whole description: a profile the file drops is gone.
+        changes += [Change("delete", "profile", f"{entry.name}/{name}") for name in profiles]
+    if prune:
+        changes += [Change("delete", "model", name) for name in existing_models]
+    return changes
+
+
+def _differences(row: Any, wanted: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    return {
+        name: (getattr(row, name), value)
+        for name, value in wanted.items()
+        if getattr(row, name) != value
+    }
+
+
+def _make(change: Change, catalog: CatalogFile) -> None:
+    if change.kind == "engine":
+        name, version = change.name.split(" ", 1)
+        if change.action == "delete":
+            Engine.objects.filter(name=name, version=version).delete()
+            return
+        entry = next(e for e in catalog.engines if (e.name, e.version) == (name, version))
+        Engine.objects.update_or_create(
+            name=name,
+            version=version,
+            defaults={"builds": [build.model_dump() for build in entry.builds]},
+        )
+    elif change.kind in ("pool", "fabric"):
+        model_class = Pool if change.kind == "pool" else Fabric
+        if change.action == "delete":
+            model_class.objects.filter(name=change.name).delete()
+            return
+        entries = catalog.pools if change.kind == "pool" else catalog.fabrics
+        entry = next(e for e in entries if e.name == change.name)
+        model_class.objects.update_or_create(
+            name=entry.name, defaults={"description": entry.description}
+        )
+    elif change.kind == "model":
+        if change.action == "delete":
+            Model.objects.filter(name=change.name).delete()
+            return
+        entry = next(m for m in catalog.models if m.name == change.name)
+        Model.objects.update_or_create(
+            name=entry.name, defaults={name: getattr(entry, name) for name in MODEL_FIELDS}
+        )
+    elif change.kind == "profile":
+        model_name, profile_name = change.name.rsplit("/", 1)
+        if change.action == "delete":
+            Profile.objects.filter(model__name=model_name, name=profile_name).delete()
+            return
+        model_entry = next(m for m in catalog.models if m.name == model_name)
+        entry = next(p for p in model_entry.profiles if p.name == profile_name)
+        Profile.objects.update_or_create(
+            model=Model.objects.get(name=model_name),
+            name=profile_name,
+            defaults={name: getattr(entry, name) for name in PROFILE_FIELDS},
+        )
+
+
+def delete_entry(kind: str, name: str) -> bool:
+    """Delete one catalog entry by kind and name; return whether it existed."""
+    model_class = {"model": Model, "pool": Pool, "fabric": Fabric}.get(kind)
+    if model_class is None:
+        raise CatalogError([f"cannot delete a {kind!r}; use model, pool or fabric"])
+    deleted, _ = model_class.objects.filter(name=name).delete()
+    if deleted:
+        record_event("catalog", f"{kind}/{name}", f"deleted {kind} {name}")
+    return bool(deleted)
+
+
+def export_catalog() -> dict[str, Any]:
+    """The catalog in the file format, leaving out values that equal the defaults."""
+    data: dict[str, Any] = {}
+    engines = [
+        {"name": e.name, "version": e.version, **({"builds": e.builds} if e.builds else {})}
+        for e in Engine.objects.all()
+    ]
+    if engines:
+        data["engines"] = engines
+    for key, model_class in (("pools", Pool), ("fabrics", Fabric)):
+        rows = [
+            {"name": row.name, **({"description": row.description} if row.description else {})}
+            for row in model_class.objects.all()
+        ]
+        if rows:
+            data[key] = rows
+    models = []
+    for model in Model.objects.prefetch_related("profiles"):
+        entry: dict[str, Any] = {"name": model.name, "source": model.source}
+        for name in ("sha256", "aliases", "description"):
+            value = getattr(model, name)
+            if value != ModelEntry.model_fields[name].default:
+                entry[name] = value
+        profiles = []
+        for profile in model.profiles.all():
+            item: dict[str, Any] = {"name": profile.name, "engine": profile.engine}
+            for name in PROFILE_FIELDS[1:]:
+                value = getattr(profile, name)
+                if value == ProfileEntry.model_fields[name].default:
+                    continue
+                if name in SIZE_FIELDS:
+                    value = format_size(value)
+                elif name == "startup_timeout":
+                    value = format_duration(value)
+                item[name] = value
+            profiles.append(item)
+        if profiles:
+            entry["profiles"] = profiles
+        models.append(entry)
+    if models:
+        data["models"] = models
+    return data

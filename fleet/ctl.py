@@ -1,0 +1,145 @@
+"""``llmgw_ctl`` subcommands for the fleet: nodes, replicas, status."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from fleet.models import Node
+from fleet.selectors import live_replicas, model_rows
+from llmgw_site.tables import render_json, render_table
+from protocol.units import human_size
+
+
+def add_parsers(subparsers) -> None:
+    nodes = subparsers.add_parser("nodes", help="list nodes with state, use and warnings")
+    nodes.add_argument("--json", action="store_true")
+    nodes.set_defaults(handler=nodes_command)
+
+    replicas = subparsers.add_parser("replicas", help="list replicas and their shards")
+    replicas.add_argument("--json", action="store_true")
+    replicas.set_defaults(handler=replicas_command)
+
+    status = subparsers.add_parser("status", help="models, replicas and why any cannot run")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=status_command)
+
+
+def _ago(moment) -> str:
+    if moment is None:
+        return "never"
+    seconds = int((timezone.now() - moment).total_seconds())
+    if seconds < 120:
+        return f"{seconds}s ago"
+    if seconds < 7200:
+        return f"{seconds // 60}m ago"
+    return f"{seconds // 3600}h ago"
+
+
+def _node_row(node: Node) -> dict:
+    inventory, usage = node.inventory or {}, node.usage or {}
+    gpus = inventory.get("gpus", [])
+    engines = node.engines
+    return {
+        "id": node.id,
+        "state": node.state + (" (draining)" if node.draining else ""),
+        "address": node.address,
+        "cpu": f"{usage['cpu_percent']:.0f}%" if "cpu_percent" in usage else "",
+        "ram": (
+            f"{human_size(usage['memory_used'])}/{human_size(usage['memory_total'])}"
+            if "memory_used" in usage and "memory_total" in usage
+            else ""
+        ),
+        "gpus": len(gpus),
+        "engines": "(not reported)" if engines is None else ",".join(sorted(engines)) or "none",
+        "warnings": "; ".join(node.warnings),
+        "last_heartbeat": _ago(node.last_heartbeat),
+    }
+
+
+def nodes_command(options, out) -> None:
+    rows = [_node_row(node) for node in Node.objects.all()]
+    if options["json"]:
+        out.write(render_json(rows))
+        return
+    headers = ["NODE", "STATE", "ADDRESS", "CPU", "RAM", "GPUS", "ENGINES", "HEARD", "WARNINGS"]
+    keys = ["id", "state", "address", "cpu", "ram", "gpus", "engines", "last_heartbeat",
+            "warnings"]  # fmt: skip
+    out.write(render_table(headers, [[row[k] for k in keys] for row in rows]))
+
+
+def _replica_dicts() -> list[dict]:
+    result = []
+    for replica in live_replicas():
+        result.append(
+            {
+                "id": str(replica.id),
+                "model": replica.model_name,
+                "profile": replica.profile_name,
+                "state": replica.state,
+                "age": _ago(replica.created_at),
+                "fingerprint": replica.fingerprint or "unknown",
+                "reasons": replica.reasons,
+                "shards": [
+                    {
+                        "rank": shard.rank,
+                        "node": shard.node_id or "",
+                        "gpus": shard.gpus,
+                        "state": shard.state,
+                        "age": _ago(shard.state_changed_at),
+                        "progress": shard.progress,
+                        "reason": shard.reason,
+                    }
+                    for shard in replica.shards.all()
+                ],
+            }
+        )
+    return result
+
+
+def _progress_line(progress: dict | None) -> str:
+    if not progress:
+        return ""
+    done = human_size(progress.get("bytes", 0))
+    total = progress.get("total")
+    rate = progress.get("rate")
+    line = f"{done} of {human_size(total)}" if total else f"{done} so far"
+    return line + (f", {human_size(rate)}/s" if rate else "")
+
+
+def replicas_command(options, out) -> None:
+    replicas = _replica_dicts()
+    if options["json"]:
+        out.write(render_json(replicas))
+        return
+    out.write(_replicas_text(replicas))
+
+
+def _replicas_text(replicas: list[dict]) -> str:
+    rows = []
+    for r in replicas:
+        rows.append([r["model"], r["profile"], r["id"][:8], r["state"], r["age"], "", "", ""])
+        for shard in r["shards"]:
+            gpus = ",".join(str(g) for g in shard["gpus"]) or "-"
+            rows.append(["", "", f"  rank {shard['rank']}", shard["state"], shard["age"],
+                         shard["node"], gpus, shard["reason"]])  # fmt: skip
+            progress = _progress_line(shard["progress"])
+            if progress:
+                rows.append(["", "", "", "", "", "", "", f"downloading: {progress}"])
+        rows.extend(["", "", "", "", "", "", "", reason] for reason in r["reasons"])
+    return render_table(["MODEL", "PROFILE", "REPLICA", "STATE", "AGE", "NODE", "GPUS", ""], rows)
+
+
+def status_command(options, out) -> None:
+    models = [{"name": r["name"], "wanted": r["wanted"], "ready": r["ready"]} for r in model_rows()]
+    replicas = _replica_dicts()
+    if options["json"]:
+        out.write(render_json({"models": models, "replicas": replicas}))
+        return
+    out.write(
+        render_table(
+            ["MODEL", "WANTED", "READY"], [[m["name"], m["wanted"], m["ready"]] for m in models]
+        )
+    )
+    if replicas:
+        out.write("")
+        out.write(_replicas_text(replicas))

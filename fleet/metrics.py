@@ -1,0 +1,87 @@
+"""The fleet as Prometheus metrics, from the latest heartbeats (no scrape target per node)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+from django.utils import timezone
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from fleet.models import Node, NodeState, Shard
+
+# A measurement older than this is left out rather than repeated as if current.
+FRESH_FOR = timedelta(seconds=60)
+
+
+class FleetCollector(Collector):
+    """Collect node and shard gauges at scrape time from the database."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        now = timezone.now()
+        up = GaugeMetricFamily(
+            "llmgw_node_up", "1 when the node's agent is connected", labels=["node"]
+        )
+        cpus = GaugeMetricFamily("llmgw_node_cpus", "CPU cores on the node", labels=["node"])
+        cpu = GaugeMetricFamily(
+            "llmgw_node_cpu_utilization_percent", "CPU use across all cores", labels=["node"]
+        )
+        load = GaugeMetricFamily("llmgw_node_load", "Load average", labels=["node", "period"])
+        mem = GaugeMetricFamily("llmgw_node_memory_bytes", "RAM installed", labels=["node"])
+        mem_used = GaugeMetricFamily("llmgw_node_memory_used_bytes", "RAM used", labels=["node"])
+        mem_avail = GaugeMetricFamily(
+            "llmgw_node_memory_available_bytes", "RAM available", labels=["node"]
+        )
+        disk = GaugeMetricFamily(
+            "llmgw_node_disk_free_bytes", "Free disk where llmgw writes", labels=["node", "path"]
+        )
+        gpu_used = GaugeMetricFamily(
+            "llmgw_gpu_memory_used_bytes", "GPU memory used", labels=["node", "gpu"]
+        )
+        nvlink = GaugeMetricFamily(
+            "llmgw_gpu_nvlink_peers", "NVLink peers NVML reports (0: none or unknown)",
+            labels=["node", "gpu"],
+        )  # fmt: skip
+        shard_cores = GaugeMetricFamily(
+            "llmgw_shard_cpu_cores", "Cores an engine's process group uses",
+            labels=["node", "shard", "model"],
+        )  # fmt: skip
+        shard_mem = GaugeMetricFamily(
+            "llmgw_shard_memory_bytes", "Resident memory of an engine's process group",
+            labels=["node", "shard", "model"],
+        )  # fmt: skip
+        models_by_shard = dict(Shard.objects.values_list("id", "replica__model_name"))
+        for node in Node.objects.all():
+            up.add_metric([node.id], 1.0 if node.state == NodeState.CONNECTED else 0.0)
+            inventory = node.inventory or {}
+            if inventory.get("cpu", {}).get("cores"):
+                cpus.add_metric([node.id], inventory["cpu"]["cores"])
+            for gpu in inventory.get("gpus", []):
+                nvlink.add_metric([node.id, str(gpu["index"])], len(gpu.get("nvlink_peers", [])))
+            if not node.usage_at or now - node.usage_at > FRESH_FOR:
+                continue
+            usage = node.usage
+            if "cpu_percent" in usage:
+                cpu.add_metric([node.id], usage["cpu_percent"])
+            for period, value in zip(("1m", "5m", "15m"), usage.get("load", []), strict=False):
+                load.add_metric([node.id, period], value)
+            for key, family in (
+                ("memory_total", mem),
+                ("memory_used", mem_used),
+                ("memory_available", mem_avail),
+            ):
+                if key in usage:
+                    family.add_metric([node.id], usage[key])
+            for fs in usage.get("filesystems", []):
+                disk.add_metric([node.id, fs.get("path", "")], fs.get("free", 0))
+            for index, used in (usage.get("gpu_memory_used") or {}).items():
+                gpu_used.add_metric([node.id, str(index)], used)
+            for shard_id, shard in (usage.get("shards") or {}).items():
+                labels = [node.id, shard_id, models_by_shard.get(shard_id, "")]
+                shard_cores.add_metric(labels, shard.get("cpu_cores", 0))
+                shard_mem.add_metric(labels, shard.get("rss", 0))
+        yield from (
+            up, cpus, cpu, load, mem, mem_used, mem_avail, disk, gpu_used, nvlink, shard_cores,
+            shard_mem,
+        )  # fmt: skip

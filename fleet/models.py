@@ -1,0 +1,154 @@
+"""The fleet as the control plane knows it: nodes, replicas, their shards, and what happened."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+from django.db import models
+
+
+class NodeState(models.TextChoices):
+    CONNECTED = "connected"
+    UNREACHABLE = "unreachable"
+    LOST = "lost"
+
+
+class ReplicaState(models.TextChoices):
+    PLACING = "placing"
+    UNPLACEABLE = "unplaceable"
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class ShardState(models.TextChoices):
+    PENDING = "pending"
+    FETCHING = "fetching"
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class Node(models.Model):
+    """A machine running an agent. Its id is its hostname, also its certificate's name."""
+
+    id = models.CharField(max_length=253, primary_key=True)
+    address = models.CharField(max_length=255, blank=True)
+    state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.CONNECTED)
+    draining = models.BooleanField(default=False)
+    registered_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+    agent_version = models.CharField(max_length=64, blank=True)
+    # The whole register message's inventory (protocol.inventory.Inventory as JSON).
+    inventory = models.JSONField(default=dict, blank=True)
+    # engine -> {"version", "path", "status"}; null means the agent never sent a list.
+    engines = models.JSONField(null=True, blank=True)
+    weights = models.JSONField(default=list, blank=True)
+    # The latest heartbeat's measurements (protocol Usage as JSON), with its time.
+    usage = models.JSONField(default=dict, blank=True)
+    usage_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.id
+
+    def silence(self, now: datetime) -> timedelta | None:
+        """How long since the node was last heard from, or None if never."""
+        heard = self.last_heartbeat or self.registered_at
+        return None if heard is None else now - heard
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self.inventory.get("warnings", []))
+
+
+class Replica(models.Model):
+    """One copy of a model running under one profile, across one or more nodes."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Names, not only keys: a replica whose model left the catalog must still be
+    # described (and stopped) after the catalog row is gone.
+    model_name = models.CharField(max_length=128)
+    profile_name = models.CharField(max_length=64)
+    profile = models.ForeignKey(
+        "catalog.Profile",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="running_replicas",
+    )
+    # The fingerprint the engines were started with; "" reads as unknown, never as matching.
+    fingerprint = models.CharField(max_length=64, blank=True)
+    state = models.CharField(
+        max_length=16, choices=ReplicaState.choices, default=ReplicaState.PLACING
+    )
+    reasons = models.JSONField(default=list, blank=True)
+    # The per-replica secret engines require; only the router sends it.
+    secret = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+    # When the replica began starting; a download in progress does not reset it.
+    starting_since = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["model_name", "created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.model_name}/{self.profile_name} {str(self.id)[:8]}"
+
+
+class Shard(models.Model):
+    """One rank of a replica, on one node."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="shards")
+    rank = models.PositiveIntegerField(default=0)
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="shards"
+    )
+    gpus = models.JSONField(default=list, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    state = models.CharField(max_length=16, choices=ShardState.choices, default=ShardState.PENDING)
+    reason = models.TextField(blank=True)
+    output_tail = models.JSONField(default=list, blank=True)
+    # Download progress rides beside the state; the next transition clears it.
+    progress = models.JSONField(null=True, blank=True)
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["replica", "rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["replica", "rank"], name="shard_unique_rank")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} rank {self.rank}"
+
+    @staticmethod
+    def new_id() -> str:
+        return uuid.uuid4().hex
+
+
+class Event(models.Model):
+    """A transition or decision, with the reason a person can read."""
+
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    kind = models.CharField(max_length=16)  # node | replica | shard | catalog | placement
+    subject = models.CharField(max_length=253, db_index=True)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, blank=True)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.subject}: {self.from_state} -> {self.to_state}"

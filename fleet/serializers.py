@@ -1,0 +1,43 @@
+"""API shapes for the fleet (read-only: the fleet changes through agents and verbs)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from fleet.models import Event, Node, Replica, Shard
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Node
+        fields = [
+            "id", "address", "state", "draining", "registered_at", "last_heartbeat",
+            "state_changed_at", "agent_version", "inventory", "engines", "weights", "usage",
+            "usage_at",
+        ]  # fmt: skip
+
+
+class ShardSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Shard
+        fields = [
+            "id", "replica", "rank", "node", "gpus", "port", "state", "reason", "output_tail",
+            "progress", "pid", "state_changed_at",
+        ]  # fmt: skip
+
+
+class ReplicaSerializer(serializers.ModelSerializer):
+    shards = ShardSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Replica
+        fields = [
+            "id", "model_name", "profile_name", "fingerprint", "state", "reasons", "created_at",
+            "state_changed_at", "shards",
+        ]  # fmt: skip
+
+
+class EventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Event
+        fields = ["id", "at", "kind", "subject", "from_state", "to_state", "reason"]

@@ -1,0 +1,118 @@
+"""The state machines of DESIGN.md, enforced in one place.
+
+Every state change is a compare-and-swap: ``UPDATE … WHERE id = … AND state IN
+(allowed sources)``, so two workers racing on one row cannot both win, and an
+Event row records each transition that happened with its reason.
+"""
+
+from __future__ import annotations
+
+from django.db import models, transaction
+from django.utils import timezone
+
+from fleet.models import Event, Node, NodeState, Replica, ReplicaState, Shard, ShardState
+
+NODE_TRANSITIONS: dict[str, frozenset[str]] = {
+    NodeState.CONNECTED: frozenset({NodeState.UNREACHABLE, NodeState.LOST}),
+    NodeState.UNREACHABLE: frozenset({NodeState.CONNECTED, NodeState.LOST}),
+    NodeState.LOST: frozenset({NodeState.CONNECTED}),
+}
+
+SHARD_TRANSITIONS: dict[str, frozenset[str]] = {
+    ShardState.PENDING: frozenset(
+        {ShardState.FETCHING, ShardState.STARTING, ShardState.READY, ShardState.FAILED,
+         ShardState.STOPPED}
+    ),
+    ShardState.FETCHING: frozenset({ShardState.STARTING, ShardState.FAILED, ShardState.STOPPED}),
+    ShardState.STARTING: frozenset({ShardState.READY, ShardState.FAILED, ShardState.STOPPED}),
+    # An adopted engine is health-checked again after an agent restart.
+    ShardState.READY: frozenset({ShardState.STARTING, ShardState.FAILED, ShardState.STOPPED}),
+    ShardState.FAILED: frozenset(),
+    ShardState.STOPPED: frozenset(),
+}  # fmt: skip
+
+REPLICA_TRANSITIONS: dict[str, frozenset[str]] = {
+    ReplicaState.PLACING: frozenset(
+        {ReplicaState.STARTING, ReplicaState.UNPLACEABLE, ReplicaState.STOPPING}
+    ),
+    ReplicaState.UNPLACEABLE: frozenset({ReplicaState.PLACING, ReplicaState.STOPPING}),
+    ReplicaState.STARTING: frozenset(
+        {ReplicaState.READY, ReplicaState.FAILED, ReplicaState.STOPPING}
+    ),
+    # A rank that restarts (an adopted engine re-checking) takes the replica back to starting.
+    ReplicaState.READY: frozenset(
+        {ReplicaState.STARTING, ReplicaState.FAILED, ReplicaState.STOPPING}
+    ),
+    ReplicaState.FAILED: frozenset({ReplicaState.STOPPING}),
+    ReplicaState.STOPPING: frozenset({ReplicaState.STOPPED}),
+    ReplicaState.STOPPED: frozenset(),
+}
+
+_MACHINES: dict[type[models.Model], tuple[str, dict[str, frozenset[str]]]] = {
+    Node: ("node", NODE_TRANSITIONS),
+    Shard: ("shard", SHARD_TRANSITIONS),
+    Replica: ("replica", REPLICA_TRANSITIONS),
+}
+
+
+class TransitionRefused(Exception):
+    """A transition the state machine does not allow, named with both states."""
+
+
+def allowed_sources(model: type[models.Model], target: str) -> frozenset[str]:
+    """Every state from which ``target`` may be entered."""
+    _kind, machine = _MACHINES[model]
+    return frozenset(source for source, targets in machine.items() if target in targets)
+
+
+def check_transition(model: type[models.Model], source: str, target: str) -> None:
+    """Raise TransitionRefused unless ``source -> target`` is an edge of the machine."""
+    kind, machine = _MACHINES[model]
+    if target not in machine.get(source, frozenset()):
+        allowed = ", ".join(sorted(machine.get(source, frozenset()))) or "nothing (final)"
+        raise TransitionRefused(
+            f"a {kind} cannot go from {source} to {target}; from {source}: {allowed}"
+        )
+
+
+def transition(
+    model: type[models.Model], pk: object, target: str, reason: str, **fields: object
+) -> str | None:
+    """Move row ``pk`` to ``target`` if its current state allows it; return the old state.
+
+    Returns None when the row is gone or its state does not allow the move (someone
+    else won the race, or the move is not an edge). Extra ``fields`` are written in
+    the same UPDATE, so they change only if the transition happens.
+    """
+    kind, _machine = _MACHINES[model]
+    sources = allowed_sources(model, target)
+    now = timezone.now()
+    with transaction.atomic():
+        # SELECT … FOR UPDATE then a guarded UPDATE: the guard alone decides who wins;
+        # the lock only lets us name the state we came from in the event.
+        current = (
+            model._default_manager.select_for_update()
+            .filter(pk=pk)
+            .values_list("state", flat=True)
+            .first()
+        )
+        if current is None or current not in sources:
+            return None
+        updated = model._default_manager.filter(pk=pk, state=current).update(
+            state=target, state_changed_at=now, **fields
+        )
+        if not updated:
+            return None
+        Event.objects.create(
+            kind=kind, subject=str(pk), from_state=current, to_state=target, reason=reason
+        )
+    return current
+
+
+def record_event(
+    kind: str, subject: str, reason: str, from_state: str = "", to_state: str = ""
+) -> Event:
+    """Record a decision that is not a state change (a placement refusal, a catalog apply)."""
+    return Event.objects.create(
+        kind=kind, subject=subject, from_state=from_state, to_state=to_state, reason=reason
+    )

@@ -1,0 +1,12 @@
+"""The control plane's Celery app: the reconciler's beat tasks on queue ``control``."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+
+app = Celery("llmgw_site")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.task_default_queue = "control"
+app.autodiscover_tasks(["fleet"])

@@ -1,0 +1,18 @@
+"""The ``llmgw`` command: ``llmgw up`` starts everything; anything else goes to manage.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+    args = sys.argv[1:]
+    if args[:1] == ["up"]:
+        from llmgw_site.up import run
+
+        sys.exit(run(args[1:]))
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["llmgw", *args])

@@ -1,0 +1,20 @@
+"""``manage.py llmgw_ctl SUBCOMMAND``: the operator's command line."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand
+
+from catalog import ctl as catalog_ctl
+from fleet import ctl as fleet_ctl
+
+
+class Command(BaseCommand):
+    help = "Operate llmgw: apply the catalog, list nodes, replicas and status."
+
+    def add_arguments(self, parser) -> None:
+        subparsers = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+        for module in (catalog_ctl, fleet_ctl):
+            module.add_parsers(subparsers)
+
+    def handle(self, *args, **options) -> None:
+        options["handler"](options, self.stdout)

@@ -1,0 +1,155 @@
+"""Django settings, all from the environment (see README for the knobs)."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from llmgw_site import embedded
+from llmgw_site.env import env_bool, env_int, env_list, env_str, llmgw_home
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+LLMGW_HOME = llmgw_home()
+LLMGW_HOME.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    """Read SECRET_KEY, or keep a generated one under LLMGW_HOME so sessions survive restarts."""
+    configured = env_str("SECRET_KEY")
+    if configured:
+        return configured
+    path = LLMGW_HOME / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "django_htmx",
+    "template_partials",
+    "channels",
+    "llmgw_site",
+    "catalog",
+    "fleet",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "llmgw_site.urls"
+WSGI_APPLICATION = None
+ASGI_APPLICATION = "llmgw_site.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# Embedded PostgreSQL when none is configured, so a fresh machine needs nothing.
+DATABASE_URL = env_str("DATABASE_URL") or embedded.postgres_url(LLMGW_HOME)
+DATABASES = {
+    # Persistent connections: closing one per request fell to ~150 msg/s on the link.
+    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True),
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL") or embedded.redis_url(LLMGW_HOME)
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
+    },
+}
+
+CELERY_BROKER_URL = REDIS_URL.replace("unix://", "redis+socket://", 1)
+CELERY_RESULT_BACKEND = CELERY_BROKER_URL
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = LLMGW_HOME / "static"
+
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["catalog.permissions.IsOperatorOrReadOnly"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "EXCEPTION_HANDLER": "catalog.api_errors.exception_handler",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "llmgw API",
+    "DESCRIPTION": "Catalog and fleet of llmgw",
+    "VERSION": "1",
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    # pgserver narrates every handle it opens and closes.
+    "loggers": {"pgserver": {"level": "WARNING"}},
+}
+
+# Node liveness (seconds). DESIGN.md: unreachable after 15 s of silence, lost after 60 s.
+NODE_UNREACHABLE_AFTER = env_int("LLMGW_NODE_UNREACHABLE_AFTER", 15)
+NODE_LOST_AFTER = env_int("LLMGW_NODE_LOST_AFTER", 60)
+METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN")
+# With no web server in front (llmgw up), daphne serves /static/ itself.
+SERVE_STATIC = env_bool("LLMGW_SERVE_STATIC", True)

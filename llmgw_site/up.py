@@ -1,0 +1,167 @@
+"""``llmgw up``: every process of DESIGN.md on one machine, stopped together on Ctrl-C.
+
+Embedded PostgreSQL and Redis start first when DATABASE_URL / REDIS_URL are unset;
+the children get the URLs in their environment, so they share them instead of each
+looking for its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmgw_site import embedded
+from llmgw_site.env import env_int, env_str, llmgw_home
+
+REPO = Path(__file__).resolve().parent.parent
+MANAGE = str(REPO / "manage.py")
+
+# Long enough for Celery's warm shutdown to finish a task; then SIGKILL.
+STOP_GRACE_SECONDS = 10
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen | None = None
+
+
+def planned_children(python: str, control_port: int, router_port: int) -> list[Child]:
+    node = socket.gethostname()
+    return [
+        Child("control-plane", [python, "-m", "daphne", "-b", "127.0.0.1", "-p",
+                                str(control_port), "llmgw_site.asgi:application"]),
+        Child("router", [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(router_port),
+                         "router.asgi:application"]),
+        Child("reconciler", [python, "-m", "celery", "-A", "llmgw_site", "worker", "-B", "-Q",
+                             "control", "--pool", "threads", "--concurrency", "4",
+                             "--loglevel", "INFO", "-n", f"control@{node}",
+                             "--schedule", str(llmgw_home() / "celerybeat-schedule")]),
+        Child("agent", [python, "-m", "celery", "-A", "agent_worker", "worker", "-Q",
+                        f"node-{node}", "--loglevel", "INFO", "-n", f"agent@{node}"]),
+    ]  # fmt: skip
+
+
+def prepare_environment(home: Path) -> dict[str, str]:
+    """Start embedded services if needed; return the environment children run with."""
+    env = dict(os.environ)
+    env["LLMGW_HOME"] = str(home)
+    env.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+    if not env.get("DATABASE_URL"):
+        print(f"starting embedded PostgreSQL in {home / 'postgres'}", flush=True)
+        env["DATABASE_URL"] = embedded.postgres_url(home)
+    if not env.get("REDIS_URL"):
+        print(f"starting embedded Redis in {home / 'redis'}", flush=True)
+        env["REDIS_URL"] = embedded.redis_url(home)
+    # The local agent links to this control plane and keeps its files under the home.
+    env.setdefault("LLMGW_AGENT_SERVERS", f"ws://127.0.0.1:{env_int('LLMGW_PORT', 8000)}")
+    env.setdefault("LLMGW_AGENT_DIR", str(home / "agent"))
+    env.setdefault("LLMGW_WEIGHTS_DIR", str(home / "weights"))
+    return env
+
+
+def ensure_admin(python: str, env: dict[str, str], home: Path) -> None:
+    """Create the admin user once; its password is written to a file only root can read."""
+    password_file = home / "admin-password"
+    if password_file.exists():
+        print(f"admin password: {password_file}", flush=True)
+        return
+    password = secrets.token_urlsafe(16)
+    script = (
+        "from django.contrib.auth import get_user_model; U = get_user_model()\n"
+        "u, created = U.objects.get_or_create(username='admin', defaults={'is_staff': True, "
+        "'is_superuser': True})\n"
+        "u.set_password(__import__('os').environ['LLMGW_ADMIN_PASSWORD']); u.save()\n"
+    )
+    subprocess.run(
+        [python, MANAGE, "shell", "-c", script],
+        env={**env, "LLMGW_ADMIN_PASSWORD": password},
+        check=True,
+    )
+    password_file.write_text(password + "\n")
+    password_file.chmod(0o600)
+    print(f"created user 'admin'; its password is in {password_file}", flush=True)
+
+
+def run(argv: list[str] | None = None) -> int:
+    home = llmgw_home()
+    home.mkdir(parents=True, exist_ok=True)
+    python = sys.executable
+    env = prepare_environment(home)
+    started_postgres = not os.environ.get("DATABASE_URL")
+    started_redis = not os.environ.get("REDIS_URL")
+    subprocess.run([python, MANAGE, "migrate", "--no-input", "-v", "0"], env=env, check=True)
+    ensure_admin(python, env, home)
+    demo = env_str("LLMGW_DEMO_CATALOG")
+    if demo:
+        subprocess.run([python, MANAGE, "llmgw_ctl", "apply", "-f", demo], env=env, check=False)
+
+    control_port = env_int("LLMGW_PORT", 8000)
+    router_port = env_int("LLMGW_ROUTER_PORT", 8080)
+    children = planned_children(python, control_port, router_port)
+    logs = home / "logs"
+    logs.mkdir(exist_ok=True)
+    stopping = False
+
+    def request_stop(signum, _frame) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        for child in children:
+            # Own process group: a terminal's Ctrl-C reaches us alone, and we stop
+            # the children in order instead of all at once.
+            child.process = subprocess.Popen(child.argv, env=env, cwd=REPO, start_new_session=True)
+            print(f"started {child.name} (pid {child.process.pid})", flush=True)
+        print(
+            f"llmgw is up: control plane http://127.0.0.1:{control_port}/  "
+            f"router http://127.0.0.1:{router_port}/v1  (Ctrl-C stops everything)",
+            flush=True,
+        )
+        while not stopping:
+            for child in children:
+                if child.process and child.process.poll() is not None:
+                    print(
+                        f"{child.name} exited with {child.process.returncode}; stopping", flush=True
+                    )
+                    stopping = True
+            time.sleep(0.2)
+    finally:
+        stop_children(children)
+        if started_redis:
+            embedded.stop_redis(home)
+        if started_postgres:
+            embedded.stop_postgres(home)
+        print("llmgw stopped", flush=True)
+    return 0
+
+
+def stop_children(children: list[Child]) -> None:
+    """SIGTERM every child's group (agent first, so it stops taking work), then SIGKILL."""
+    running = [c for c in reversed(children) if c.process and c.process.poll() is None]
+    for child in running:
+        _signal_group(child.process, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for child in running:
+        try:
+            child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"{child.name} did not stop in {STOP_GRACE_SECONDS}s; killing it", flush=True)
+        _signal_group(child.process, signal.SIGKILL)
+        child.process.wait()
+
+
+def _signal_group(process: subprocess.Popen, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signum)

@@ -1,0 +1,30 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.routers import DefaultRouter
+
+from catalog import api as catalog_api
+from fleet import api as fleet_api
+from fleet import views as fleet_views
+
+router = DefaultRouter()
+router.register("engines", catalog_api.EngineViewSet)
+router.register("pools", catalog_api.PoolViewSet)
+router.register("fabrics", catalog_api.FabricViewSet)
+router.register("models", catalog_api.ModelViewSet)
+router.register("profiles", catalog_api.ProfileViewSet)
+router.register("nodes", fleet_api.NodeViewSet)
+router.register("replicas", fleet_api.ReplicaViewSet)
+router.register("shards", fleet_api.ShardViewSet)
+router.register("events", fleet_api.EventViewSet)
+
+urlpatterns = [
+    path("", fleet_views.cluster, name="cluster"),
+    path("metrics", fleet_views.metrics, name="metrics"),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(router.urls)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+]

@@ -1,0 +1,97 @@
+"""llmgw_ctl as an operator types it: exit status, tables, JSON."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from catalog.models import Model
+from tests.catalog.test_apply import CATALOG
+from tests.factories import make_node, make_replica, make_shard
+
+pytestmark = pytest.mark.django_db
+
+
+def ctl(*args: str) -> str:
+    out = StringIO()
+    call_command("llmgw_ctl", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.fixture
+def catalog_file(tmp_path):
+    path = tmp_path / "catalog.yaml"
+    path.write_text(CATALOG)
+    return path
+
+
+def test_apply_prints_changes_and_a_count(catalog_file):
+    output = ctl("apply", "-f", str(catalog_file))
+    assert "+ model gemma-3-270m" in output
+    assert output.strip().endswith("changed 6 entries")
+    assert ctl("apply", "-f", str(catalog_file)).strip() == "changed 0 entries"
+
+
+def test_apply_dry_run_changes_nothing(catalog_file):
+    assert "would change 6 entries" in ctl("apply", "-f", str(catalog_file), "--dry-run")
+    assert not Model.objects.exists()
+
+
+def test_apply_refusal_exits_non_zero_naming_file_entry_and_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(CATALOG.replace("replicas: 1", "replicas: -2"))
+    with pytest.raises(CommandError) as refused:
+        ctl("apply", "-f", str(path))
+    message = str(refused.value)
+    assert message.startswith("nothing applied; fix these and run again:")
+    assert f"{path}: models[0] (gemma-3-270m): profiles[0] (cpu): replicas:" in message
+    assert not Model.objects.exists()
+
+
+def test_apply_of_a_missing_file_says_so(tmp_path):
+    with pytest.raises(CommandError, match="cannot read .*missing.yaml: No such file"):
+        ctl("apply", "-f", str(tmp_path / "missing.yaml"))
+
+
+def test_export_round_trips_through_apply(catalog_file, tmp_path):
+    ctl("apply", "-f", str(catalog_file))
+    exported = tmp_path / "exported.yaml"
+    ctl("export", "-o", str(exported))
+    assert ctl("apply", "-f", str(exported)).strip() == "changed 0 entries"
+
+
+def test_delete_model_and_unknown_model(catalog_file):
+    ctl("apply", "-f", str(catalog_file))
+    assert ctl("delete", "model", "qwen").strip() == "deleted model qwen"
+    with pytest.raises(CommandError, match="no model named 'qwen' \\(models: gemma-3-270m\\)"):
+        ctl("delete", "model", "qwen")
+
+
+def test_models_table_and_json(catalog_file):
+    ctl("apply", "-f", str(catalog_file))
+    lines = ctl("models").splitlines()
+    assert lines[0].split() == ["MODEL", "ALIASES", "WANTED", "READY", "STARTING"]
+    assert lines[1].split() == ["gemma-3-270m", "gemma", "1", "0", "0"]
+    rows = json.loads(ctl("models", "--json"))
+    assert {r["name"]: r["wanted"] for r in rows} == {"gemma-3-270m": 1, "qwen": 1}
+
+
+def test_nodes_and_replicas_and_status(catalog_file):
+    ctl("apply", "-f", str(catalog_file))
+    node = make_node("node07", address="10.0.0.7", engines=None)
+    replica = make_replica(
+        reasons=["node07: needs 2 GPUs with 40 GiB free, has 0"], state="unplaceable"
+    )
+    make_shard(replica, node=node, state="fetching", progress={"bytes": 3_100_000_000,
+               "total": 15_200_000_000, "rate": 41_000_000})  # fmt: skip
+    nodes = ctl("nodes")
+    assert nodes.splitlines()[0].split()[:3] == ["NODE", "STATE", "ADDRESS"]
+    assert "node07" in nodes and "(not reported)" in nodes
+    replicas = ctl("replicas")
+    assert "downloading: 3.1 GB of 15.2 GB, 41.0 MB/s" in replicas
+    assert "node07: needs 2 GPUs with 40 GiB free, has 0" in replicas
+    status = json.loads(ctl("status", "--json"))
+    assert status["replicas"][0]["state"] == "unplaceable"

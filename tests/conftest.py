@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from tests.factories import make_user
+
+
+@pytest.fixture
+def admin_user(db):
+    return make_user("admin", superuser=True)
+
+
+@pytest.fixture
+def operator(db):
+    return make_user("olga", operator=True)
+
+
+@pytest.fixture
+def reader(db):
+    """A signed-in user without the operator role: reads, changes nothing."""
+    return make_user("rita")
+
+
+@pytest.fixture
+def api_client():
+    return APIClient()

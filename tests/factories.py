@@ -1,0 +1,43 @@
+"""Small factories for test data; each returns a saved row."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import Group, User
+
+from catalog.models import Model, Profile
+from catalog.permissions import OPERATORS_GROUP
+from fleet.models import Node, Replica, Shard
+
+
+def make_user(username: str, *, operator: bool = False, superuser: bool = False) -> User:
+    user = User.objects.create_user(username, password="pw-" + username, is_superuser=superuser)
+    if operator:
+        user.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
+    return user
+
+
+def make_model(name: str = "gemma", source: str = "/models/gemma.gguf", **fields) -> Model:
+    return Model.objects.create(name=name, source=source, **fields)
+
+
+def make_profile(model: Model | None = None, name: str = "cpu", **fields) -> Profile:
+    fields.setdefault("engine", "llama.cpp")
+    return Profile.objects.create(model=model or make_model(), name=name, **fields)
+
+
+def make_node(node_id: str = "node01", **fields) -> Node:
+    return Node.objects.create(id=node_id, **fields)
+
+
+def make_replica(profile: Profile | None = None, **fields) -> Replica:
+    profile = profile or make_profile()
+    fields.setdefault("fingerprint", profile.fingerprint())
+    return Replica.objects.create(
+        model_name=profile.model.name, profile_name=profile.name, profile=profile, **fields
+    )
+
+
+def make_shard(replica: Replica | None = None, rank: int = 0, **fields) -> Shard:
+    return Shard.objects.create(
+        id=Shard.new_id(), replica=replica or make_replica(), rank=rank, **fields
+    )
