@@ -1,0 +1,1 @@
+"""Stand-ins for the hardware a test machine lacks: NVML and sysfs."""
