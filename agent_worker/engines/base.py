@@ -1,0 +1,85 @@
+"""What every engine adapter offers the agent: checks, command lines, and which ranks serve."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import ClassVar
+
+from agent_worker.engines.command import LaunchCommand
+from agent_worker.engines.validation import common_problems, owned_env_problems, owned_flag_problems
+from protocol.shard import ShardSpec
+
+# Flags every engine's HTTP server takes that llmgw decides for each replica.
+COMMON_OWNED_FLAGS: Mapping[str, str] = {
+    "--host": "llmgw chooses",
+    "--port": "llmgw chooses",
+    "--api-key": "llmgw sets to the replica's own secret, which only the router sends",
+}
+
+
+class EngineAdapter(ABC):
+    """Turn a shard spec into the processes one engine needs, refusing what it cannot run.
+
+    ``validate`` runs in milliseconds and before anything is started; ``commands``
+    assumes a spec ``validate`` accepted. A shard is the list ``commands`` returns:
+    every command but the last is a sidecar, the last one's exit is the shard's.
+    """
+
+    name: ClassVar[str]
+    health_path: ClassVar[str] = "/health"
+    launch_modes: ClassVar[tuple[str, ...]] = ("native",)
+    launch_mode_note: ClassVar[str] = ""  # why the other launch modes do not apply
+    # flag -> why it is llmgw's (completes "args sets --port, which ...; remove it")
+    owned_flags: ClassVar[Mapping[str, str]] = COMMON_OWNED_FLAGS
+    # env name -> why it is llmgw's, beyond the CUDA/NCCL ones every engine has
+    owned_env: ClassVar[Mapping[str, str]] = {}
+
+    def validate(self, spec: ShardSpec) -> list[str]:
+        """Return every problem with this spec for this engine; empty means launch it."""
+        problems = common_problems(spec, self.name, self.launch_modes, self.launch_mode_note)
+        problems += owned_flag_problems(spec.args, self.owned_flags)
+        problems += owned_env_problems(spec.env, self.owned_env)
+        problems += self.engine_problems(spec)
+        return problems
+
+    def engine_problems(self, spec: ShardSpec) -> list[str]:
+        """Return what only this engine refuses; the common checks have already run."""
+        return []
+
+    @abstractmethod
+    def commands(self, spec: ShardSpec, binary: str) -> list[LaunchCommand]:
+        """Return this rank's processes, in start order, with the environment each adds."""
+
+    def serves_http(self, rank: int) -> bool:
+        """Say whether this rank answers HTTP; the others are judged by staying alive."""
+        return rank == 0
+
+    @abstractmethod
+    def version_command(self, binary: str) -> list[str]:
+        """Return the command that prints the version; run only by an explicit engine check."""
+
+
+def engine_env(spec: ShardSpec, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return the environment a shard's processes add to the agent's: profile's, then llmgw's.
+
+    llmgw's keys are applied last so a profile can never point an engine at GPUs or
+    adapters placement did not give it, even if validation was skipped.
+    """
+    env = dict(spec.env)
+    # An empty CUDA_VISIBLE_DEVICES hides every GPU, so a CPU shard cannot wander onto
+    # a card another replica was given. PCI bus order makes CUDA's indices NVML's.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in spec.gpus)
+    fabric = spec.fabric
+    if fabric is not None and fabric.adapters:
+        # NCCL matches these as prefixes unless the list starts with "=": without it
+        # mlx5_1 also selects mlx5_10..mlx5_19, adapters the fabric never named.
+        env["NCCL_IB_HCA"] = "=" + ",".join(fabric.adapters)
+    if fabric is not None and fabric.socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = "=" + fabric.socket_ifname
+        # torch.distributed's CPU side (Gloo) picks its own interface otherwise, and
+        # takes a plain name rather than NCCL's match syntax.
+        env["GLOO_SOCKET_IFNAME"] = fabric.socket_ifname
+    env.update(extra or {})
+    return env

@@ -1,0 +1,84 @@
+"""SGLang's ``python -m sglang.launch_server``: one node, or several joined at rank 0.
+
+SGLang's ``--tp-size`` counts GPUs across every node, so a replica of N nodes with
+tensor_parallel T per node runs ``--tp-size N*T``. Every rank runs the same
+command with its own ``--node-rank``; only rank 0 serves HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from agent_worker.engines.base import COMMON_OWNED_FLAGS, EngineAdapter, engine_env
+from agent_worker.engines.command import LaunchCommand
+from protocol.shard import ShardSpec
+
+_PARALLEL = "llmgw sets from the profile's tensor_parallel and nodes"
+_MULTI_NODE = "llmgw sets for a replica across nodes"
+_MODEL = "llmgw sets to the weights it placed on this node"
+_GPUS = "llmgw picks GPUs through CUDA_VISIBLE_DEVICES"
+
+
+class SglangAdapter(EngineAdapter):
+    """Run SGLang's launcher with ``binary`` as the Python that has SGLang installed."""
+
+    name: ClassVar[str] = "sglang"
+    launch_modes = ("native",)
+    launch_mode_note = "SGLang joins its nodes itself, without Ray"
+    owned_flags = {
+        **COMMON_OWNED_FLAGS,
+        "--model-path": _MODEL,
+        "--model": _MODEL,
+        "--served-model-name": "llmgw sets to the model's name, which clients send",
+        "--tp-size": _PARALLEL,
+        "--tp": _PARALLEL,
+        "--tensor-parallel-size": _PARALLEL,
+        "--pp-size": _PARALLEL,
+        "--pipeline-parallel-size": _PARALLEL,
+        "--dp-size": "would use GPUs placement did not give; run more replicas",
+        "--data-parallel-size": "would use GPUs placement did not give; run more replicas",
+        "--nnodes": _MULTI_NODE,
+        "--node-rank": _MULTI_NODE,
+        "--dist-init-addr": _MULTI_NODE,
+        "--nccl-init-addr": _MULTI_NODE,
+        "--base-gpu-id": _GPUS,
+        "--context-length": "llmgw sets from the profile's context; set context: there instead",
+    }
+
+    def engine_problems(self, spec: ShardSpec) -> list[str]:
+        problems = []
+        if spec.world_size > 1 and not spec.gpus:
+            problems.append(
+                f"SGLang spans nodes over NCCL, which needs GPUs, and rank {spec.rank} "
+                "was given none"
+            )
+        elif spec.world_size > 1 and len(spec.gpus) != spec.tensor_parallel:
+            problems.append(
+                "across nodes each SGLang node runs tensor_parallel GPUs: "
+                f"tensor_parallel is {spec.tensor_parallel} but rank {spec.rank} was given "
+                f"{len(spec.gpus)} GPUs; set tensor_parallel to the GPUs per node"
+            )
+        return problems
+
+    def commands(self, spec: ShardSpec, binary: str) -> list[LaunchCommand]:
+        model = spec.model_path or spec.source
+        tp = spec.tensor_parallel
+        argv = [binary, "-m", "sglang.launch_server", "--model-path", model]
+        argv += ["--served-model-name", spec.model, "--host", spec.host, "--port", str(spec.port)]
+        argv += ["--tp-size", str(tp * spec.world_size)]
+        stages = len(spec.gpus) // tp if spec.world_size == 1 else 1
+        if stages > 1:
+            argv += ["--pp-size", str(stages)]
+        if spec.context:
+            argv += ["--context-length", str(spec.context)]
+        if spec.world_size > 1:
+            argv += ["--nnodes", str(spec.world_size), "--node-rank", str(spec.rank)]
+            argv += ["--dist-init-addr", spec.rendezvous]
+        if spec.api_key:
+            argv += ["--api-key", spec.api_key]
+        argv += spec.args
+        name = "sglang" if spec.rank == 0 else "sglang-worker"
+        return [LaunchCommand(argv=tuple(argv), env=engine_env(spec), name=name)]
+
+    def version_command(self, binary: str) -> list[str]:
+        return [binary, "-c", "import sglang; print(sglang.__version__)"]

@@ -1,0 +1,145 @@
+"""Messages a node sends up its link to the control plane (DESIGN.md, "The link").
+
+Every message is a JSON object with a ``type``; ``parse_message`` validates one and
+raises ``MessageError`` naming the field at fault, so a malformed message is refused
+with a reason and never reaches the node's row.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from protocol.inventory import Inventory, Usage
+from protocol.shard import ShardSpec, ShardState
+
+PROTOCOL_VERSION = 1
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineInstall(_Message):
+    """An engine the node can run, as its agent found it (by path, never by running it)."""
+
+    version: str = ""
+    path: str = ""
+    status: str = Field(default="installed", description="installed, or the node's own words")
+
+
+class RunningShard(_Message):
+    """A shard the agent is running or watching, reported on every register."""
+
+    spec: ShardSpec
+    state: ShardState
+    pid: int | None = None
+    reason: str = ""
+
+
+class WeightFile(_Message):
+    """Weights the node holds: a source key and where it lives."""
+
+    source: str
+    path: str
+    size: int = Field(default=0, ge=0)
+    fetched: bool = Field(default=False, description="llmgw fetched it, so llmgw may delete it")
+
+
+class Register(_Message):
+    """Sent on every connect: the whole inventory and everything the agent runs."""
+
+    type: Literal["register"] = "register"
+    protocol: int = PROTOCOL_VERSION
+    agent_version: str = ""
+    inventory: Inventory
+    # False only from an agent too old to probe: its empty list then means "did not say".
+    engines_probed: bool = False
+    engines: dict[str, EngineInstall] = Field(default_factory=dict)
+    weights: list[WeightFile] = Field(default_factory=list)
+    shards: list[RunningShard] = Field(default_factory=list)
+    problems: list[str] = Field(
+        default_factory=list, description="e.g. a shard spec file the agent could not read"
+    )
+    log_sources: list[str] = Field(default_factory=list)
+
+
+class Heartbeat(_Message):
+    """Every 5 s: how busy the node is."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+    usage: Usage
+
+
+class ShardStatus(_Message):
+    """A shard's state transition, with the engine's output tail on failure."""
+
+    type: Literal["shard_status"] = "shard_status"
+    shard_id: str
+    replica_id: str = ""
+    state: ShardState
+    reason: str = ""
+    output_tail: list[str] = Field(default_factory=list)
+    pid: int | None = None
+    fingerprint: str = ""
+
+
+class ShardProgress(_Message):
+    """Download progress: rides beside the state, deliberately not a transition."""
+
+    type: Literal["shard_progress"] = "shard_progress"
+    shard_id: str
+    bytes: int = Field(ge=0)
+    total: int | None = Field(default=None, ge=0, description="absent when the server sent none")
+    rate: float | None = Field(default=None, ge=0, description="bytes per second")
+
+
+class Engines(_Message):
+    """Sent when the installed engines change; ``probed`` makes an empty dict mean "none"."""
+
+    type: Literal["engines"] = "engines"
+    probed: bool = True
+    engines: dict[str, EngineInstall] = Field(default_factory=dict)
+
+
+class Weights(_Message):
+    """Sent when the weights held change; ``listed`` makes an empty list mean "holds none"."""
+
+    type: Literal["weights"] = "weights"
+    listed: bool = True
+    weights: list[WeightFile] = Field(default_factory=list)
+
+
+AgentMessage = Annotated[
+    Register | Heartbeat | ShardStatus | ShardProgress | Engines | Weights,
+    Field(discriminator="type"),
+]
+_adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)
+
+
+class MessageError(ValueError):
+    """A message that does not fit the protocol, described field by field."""
+
+
+def parse_message(raw: str | bytes) -> AgentMessage:
+    """Validate one message from the link, or raise MessageError saying what is wrong."""
+    try:
+        return _adapter.validate_json(raw)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors()[:5]:
+            where = ".".join(str(part) for part in error["loc"]) or "message"
+            problems.append(f"{where}: {error['msg']}")
+        raise MessageError("; ".join(problems)) from None
+
+
+def encode(message: BaseModel) -> str:
+    return message.model_dump_json()
+
+
+# Close codes the control plane uses to refuse a link, so the agent can log why.
+CLOSE_NOT_LEADER = 4001
+CLOSE_UNAUTHENTICATED = 4003
+CLOSE_IDENTITY_MISMATCH = 4009
+CLOSE_BAD_MESSAGE = 4400
