@@ -1,0 +1,109 @@
+"""What placement answers: where each rank goes, or every reason it could go nowhere."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from placement.snapshot import PlacementRequest
+
+_SINGULAR_VERBS = {"lack": "lacks", "are": "is", "have": "has"}
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    """One rank of a replica: its node, its GPU indices there, and NCCL's settings."""
+
+    rank: int
+    node: str
+    gpus: tuple[int, ...]
+    nccl_env: Mapping[str, str] = field(default_factory=dict)  # empty for one node
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer for one request, shaped like Nomad's AllocMetric.
+
+    Placed: `ranks` is filled, `scores` holds the chosen nodes and the runners-up
+    that were compared with them. Refused: `ranks` is empty and `refusals` holds
+    every sentence for every node that failed a filter; `shortfalls` counts the
+    nodes under each phrase, and `problem` says why the request as a whole
+    failed when no single node is to blame (a replica split across fabrics).
+    """
+
+    request: PlacementRequest
+    ranks: tuple[RankPlacement, ...]
+    scores: Mapping[str, Mapping[str, float]]
+    refusals: Mapping[str, tuple[str, ...]]
+    shortfalls: Mapping[str, int]
+    nodes_total: int
+    nodes_available: int  # nodes that passed every filter when this was decided
+    fabric: str = ""
+    problem: str = ""
+
+    @property
+    def placed(self) -> bool:
+        """Say whether every rank has a node."""
+        return bool(self.ranks)
+
+    @property
+    def summary(self) -> str:
+        """Say the outcome in one line.
+
+        "0/7 nodes available: 4 lack free GPU memory, 3 lack engine vllm"
+        """
+        head = f"{self.nodes_available}/{self.nodes_total} nodes available"
+        if self.placed:
+            return f"{head}; {self._where()}"
+        if not self.nodes_total:
+            return f"{head}: no nodes to place on"
+        rollup = ", ".join(
+            f"{count} {_verb_for(count, phrase)}"
+            for phrase, count in sorted(self.shortfalls.items(), key=lambda i: (-i[1], i[0]))
+        )
+        if rollup and self.problem:
+            return f"{head}: {rollup}; {self.problem}"
+        if rollup:
+            return f"{head}: {rollup}"
+        return f"{head}; {self.problem}"
+
+    @property
+    def reasons(self) -> list[str]:
+        """List every refusal, each sentence prefixed by its node id."""
+        lines = [self.problem] if self.problem else []
+        for node in sorted(self.refusals):
+            lines += [f"{node}: {sentence}" for sentence in self.refusals[node]]
+        return lines
+
+    def _where(self) -> str:
+        places = ", ".join(_describe(rank) for rank in self.ranks)
+        if len(self.ranks) == 1:
+            return f"placed on {places}"
+        return f"placed {len(self.ranks)} ranks on fabric {self.fabric}: {places}"
+
+
+def _describe(rank: RankPlacement) -> str:
+    if not rank.gpus:
+        return rank.node
+    label = "GPU" if len(rank.gpus) == 1 else "GPUs"
+    return f"{rank.node} ({label} {format_indices(rank.gpus)})"
+
+
+def format_indices(indices: tuple[int, ...]) -> str:
+    """Write GPU indices compactly: (0, 1, 2, 3, 6) -> "0-3,6", (4, 5) -> "4,5"."""
+    runs: list[list[int]] = []
+    for index in sorted(indices):
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return ",".join(
+        ",".join(map(str, run)) if len(run) <= 2 else f"{run[0]}-{run[-1]}" for run in runs
+    )
+
+
+def _verb_for(count: int, phrase: str) -> str:
+    if count != 1:
+        return phrase
+    verb, _, rest = phrase.partition(" ")
+    return f"{_SINGULAR_VERBS.get(verb, verb)} {rest}"

@@ -1,0 +1,88 @@
+"""Scores: how much better one node that passed every filter is than another.
+
+Each scorer gives a number in [0, 1], recorded in the decision. They are
+compared in order, not summed, so each can be read as a rule:
+
+1. nvlink  — a tensor-parallel group joined by NVLink; a straddling group runs
+             several times slower for as long as the replica lives.
+2. weights — the node already holds the model. A preference and never a filter:
+             fetching is a valid answer, and refusing would turn a slow start
+             into no start at all.
+3. gpus    — pack: fewest free GPUs left after; spread: most.
+4. ram     — the same for host RAM.
+
+Ties go to the lowest node id, so the same snapshot always gives the same answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+from placement.nvlink import choose_gpus
+from placement.snapshot import NodeSnapshot, PlacementRequest
+
+SCORERS = ("nvlink", "weights", "gpus", "ram")
+
+_GIB = 1 << 30
+
+
+class Fit(NamedTuple):
+    """What a node offers one rank whatever the weights: the GPUs, and the scores of that."""
+
+    gpus: tuple[int, ...]
+    nvlink: float
+    gpus_left: float
+    ram_left: float
+
+
+class Candidate(NamedTuple):
+    """A node that passed every filter, the GPUs it would give, and its scores."""
+
+    node: str
+    gpus: tuple[int, ...]
+    scores: Mapping[str, float]
+    order: tuple[float | str, ...]  # sort key: the best candidate sorts first
+
+
+def holds_weights(node: NodeSnapshot, request: PlacementRequest) -> float:
+    """Score 1 for a node that holds the weights (not merely fetching them), else 0."""
+    return 1.0 if request.weights_key and request.weights_key in node.weights else 0.0
+
+
+def fit(left: float, request: PlacementRequest) -> float:
+    """Score what is left after placing: pack likes little left, spread likes much."""
+    packed = 1.0 / (1.0 + max(left, 0.0))
+    return packed if request.strategy == "pack" else 1.0 - packed
+
+
+def fit_node(node: NodeSnapshot, request: PlacementRequest) -> Fit | None:
+    """Choose the node's GPUs for one rank and score the fit; None if the GPUs do not fit."""
+    fitting = [gpu for gpu in node.gpus if gpu.memory_free >= request.gpu_memory]
+    group = choose_gpus(fitting, request.gpus_per_rank)
+    if group is None:
+        return None
+    return Fit(
+        group.indices,
+        group.score,
+        fit(len(node.gpus) - request.gpus_per_rank, request),
+        fit((node.ram_free - request.memory) / _GIB, request),
+    )
+
+
+def score(
+    node: NodeSnapshot, request: PlacementRequest, fitted: Fit | None = None
+) -> Candidate | None:
+    """Score a node that passed the filters, reusing its Fit when the caller has one."""
+    fitted = fitted or fit_node(node, request)
+    if fitted is None:
+        return None
+    weights = holds_weights(node, request)
+    scores = {
+        "nvlink": fitted.nvlink,
+        "weights": weights,
+        "gpus": fitted.gpus_left,
+        "ram": fitted.ram_left,
+    }
+    order = (-fitted.nvlink, -weights, -fitted.gpus_left, -fitted.ram_left, node.id)
+    return Candidate(node.id, fitted.gpus, scores, order)

@@ -1,0 +1,96 @@
+"""What placement is given: frozen facts about nodes, and what a replica asks for.
+
+The caller (the reconciler) builds these from its own records; placement never
+looks anything up, so a decision can be reproduced from the snapshot alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+CONNECTED = "connected"
+UNREACHABLE = "unreachable"
+LOST = "lost"
+DRAINING = "draining"
+
+Strategy = Literal["pack", "spread"]
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """One GPU that no shard holds, with the NVLink peers NVML reported for it."""
+
+    index: int
+    memory_total: int
+    memory_free: int
+    # Indices of GPUs on the same node this one has an NVLink to. Empty on every
+    # GPU of a node means the topology is unknown (or there is none), not "unlinked".
+    nvlink_peers: frozenset[int] = frozenset()
+    uuid: str = ""
+
+
+@dataclass(frozen=True)
+class FabricSnapshot:
+    """A fabric as one node sees it: the adapters it really has on it, and their state.
+
+    `adapters` are the adapters discovery found on the node with an ACTIVE port;
+    `inactive_adapters` were declared or found but carry no data (a port in INIT
+    looks healthy to anything counting adapters and hangs the first all-reduce).
+    """
+
+    name: str
+    active: bool
+    rate_gbps: float
+    adapters: tuple[str, ...]
+    socket_ifname: str = ""
+    inactive_adapters: tuple[str, ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        """Say whether a collective can run over this fabric from this node."""
+        return self.active and bool(self.adapters)
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """A node's state and its free resources at one moment."""
+
+    id: str
+    state: str  # CONNECTED | UNREACHABLE | LOST | DRAINING
+    pool: str = ""
+    # Engine name -> version. None: the agent sent no list (an agent older than
+    # engine probing), which never excludes a node; {}: it probed and has none.
+    engines: Mapping[str, str] | None = None
+    # Engine name -> the node's own status words, e.g.
+    # "installing: downloading llama-b6000-bin-ubuntu-x64.tar.gz (16 MB)".
+    engines_installing: Mapping[str, str] = field(default_factory=dict)
+    gpus: tuple[GpuSnapshot, ...] = ()  # only the GPUs no shard holds
+    ram_free: int = 0
+    disk_free: int = 0
+    fabrics: tuple[FabricSnapshot, ...] = ()
+    weights: frozenset[str] = frozenset()  # weight keys (model sources) the node holds
+    # Weight keys a shard is fetching onto the node now: their disk is already
+    # claimed, but they are not held yet, so they earn no preference.
+    weights_fetching: frozenset[str] = frozenset()
+    cpu_cores: int = 0
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """One replica to place: the same shape on each of `ranks` nodes."""
+
+    replica_key: str
+    model: str
+    profile: str
+    engine: str
+    engine_version: str = ""  # "" accepts any installed version
+    gpus_per_rank: int = 0
+    gpu_memory: int = 0  # bytes that must be free on EACH GPU of a rank
+    ranks: int = 1  # nodes per replica; each rank on a different node
+    memory: int = 0  # host RAM per rank, bytes
+    disk: int = 0  # bytes of weights a rank's node must fetch if it lacks them
+    pool: str = ""  # "" places in any pool
+    weights_key: str = ""
+    strategy: Strategy = "pack"

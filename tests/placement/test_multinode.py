@@ -1,0 +1,155 @@
+"""Replicas spanning nodes: one fabric for every rank, and NCCL told exactly which adapters."""
+
+from __future__ import annotations
+
+import pytest
+
+from placement import FabricSnapshot, nccl_env, place
+from tests.placement.builders import GIB, fabric, gpus, node, request
+
+CHAT = frozenset({"hf://org/chat"})
+TP8X2 = {"gpus_per_rank": 8, "gpu_memory": 70 * GIB, "ranks": 2}
+
+
+def test_ranks_go_to_different_nodes_on_one_fabric() -> None:
+    ib_a = fabric("ib-a", ("mlx5_0", "mlx5_1"))
+    nodes = [node("node01", fabrics=(ib_a,)), node("node02", fabrics=(ib_a,))]
+
+    decision = place(request(**TP8X2), nodes)
+
+    assert decision.placed
+    assert decision.fabric == "ib-a"
+    assert [(rank.rank, rank.node, rank.gpus) for rank in decision.ranks] == [
+        (0, "node01", tuple(range(8))),
+        (1, "node02", tuple(range(8))),
+    ]
+    assert decision.ranks[0].nccl_env == {
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_IB_HCA": "=mlx5_0,mlx5_1",
+        "NCCL_SOCKET_IFNAME": "=ib0",
+    }
+    assert decision.summary == (
+        "2/2 nodes available; placed 2 ranks on fabric ib-a: node01 (GPUs 0-7), node02 (GPUs 0-7)"
+    )
+
+
+def test_each_rank_names_only_the_adapters_its_own_node_has() -> None:
+    nodes = [
+        node("node01", fabrics=(fabric("ib-a", ("mlx5_0", "mlx5_1")),)),
+        node("node02", fabrics=(fabric("ib-a", ("mlx5_2",), inactive=("mlx5_3",), ifname=""),)),
+    ]
+
+    decision = place(request(**TP8X2), nodes)
+
+    assert decision.ranks[1].nccl_env == {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "=mlx5_2"}
+
+
+def test_rank_zero_is_the_best_node() -> None:
+    ib_a = fabric("ib-a")
+    nodes = [node("node01", fabrics=(ib_a,)), node("node02", fabrics=(ib_a,), weights=CHAT)]
+
+    decision = place(request(**TP8X2), nodes)
+
+    assert [rank.node for rank in decision.ranks] == ["node02", "node01"]
+
+
+def test_the_fabric_with_enough_nodes_wins_over_the_best_single_node() -> None:
+    nodes = [
+        node("node01", fabrics=(fabric("ib-a"),), weights=CHAT),
+        node("node02", fabrics=(fabric("ib-b"),)),
+        node("node03", fabrics=(fabric("ib-b"),)),
+    ]
+
+    decision = place(request(**TP8X2), nodes)
+
+    assert decision.fabric == "ib-b"
+    assert [rank.node for rank in decision.ranks] == ["node02", "node03"]
+    assert "node01" in decision.scores  # compared, and lost for want of a partner
+
+
+def test_a_node_completing_two_fabrics_at_once_takes_the_faster() -> None:
+    both = (fabric("ib-a", rate=200.0), fabric("roce", ("mlx5_4",), rate=400.0))
+    nodes = [node("node01", fabrics=both), node("node02", fabrics=both)]
+
+    assert place(request(**TP8X2), nodes).fabric == "roce"
+
+
+REFUSED_ACROSS_FABRICS = [
+    (
+        "one-each",
+        [("node01", "ib-a", 8), ("node02", "ib-b", 8)],
+        "2/2 nodes available; needs 2 nodes on one fabric; ib-a has 1 eligible node, ib-b has 1",
+    ),
+    (
+        "one-and-none",
+        [("node01", "ib-a", 8), ("node02", "ib-b", 4)],
+        "1/2 nodes available: 1 lacks free GPUs; "
+        "needs 2 nodes on one fabric; ib-a has 1 eligible node, ib-b has 0",
+    ),
+    (
+        "none-anywhere",
+        [("node01", "ib-a", 4), ("node02", "ib-b", 4)],
+        "0/2 nodes available: 2 lack free GPUs; "
+        "needs 2 nodes on one fabric; ib-a has 0 eligible nodes, ib-b has 0",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("layout", "summary"),
+    [case[1:] for case in REFUSED_ACROSS_FABRICS],
+    ids=[case[0] for case in REFUSED_ACROSS_FABRICS],
+)
+def test_refused_when_no_fabric_has_enough_nodes(
+    layout: list[tuple[str, str, int]], summary: str
+) -> None:
+    nodes = [node(i, fabrics=(fabric(name),), gpus=gpus(count)) for i, name, count in layout]
+
+    decision = place(request(**TP8X2), nodes)
+
+    assert not decision.placed
+    assert decision.summary == summary
+    assert decision.reasons[0] == decision.problem == summary[summary.index("needs") :]
+
+
+def test_a_fabric_with_an_inactive_adapter_only_does_not_count() -> None:
+    nodes = [
+        node("node01", fabrics=(fabric("ib-a"),)),
+        node("node02", fabrics=(fabric("ib-a", (), inactive=("mlx5_0",)),)),
+    ]
+
+    decision = place(request(**TP8X2), nodes)
+
+    assert decision.problem == "needs 2 nodes on one fabric; ib-a has 1 eligible node"
+    assert decision.refusals == {
+        "node02": ("no active fabric for a 2-node replica (ib-a: mlx5_0 not active)",)
+    }
+
+
+def test_a_single_node_replica_needs_no_fabric() -> None:
+    decision = place(request(gpus_per_rank=8), [node("node01")])
+
+    assert decision.placed
+    assert decision.fabric == ""
+    assert decision.ranks[0].nccl_env == {}
+
+
+NCCL = [
+    (
+        "active-adapters-exactly",
+        FabricSnapshot("ib-a", True, 400.0, ("mlx5_0", "mlx5_1"), "ib0", ("mlx5_2",)),
+        {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "=mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME": "=ib0"},
+    ),
+    (
+        "no-socket-interface-known",
+        FabricSnapshot("ib-a", True, 400.0, ("mlx5_1:1",)),
+        {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "=mlx5_1:1"},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("fabric_snapshot", "env"), [case[1:] for case in NCCL], ids=[case[0] for case in NCCL]
+)
+def test_nccl_env(fabric_snapshot: FabricSnapshot, env: dict[str, str]) -> None:
+    assert nccl_env(fabric_snapshot) == env
