@@ -2,13 +2,14 @@
 
 It imports no Django. Commands from the control plane arrive as tasks on the node's
 queue; the agent's own runtime (discovery, the link, heartbeats, the supervisor)
-lives in the worker process for its whole life.
+lives in the worker process for its whole life, started by a bootstep.
 """
 
 from __future__ import annotations
 
 from celery import Celery
 
+from agent_worker.bootstep import AgentRuntimeStep
 from agent_worker.config import broker_url
 
 app = Celery("agent_worker")
@@ -19,11 +20,13 @@ app.conf.update(
     # worker's whole life; prefork would run tasks in children that have none of them.
     worker_pool="threads",
     worker_concurrency=4,
-    task_acks_late=False,
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
     task_serializer="json",
     accept_content=["json"],
     result_expires=300,
+    # A worker that stops must not take long: the runtime stops in 5 s.
+    worker_cancel_long_running_tasks_on_connection_loss=True,
 )
-app.autodiscover_tasks(["agent_worker"], force=True)
+app.steps["worker"].add(AgentRuntimeStep)
+app.autodiscover_tasks(["agent_worker"], related_name="tasks", force=True)

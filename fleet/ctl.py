@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.utils import timezone
 
 from fleet.models import Node
+from fleet.node_auth import node_token
 from fleet.selectors import live_replicas, model_rows
 from llmgw_site.tables import render_json, render_table
 from protocol.units import human_size
@@ -19,9 +20,17 @@ def add_parsers(subparsers) -> None:
     replicas.add_argument("--json", action="store_true")
     replicas.set_defaults(handler=replicas_command)
 
+    token = subparsers.add_parser("node-token", help="print the link token for a node's agent")
+    token.add_argument("node", help="the node's hostname")
+    token.set_defaults(handler=node_token_command)
+
     status = subparsers.add_parser("status", help="models, replicas and why any cannot run")
     status.add_argument("--json", action="store_true")
     status.set_defaults(handler=status_command)
+
+
+def node_token_command(options, out) -> None:
+    out.write(node_token(options["node"]))
 
 
 def _ago(moment) -> str:

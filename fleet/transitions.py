@@ -11,6 +11,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from fleet.models import Event, Node, NodeState, Replica, ReplicaState, Shard, ShardState
+from fleet.routing_table import publish_routing_change
 
 NODE_TRANSITIONS: dict[str, frozenset[str]] = {
     NodeState.CONNECTED: frozenset({NodeState.UNREACHABLE, NodeState.LOST}),
@@ -106,6 +107,9 @@ def transition(
         Event.objects.create(
             kind=kind, subject=str(pk), from_state=current, to_state=target, reason=reason
         )
+        if model is Replica and ReplicaState.READY in (current, target):
+            # Routers reload within a second instead of at their next periodic refresh.
+            transaction.on_commit(publish_routing_change)
     return current
 
 

@@ -9,4 +9,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 app = Celery("llmgw_site")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_default_queue = "control"
+app.conf.beat_schedule = {
+    "liveness": {"task": "fleet.check_liveness", "schedule": 5.0, "options": {"expires": 5}},
+}
 app.autodiscover_tasks(["fleet"])

@@ -94,7 +94,9 @@ REDIS_URL = env_str("REDIS_URL") or embedded.redis_url(LLMGW_HOME)
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        # redis-py 8 reads with a 5 s timeout by default, the same as channels_redis'
+        # blocking pop, so an idle consumer would time out; give reads room beyond it.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
     },
 }
 

@@ -66,7 +66,17 @@ def prepare_environment(home: Path) -> dict[str, str]:
     env.setdefault("LLMGW_AGENT_SERVERS", f"ws://127.0.0.1:{env_int('LLMGW_PORT', 8000)}")
     env.setdefault("LLMGW_AGENT_DIR", str(home / "agent"))
     env.setdefault("LLMGW_WEIGHTS_DIR", str(home / "weights"))
+    env.setdefault("LLMGW_AGENT_BROKER", env["REDIS_URL"])
     return env
+
+
+def agent_token(python: str, env: dict[str, str]) -> str:
+    """The local agent's link token, signed by this control plane's key."""
+    result = subprocess.run(
+        [python, MANAGE, "llmgw_ctl", "node-token", socket.gethostname()],
+        env=env, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    return result.stdout.strip()
 
 
 def ensure_admin(python: str, env: dict[str, str], home: Path) -> None:
@@ -101,6 +111,7 @@ def run(argv: list[str] | None = None) -> int:
     started_redis = not os.environ.get("REDIS_URL")
     subprocess.run([python, MANAGE, "migrate", "--no-input", "-v", "0"], env=env, check=True)
     ensure_admin(python, env, home)
+    env.setdefault("LLMGW_AGENT_TOKEN", agent_token(python, env))
     demo = env_str("LLMGW_DEMO_CATALOG")
     if demo:
         subprocess.run([python, MANAGE, "llmgw_ctl", "apply", "-f", demo], env=env, check=False)

@@ -1,0 +1,232 @@
+"""The agent's end of the link: one websocket it dials out to the control plane.
+
+It reconnects forever over the configured addresses: after a failure it goes
+straight to the next address it has not just tried, and only when every address
+has just failed does it wait, with jittered exponential backoff — the delay exists
+to stop hammering one control plane, and the next one has not been hammered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import ssl
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from protocol.messages import CLOSE_BAD_MESSAGE, Heartbeat, Register
+
+log = logging.getLogger("llmgw.agent.link")
+
+BACKOFF_BASE = 1.0
+BACKOFF_MAX = 60.0
+OPEN_TIMEOUT = 5.0
+# Bounded so that stopping the agent never waits on a peer that does not answer.
+CLOSE_TIMEOUT = 2.0
+
+
+@dataclass
+class LinkCallbacks:
+    register: Callable[[], Register]
+    heartbeat: Callable[[], Heartbeat]
+
+
+def backoff_delay(failed_rounds: int, rng: random.Random | None = None) -> float:
+    """Full jitter: uniform in [0, min(max, base * 2**n)], so a fleet never reconnects in step."""
+    ceiling = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** max(0, failed_rounds - 1))
+    return (rng or random).uniform(ceiling / 2, ceiling)
+
+
+def _decode(message: str | bytes) -> dict:
+    try:
+        value = json.loads(message)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def agent_url(server: str) -> str:
+    """``wss://host:port`` or ``https://…`` → the link's websocket URL at /agent/."""
+    url = server.rstrip("/")
+    for plain, secure in (("http://", "ws://"), ("https://", "wss://")):
+        if url.startswith(plain):
+            url = secure + url[len(plain) :]
+    if not url.startswith(("ws://", "wss://")):
+        url = "ws://" + url
+    return url if url.endswith("/agent") else url + "/agent/"
+
+
+class AgentLink:
+    """Keep one link open to some control plane, sending register, heartbeats and events."""
+
+    def __init__(
+        self,
+        servers: Sequence[str],
+        node_id: str,
+        token: str,
+        callbacks: LinkCallbacks,
+        *,
+        heartbeat_interval: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.servers = list(servers)
+        self.node_id = node_id
+        self.token = token
+        self.callbacks = callbacks
+        self.heartbeat_interval = heartbeat_interval
+        self.ssl_context = ssl_context
+        self.connected_to: str | None = None
+        self.sessions = 0
+        self._outbox: asyncio.Queue[str] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+
+    def send(self, message: BaseModel) -> None:
+        """Queue a message from any thread; dropped while unlinked (register resends state)."""
+        loop, outbox = self._loop, self._outbox
+        if loop is None or outbox is None or self.connected_to is None:
+            return
+        loop.call_soon_threadsafe(outbox.put_nowait, message.model_dump_json())
+
+    def stop(self) -> None:
+        if self._loop and self._stop:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    async def run(self) -> None:
+        """Link, relink, forever, until stop()."""
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._outbox = asyncio.Queue()
+        failed_rounds = 0
+        while not self._stop.is_set():
+            linked_in_round = False
+            for server in self.servers:
+                if self._stop.is_set():
+                    return
+                try:
+                    linked = await self._session(server)
+                except Exception:
+                    # A bug in one session must not end the link for the agent's life.
+                    log.exception("link session with %s failed", server)
+                    linked = False
+                if linked:
+                    linked_in_round = True
+                    # A control plane that restarts is rejoined from the first address.
+                    break
+            if linked_in_round:
+                failed_rounds = 0
+                continue
+            failed_rounds += 1
+            delay = backoff_delay(failed_rounds)
+            log.info("every control plane address failed; retrying in %.1fs", delay)
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+
+    async def _session(self, server: str) -> bool:
+        """One connection's life; True if it linked (however it ended)."""
+        url = agent_url(server)
+        headers = {"Authorization": f"Bearer {self.token}", "X-Llmgw-Node": self.node_id}
+        try:
+            ws = await connect(
+                url,
+                additional_headers=headers,
+                open_timeout=OPEN_TIMEOUT,
+                close_timeout=CLOSE_TIMEOUT,
+                ssl=self.ssl_context if url.startswith("wss://") else None,
+                max_size=2**22,
+            )
+        except InvalidStatus as exc:
+            log.warning("control plane %s refused the link: HTTP %s", url, exc.response.status_code)
+            return False
+        except (OSError, TimeoutError, ConnectionClosed) as exc:
+            log.warning("cannot reach control plane %s: %s", url, exc or type(exc).__name__)
+            return False
+        try:
+            register = await asyncio.to_thread(self.callbacks.register)
+            await ws.send(register.model_dump_json())
+            # The control plane answers a register with "linked" or closes with a reason.
+            first = await asyncio.wait_for(ws.recv(), timeout=OPEN_TIMEOUT)
+        except ConnectionClosed as exc:
+            self._log_close(url, exc, linked=False)
+            return False
+        except TimeoutError:
+            log.warning("control plane %s did not answer the register in %ss", url, OPEN_TIMEOUT)
+            await ws.close()
+            return False
+        answer = _decode(first)
+        if answer.get("type") != "linked":
+            # Daphne drops a close frame's reason, so the refusal arrives as a message.
+            log.warning(
+                "control plane %s refused the link: %s", url, answer.get("reason", first)
+            )
+            await ws.close()
+            return False
+        log.info("linked to control plane %s as %s", url, self.node_id)
+        self.connected_to = url
+        self.sessions += 1
+        assert self._outbox is not None
+        while not self._outbox.empty():  # register carried the current state
+            self._outbox.get_nowait()
+        try:
+            await self._linked(ws)
+        except ConnectionClosed as exc:
+            self._log_close(url, exc, linked=True)
+        finally:
+            self.connected_to = None
+            await ws.close()
+        return True
+
+    async def _linked(self, ws: ClientConnection) -> None:
+        assert self._stop is not None and self._outbox is not None
+        tasks = [
+            asyncio.create_task(self._heartbeats(ws)),
+            asyncio.create_task(self._send_outbox(ws)),
+            asyncio.create_task(self._read(ws)),
+            asyncio.create_task(self._stop.wait()),
+        ]
+        try:
+            done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+        for task in done:
+            if not task.cancelled() and task.exception():
+                raise task.exception()  # type: ignore[misc]
+
+    async def _heartbeats(self, ws: ClientConnection) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            heartbeat = await asyncio.to_thread(self.callbacks.heartbeat)
+            await ws.send(heartbeat.model_dump_json())
+
+    async def _send_outbox(self, ws: ClientConnection) -> None:
+        assert self._outbox is not None
+        while True:
+            await ws.send(await self._outbox.get())
+
+    async def _read(self, ws: ClientConnection) -> None:
+        async for message in ws:
+            answer = _decode(message)
+            if answer.get("type") == "error":
+                log.error("control plane refused a message: %s", answer.get("reason"))
+            else:
+                log.info("control plane says: %s", message)
+
+    def _log_close(self, url: str, exc: ConnectionClosed, *, linked: bool) -> None:
+        frame = exc.rcvd
+        if frame is None:
+            log.warning("link to %s dropped without a close frame", url)
+        elif frame.code == 1000 and linked:
+            log.info("control plane %s closed the link", url)
+        elif frame.code == CLOSE_BAD_MESSAGE:
+            log.error("control plane %s refused a message: %s", url, frame.reason)
+        else:
+            log.warning("control plane %s refused the link (%s): %s", url, frame.code, frame.reason)

@@ -1,0 +1,229 @@
+"""The agent's runtime: discovery, the link, heartbeats and the supervisor, for the
+worker's whole life. Celery tasks call into the one instance (``current()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import threading
+import time
+from pathlib import Path
+
+from agent_worker.config import AgentConfig
+from agent_worker.discovery import DiscoveryConfig, UsageSampler, discover, storage_dirs
+from agent_worker.engines import get_adapter
+from agent_worker.engines.probe import ProbeConfig, probe_engines
+from agent_worker.link import AgentLink, LinkCallbacks
+from agent_worker.logbuffer import LogBuffer
+from agent_worker.supervisor import Supervisor, ShardTransition
+from protocol import messages
+from protocol.shard import ShardSpec, ShardState
+
+log = logging.getLogger("llmgw.agent")
+
+AGENT_VERSION = "0.1.0"
+# Stopping the worker must end the agent promptly: no hung reads (DESIGN.md).
+STOP_TIMEOUT = 5.0
+
+_current: AgentRuntime | None = None
+
+
+def current() -> AgentRuntime:
+    """The runtime of this worker; tasks use it to reach the supervisor and logs."""
+    if _current is None:
+        raise RuntimeError("the agent runtime is not running in this process")
+    return _current
+
+
+class AgentRuntime:
+    """Everything that must live in the worker process for its whole life."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.node_id = config.identity
+        self.logs = LogBuffer()
+        logging.getLogger().addHandler(self.logs.handler())
+        for directory in (config.agent_dir, config.state_dir, config.log_dir):
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.discovery_config = DiscoveryConfig(
+            weights_dir=config.weights_dir,
+            control_planes=tuple(config.servers),
+            storage_dirs=(config.agent_dir,),
+            fabrics=config.fabrics,
+            hostname=self.node_id,
+            address=config.address,
+        )
+        self.supervisor = Supervisor(
+            config.state_dir, config.log_dir, self._on_transition, logs=self.logs
+        )
+        self.sampler = UsageSampler(storage_dirs(self.discovery_config))
+        self.engines: dict[str, messages.EngineInstall] = {}
+        self.engine_paths: dict[str, str] = {}
+        self.link = AgentLink(
+            config.servers,
+            self.node_id,
+            config.token,
+            LinkCallbacks(register=self.register_message, heartbeat=self.heartbeat_message),
+            heartbeat_interval=config.heartbeat_interval,
+            ssl_context=self._ssl_context(),
+        )
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    # -- life ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        global _current
+        _current = self
+        self.probe_engines()
+        adopted = self.supervisor.adopt_all()
+        if adopted:
+            log.info("adopted %d running shard(s) from a previous agent", len(adopted))
+        self._thread = threading.Thread(target=self._run_loop, name="llmgw-link", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the link and watchers within STOP_TIMEOUT; engines keep running."""
+        global _current
+        self._stopping.set()
+        self.link.stop()
+        if self._thread:
+            self._thread.join(timeout=STOP_TIMEOUT)
+        self.supervisor.shutdown()
+        self.sampler.close()
+        if _current is self:
+            _current = None
+
+    def _run_loop(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        prober = asyncio.create_task(self._probe_periodically())
+        try:
+            await self.link.run()
+        finally:
+            prober.cancel()
+
+    async def _probe_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.probe_interval)
+            before = dict(self.engines)
+            await asyncio.to_thread(self.probe_engines)
+            if self.engines != before:
+                log.info("installed engines changed: %s", ", ".join(sorted(self.engines)) or "none")
+                self.link.send(messages.Engines(engines=self.engines))
+
+    # -- what the node says ----------------------------------------------------------
+
+    def probe_engines(self) -> None:
+        found = probe_engines(
+            ProbeConfig(
+                install_dirs=self.config.install_dirs,
+                engine_paths={"sglang": self.config.sglang_python}
+                if self.config.sglang_python != "python3"
+                else {},
+            )
+        )
+        self.engine_paths = {name: install.path for name, install in found.items()}
+        self.engines = {
+            name: messages.EngineInstall(version=install.version, path=install.path)
+            for name, install in found.items()
+        }
+
+    def register_message(self) -> messages.Register:
+        inventory = discover(self.discovery_config)
+        shards = [
+            messages.RunningShard(
+                spec=shard.spec, state=shard.state, pid=shard.pid, reason=shard.detail
+            )
+            for shard in self.supervisor.running()
+        ]
+        return messages.Register(
+            agent_version=AGENT_VERSION,
+            inventory=inventory,
+            engines_probed=True,
+            engines=self.engines,
+            shards=shards,
+            problems=self.supervisor.problems,
+            log_sources=self.logs.sources(),
+        )
+
+    def heartbeat_message(self) -> messages.Heartbeat:
+        return messages.Heartbeat(usage=self.sampler.sample(self.supervisor.pids()))
+
+    def _on_transition(self, transition: ShardTransition) -> None:
+        self.link.send(
+            messages.ShardStatus(
+                shard_id=transition.shard_id,
+                replica_id=transition.replica_id,
+                state=transition.state,
+                reason=transition.reason,
+                output_tail=transition.output_tail,
+                pid=transition.pid,
+                fingerprint=transition.fingerprint,
+            )
+        )
+
+    # -- commands --------------------------------------------------------------------
+
+    def start_shard(self, spec: ShardSpec) -> ShardState:
+        """Validate, then launch; a refused profile fails in a second, not after loading."""
+        known = self.supervisor.state_of(spec.shard_id)
+        if known is not None:
+            return known
+        adapter = get_adapter(spec.engine)
+        problems = adapter.validate(spec)
+        binary = self.engine_paths.get(spec.engine)
+        if binary is None:
+            problems.append(
+                f"engine {spec.engine} is not installed on {self.node_id}; "
+                f"found: {', '.join(sorted(self.engine_paths)) or 'none'}"
+            )
+        if spec.source.startswith("/") and not Path(spec.model_path or spec.source).exists():
+            problems.append(f"model file {spec.model_path or spec.source} is not on this node")
+        if problems:
+            reason = "; ".join(problems)
+            log.error("refusing shard %s: %s", spec.shard_id, reason)
+            self._on_transition(
+                ShardTransition(
+                    shard_id=spec.shard_id,
+                    replica_id=spec.replica_id,
+                    state="failed",
+                    reason=reason,
+                    fingerprint=spec.fingerprint,
+                )
+            )
+            return "failed"
+        if not spec.model_path and spec.source.startswith("/"):
+            spec = spec.model_copy(update={"model_path": spec.source})
+        assert binary is not None
+        commands = adapter.commands(spec, binary)
+        return self.supervisor.start(
+            spec, commands, adapter.serves_http(spec.rank), adapter.health_path
+        )
+
+    def stop_shard(self, shard_id: str) -> None:
+        self.supervisor.stop(shard_id)
+
+    def read_logs(self, source: str, lines: int) -> list[str]:
+        return self.logs.read(source, lines)
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if not any(s.startswith(("wss://", "https://")) for s in self.config.servers):
+            return None
+        context = ssl.create_default_context(cafile=self.config.ca_file or None)
+        if self.config.cert_file:
+            context.load_cert_chain(self.config.cert_file, self.config.key_file or None)
+        return context
+
+
+def wait_until_linked(runtime: AgentRuntime, timeout: float) -> bool:
+    """For tests and `llmgw up`: True once the link has registered."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if runtime.link.connected_to:
+            return True
+        time.sleep(0.05)
+    return False

@@ -1,0 +1,256 @@
+"""The supervisor's loop: one round of work per shard per call, and how a shard ends.
+
+``Supervisor`` (``agent_worker.supervisor``) adds the commands on top. In the agent each
+shard gets a thread that calls the round every ``poll_interval``; tests call ``step()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from pathlib import Path
+
+from agent_worker.logbuffer import LogBuffer
+from agent_worker.supervision.health import HealthProbe, port_open
+from agent_worker.supervision.process import ShardProcess
+from agent_worker.supervision.shard import PortWait, ShardRun, ShardTransition
+from agent_worker.supervision.statedir import StateDir, check_shard_id
+from protocol.shard import ShardState
+
+log = logging.getLogger("agent_worker.supervisor")
+
+OUTPUT_TAIL_LINES = 40
+# Finished shards are remembered so a redelivered start_shard is answered, not obeyed.
+_REMEMBERED = 4096
+
+
+class ShardLoop:
+    """Watch shards: launch in order, check health, notice exits, report transitions."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        log_dir: Path,
+        on_transition: Callable[[ShardTransition], None],
+        *,
+        logs: LogBuffer | None = None,
+        health_interval: float = 2.0,
+        health_timeout: float = 2.0,
+        poll_interval: float = 0.5,
+        settle: float = 10.0,
+        teardown_grace: float = 5.0,
+        background: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logs = logs if logs is not None else LogBuffer()
+        self._state = StateDir(state_dir)
+        self._log_dir = Path(log_dir)
+        self._log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._on_transition = on_transition
+        self._health_interval = health_interval
+        self._poll_interval = poll_interval
+        self._settle = settle
+        self._teardown_grace = teardown_grace
+        self._background = background
+        self._clock = clock
+        self._probe = HealthProbe(health_timeout)
+        self._lock = threading.Lock()  # guards _runs, _ended, _problems; taken after run.lock
+        self._runs: dict[str, ShardRun] = {}
+        self._ended: OrderedDict[str, ShardTransition] = OrderedDict()
+        self._problems: list[str] = []
+        self._outbox: deque[ShardTransition] = deque()
+        self._emit_lock = threading.RLock()
+        self._closing = threading.Event()
+
+    def step(self) -> bool:
+        """Do one round of supervision over every shard; say whether anything happened."""
+        did = False
+        for run in self._live_runs():
+            did = self._step_run(run) or did
+        self._drain()
+        return did
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop watching. Engines keep running for the next agent to adopt."""
+        self._closing.set()
+        deadline = time.monotonic() + timeout
+        for run in self._live_runs():
+            if run.thread is not None and run.thread is not threading.current_thread():
+                run.thread.join(max(0.0, deadline - time.monotonic()))
+        self._probe.close()
+
+    def _step_run(self, run: ShardRun) -> bool:
+        with run.lock:
+            if run.finished:
+                return False
+            did = run.tail.pump()
+            if run.doomed is not None:
+                state, reason = run.doomed
+                self._finish(run, state, reason)
+                return True
+            for index, proc in enumerate(run.processes):
+                ended = proc.poll()
+                if ended is not None:
+                    reason = f"{run.role(index)}{proc.name} (pid {proc.pid}) {ended.describe()}"
+                    self._finish(run, "failed", reason, exit_code=ended.code)
+                    return True
+            if run.launching:
+                return self._advance_launch(run) or did
+            if run.state == "starting":
+                return self._check_ready(run) or did
+            return did
+
+    def _advance_launch(self, run: ShardRun) -> bool:
+        """Start the next commands, stopping at one whose port is not listening yet."""
+        did = False
+        while True:
+            wait = run.waiting
+            if wait is not None:
+                left = wait.deadline - self._clock()
+                if port_open(wait.host, wait.port, timeout=min(0.5, max(left, 0.05))):
+                    run.waiting = None
+                    run.tail.note(f"{wait.name}: {wait.host}:{wait.port} accepts connections")
+                elif self._clock() >= wait.deadline:
+                    reason = (
+                        f"{wait.name}: nothing accepted connections on {wait.host}:{wait.port} "
+                        f"within {wait.timeout:g}s"
+                    )
+                    self._finish(run, "failed", reason)
+                    return True
+                else:
+                    return did
+            if len(run.processes) == len(run.commands):
+                run.launching = False
+                run.alive_since = run.next_health_at = self._clock()
+                return True
+            command = run.commands[len(run.processes)]
+            try:
+                proc = ShardProcess.launch(command, run.tail.path)
+            except OSError as err:
+                name = command.name or (command.argv[0] if command.argv else "?")
+                self._finish(run, "failed", f"could not start {name}: {err}")
+                return True
+            run.processes.append(proc)
+            did = True
+            try:
+                self._state.write(run.record())
+            except OSError as err:
+                # An engine no state file describes would be killed as unidentified later.
+                self._finish(run, "failed", f"cannot record pid {proc.pid} in its state: {err}")
+                return True
+            run.tail.note(f"started {proc.name} (pid {proc.pid})")
+            if run.state == "pending":
+                self._queue(run.transition("starting", f"started {proc.name} (pid {proc.pid})"))
+            if command.wait_for_port is not None:
+                host, port = command.wait_for_port
+                timeout = command.wait_timeout
+                deadline = self._clock() + timeout
+                run.waiting = PortWait(proc.name, host, port, timeout, deadline)
+
+    def _check_ready(self, run: ShardRun) -> bool:
+        now = self._clock()
+        if not run.serves_http:
+            assert run.alive_since is not None
+            if now - run.alive_since < self._settle:
+                return False
+            self._become_ready(run, f"alive for {self._settle:g}s (a worker rank serves no HTTP)")
+            return True
+        if now < run.next_health_at:
+            return False
+        run.next_health_at = now + self._health_interval
+        spec = run.spec
+        ready, run.detail = self._probe.check(spec.host, spec.port, run.health_path, spec.api_key)
+        if ready:
+            self._become_ready(run, run.detail)
+        return ready
+
+    def _become_ready(self, run: ShardRun, reason: str) -> None:
+        # An engine may retitle itself while it loads; record what adoption will see.
+        if any([proc.refresh_cmdline() for proc in run.processes]):
+            try:
+                self._state.write(run.record())
+            except OSError as err:
+                log.warning("shard %s: cannot update its state file: %s", run.shard_id, err)
+        self._queue(run.transition("ready", reason))
+
+    def _teardown(self, run: ShardRun, grace: float) -> list[str]:
+        """Stop every group of the shard, the engine first; name those that needed SIGKILL."""
+        killed = []
+        for proc in reversed(run.processes):
+            if proc.terminate(grace):
+                killed.append(f"{proc.name} (pid {proc.pid})")
+        return killed
+
+    def _finish(
+        self,
+        run: ShardRun,
+        state: ShardState,
+        reason: str,
+        exit_code: int | None = None,
+        teardown: bool = True,
+    ) -> None:
+        """End a shard: tear down what is left, forget its state file, report it once."""
+        run.tail.flush()
+        output = self.logs.read(run.shard_id, OUTPUT_TAIL_LINES) if state == "failed" else []
+        if teardown:
+            self._teardown(run, self._teardown_grace)
+        run.finished = True
+        transition = run.transition(state, reason, output, exit_code)
+        self._state.remove(run.shard_id)
+        with self._lock:
+            self._runs.pop(run.shard_id, None)
+            self._remember(transition)
+        run.tail.note(f"{state}: {reason}")
+        run.tail.flush()
+        level = logging.WARNING if state == "failed" else logging.INFO
+        log.log(level, "shard %s %s: %s", run.shard_id, state, reason)
+        self._queue(transition)
+
+    def _live_runs(self) -> list[ShardRun]:
+        with self._lock:
+            return list(self._runs.values())
+
+    def _remember(self, transition: ShardTransition) -> None:
+        self._ended[transition.shard_id] = transition
+        while len(self._ended) > _REMEMBERED:
+            self._ended.popitem(last=False)
+
+    def _watch(self, run: ShardRun) -> None:
+        if not self._background or run.finished:
+            return
+        run.thread = threading.Thread(
+            target=self._watch_loop, args=(run,), name=f"shard-{run.shard_id}", daemon=True
+        )
+        run.thread.start()
+
+    def _watch_loop(self, run: ShardRun) -> None:
+        while not self._closing.is_set() and not run.finished:
+            try:
+                self._step_run(run)
+            except Exception:  # a bug in one step must not leave the shard unwatched
+                log.exception("supervising shard %s", run.shard_id)
+            self._drain()
+            self._closing.wait(self._poll_interval)
+
+    def _queue(self, transition: ShardTransition) -> None:
+        # Queued under the shard's lock, so one shard's transitions leave in order.
+        self._outbox.append(transition)
+
+    def _drain(self) -> None:
+        with self._emit_lock:
+            while self._outbox:
+                transition = self._outbox.popleft()
+                try:
+                    self._on_transition(transition)
+                except Exception:
+                    log.exception("reporting %s %s", transition.shard_id, transition.state)
+
+    def _log_path(self, shard_id: str) -> Path:
+        return self._log_dir / f"{check_shard_id(shard_id)}.log"
+
+    def _check_open(self) -> None:
+        if self._closing.is_set():
+            raise RuntimeError("the supervisor has been shut down")

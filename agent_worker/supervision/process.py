@@ -1,0 +1,302 @@
+"""Start, recognise and signal the process groups that make up a shard.
+
+Every command runs in a session of its own (``start_new_session=True``) so that nothing
+done to the agent — Celery's warm shutdown, kill -9, a crash — reaches an engine, and
+so that a whole engine (vLLM's worker children included) is stopped by signalling
+one group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from agent_worker.engines.command import LaunchCommand
+from agent_worker.supervision.statedir import ProcessRecord
+
+log = logging.getLogger(__name__)
+
+# psutil derives create_time from boot time, which the kernel may restate by a little
+# after a clock step; a pid reused within this window with the same cmdline is fiction.
+CREATE_TIME_TOLERANCE = 1.0
+# After SIGKILL a process in uninterruptible sleep (a GPU driver tearing down) can take a
+# while; past this we stop waiting and say so rather than hang the caller.
+KILL_WAIT = 10.0
+_POLL = 0.05
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a process ended; ``code`` is None when it was not our child to wait for."""
+
+    code: int | None
+
+    def describe(self) -> str:
+        if self.code is None:
+            return "exited (its exit code is unknown: this agent adopted it)"
+        if self.code < 0:
+            try:
+                name = signal.Signals(-self.code).name
+            except ValueError:
+                name = f"signal {-self.code}"
+            return f"was killed by {name}"
+        return f"exited with code {self.code}"
+
+
+class ShardProcess:
+    """One process of a shard: launched here (a child) or adopted (watched by polling)."""
+
+    def __init__(self, record: ProcessRecord, popen: subprocess.Popen[bytes] | None) -> None:
+        self.record = record
+        self._popen = popen
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def pid(self) -> int:
+        return self.record.pid
+
+    @property
+    def pgid(self) -> int:
+        return self.record.pgid
+
+    @property
+    def adopted(self) -> bool:
+        return self._popen is None
+
+    @classmethod
+    def launch(cls, command: LaunchCommand, log_path: Path) -> ShardProcess:
+        """Start ``command`` in a new session with its output appended to ``log_path``.
+
+        Raises OSError when the executable cannot be run.
+        """
+        argv = list(command.argv)
+        env = {**os.environ, **command.env}
+        # The engine writes to the file itself: a pipe into the agent would die with the
+        # agent and take the engine down with SIGPIPE.
+        with open(log_path, "ab") as out:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        create_time, cmdline = 0.0, argv
+        with contextlib.suppress(psutil.Error):
+            handle = psutil.Process(popen.pid)
+            create_time = handle.create_time()
+            cmdline = handle.cmdline() or argv  # a process that already exited shows none
+        record = ProcessRecord(
+            name=command.name or Path(argv[0]).name,
+            pid=popen.pid,
+            pgid=popen.pid,
+            create_time=create_time,
+            cmdline=cmdline,
+            argv=argv,
+        )
+        return cls(record, popen)
+
+    @classmethod
+    def adopt(cls, record: ProcessRecord) -> ShardProcess:
+        return cls(record, None)
+
+    def poll(self) -> Exit | None:
+        """Return how the process ended, or None while it runs."""
+        if self._popen is not None:
+            code = self._popen.poll()
+            return None if code is None else Exit(code)
+        return None if still_running(self.record) else Exit(None)
+
+    def refresh_cmdline(self) -> bool:
+        """Record the command line the process shows now; say whether it changed."""
+        try:
+            cmdline = psutil.Process(self.pid).cmdline()
+        except psutil.Error:
+            return False
+        if not cmdline or cmdline == self.record.cmdline or not self._group_is_ours():
+            return False
+        self.record = self.record.model_copy(update={"cmdline": cmdline})
+        return True
+
+    def signal_group(self, sig: int) -> bool:
+        """Send ``sig`` to the process group; say whether anyone was there to receive it."""
+        if not self._group_is_ours():
+            return False
+        try:
+            os.killpg(self.pgid, sig)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            log.warning("not allowed to signal process group %d (%s)", self.pgid, self.name)
+            return False
+        return True
+
+    def terminate(self, grace: float) -> bool:
+        """SIGTERM the group, SIGKILL what is left after ``grace``; say whether it took SIGKILL.
+
+        Descendants that moved to a session of their own go the same way: they are listed
+        first, because once their parent dies nothing links them to the shard any more.
+        """
+        elsewhere = self._descendants_elsewhere()
+        killed = terminate_group(self.pgid, grace, reap=self.poll, is_ours=self._group_is_ours)
+        return terminate_processes(elsewhere, grace) or killed
+
+    def _descendants_elsewhere(self) -> list[psutil.Process]:
+        if self.poll() is not None or not self._group_is_ours():
+            return []
+        try:
+            descendants = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+        found = []
+        for proc in descendants:
+            with contextlib.suppress(ProcessLookupError):
+                if os.getpgid(proc.pid) != self.pgid:
+                    found.append(proc)
+        return found
+
+    def _group_is_ours(self) -> bool:
+        # While any member lives the kernel will not hand the group's id to a new process,
+        # so a missing leader means whatever still carries the id is ours. A live process
+        # with the leader's pid but another start time means the id was reused: hands off.
+        try:
+            leader = psutil.Process(self.pgid)
+            return abs(leader.create_time() - self.record.create_time) <= CREATE_TIME_TOLERANCE
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.Error:
+            return False
+
+
+def identify(record: ProcessRecord) -> str | None:
+    """Return None if ``record.pid`` is still the process described, else what differs."""
+    try:
+        proc = psutil.Process(record.pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return f"{record.name} (pid {record.pid}) is gone"
+        if abs(proc.create_time() - record.create_time) > CREATE_TIME_TOLERANCE:
+            return f"pid {record.pid} now belongs to another process (its start time differs)"
+        cmdline = proc.cmdline()
+    except psutil.NoSuchProcess:
+        return f"{record.name} (pid {record.pid}) is gone"
+    except psutil.Error as err:
+        return f"pid {record.pid} cannot be inspected: {err}"
+    if cmdline not in (record.cmdline, record.argv):
+        return f"pid {record.pid} now belongs to another process (its command line differs)"
+    return None
+
+
+def still_running(record: ProcessRecord) -> bool:
+    """Say whether a process already identified is still there (its title may change)."""
+    try:
+        proc = psutil.Process(record.pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return abs(proc.create_time() - record.create_time) <= CREATE_TIME_TOLERANCE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True  # cannot look: assume it is, rather than fail a healthy shard
+
+
+def group_alive(pgid: int) -> bool:
+    """Say whether any process of the group is still running (zombies do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    # killpg also succeeds for a group of zombies nobody has reaped yet, which happens to
+    # orphans wherever pid 1 does not reap; ask each member.
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) == pgid and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return False
+
+
+def terminate_processes(procs: list[psutil.Process], grace: float) -> bool:
+    """SIGTERM each process, SIGKILL those left after ``grace``; say whether any took SIGKILL."""
+
+    def running() -> list[psutil.Process]:
+        left = []
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):  # psutil checks it is still the same one
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(proc)
+        return left
+
+    def wait_gone(deadline: float) -> list[psutil.Process]:
+        while (left := running()) and time.monotonic() < deadline:
+            time.sleep(_POLL)
+        return left
+
+    for proc in running():
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    stubborn = wait_gone(time.monotonic() + max(0.0, grace))
+    for proc in stubborn:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    wait_gone(time.monotonic() + KILL_WAIT)
+    return bool(stubborn)
+
+
+def terminate_group(
+    pgid: int,
+    grace: float,
+    reap: Callable[[], object] | None = None,
+    is_ours: Callable[[], bool] | None = None,
+) -> bool:
+    """SIGTERM group ``pgid``, wait up to ``grace`` for it to empty, then SIGKILL it.
+
+    ``reap`` is called while waiting so an exited child of ours does not linger as a
+    zombie; ``is_ours`` is asked before each signal. Return whether SIGKILL was needed.
+    """
+
+    def ours() -> bool:
+        return is_ours is None or is_ours()
+
+    def wait_empty(deadline: float) -> bool:
+        while True:
+            if reap is not None:
+                reap()
+            if not ours() or not group_alive(pgid):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL)
+
+    if not ours():
+        return False
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        log.warning("not allowed to signal process group %d", pgid)
+        return False
+    if wait_empty(time.monotonic() + max(0.0, grace)):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    if not wait_empty(time.monotonic() + KILL_WAIT):
+        log.warning("process group %d still has members %.0fs after SIGKILL", pgid, KILL_WAIT)
+    return True

@@ -1,0 +1,145 @@
+"""One file per shard under the agent's state directory: the spec and what was launched.
+
+Written before anything is launched and again after each process starts, so an agent
+that restarts (or was killed) can find, verify and describe every engine it left
+running. Files are replaced atomically and readable only by the agent: a spec holds
+the replica's API key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from protocol.shard import ShardSpec
+
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SUFFIX = ".json"
+_TMP_PREFIX = ".tmp-"
+
+
+class StateFileError(Exception):
+    """A state file that cannot be read as one; the message names the file and the fix."""
+
+
+def check_shard_id(shard_id: str) -> str:
+    """Return ``shard_id`` if it is safe as a file name, else raise ValueError saying why."""
+    if not isinstance(shard_id, str) or not _SAFE_ID.fullmatch(shard_id) or ".." in shard_id:
+        raise ValueError(
+            f"shard id {shard_id!r} is not a safe file name: use 1-128 letters, digits, "
+            "'.', '_' or '-', starting with a letter or digit and without '..'"
+        )
+    return shard_id
+
+
+class ProcessRecord(BaseModel):
+    """One launched process, described well enough to recognise it after a restart."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    pid: int = Field(gt=1)
+    pgid: int = Field(gt=1)
+    create_time: float
+    cmdline: list[str] = Field(description="as /proc showed it just after launch")
+    argv: list[str] = Field(description="as the adapter asked for it")
+
+
+class ShardRecord(BaseModel):
+    """What the state file of one shard holds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    version: Literal[1] = 1
+    spec: ShardSpec
+    serves_http: bool
+    health_path: str = "/health"
+    commands: int = Field(ge=1, description="how many commands the shard has in all")
+    processes: list[ProcessRecord] = Field(default_factory=list)
+    stopping: bool = False
+
+
+class StateDir:
+    """The directory of shard state files."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def file_for(self, shard_id: str) -> Path:
+        return self.path / f"{check_shard_id(shard_id)}{SUFFIX}"
+
+    def write(self, record: ShardRecord) -> None:
+        """Replace the shard's file atomically: a reader sees the old one or the new one."""
+        target = self.file_for(record.spec.shard_id)
+        data = record.model_dump_json(indent=1).encode()
+        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=self.path)  # created 0600
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        _fsync_dir(self.path)
+
+    def read(self, path: Path) -> ShardRecord:
+        """Read one state file, raising StateFileError naming it if it is not one."""
+        fix = "it is left in place; remove it once its engine has been dealt with"
+        stem = path.name.removesuffix(SUFFIX)
+        try:
+            check_shard_id(stem)
+        except ValueError as err:
+            raise StateFileError(f"state file {path} has an unsafe name ({err}); {fix}") from None
+        try:
+            record = ShardRecord.model_validate_json(path.read_bytes())
+        except (OSError, ValidationError, ValueError) as err:
+            summary = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise StateFileError(f"state file {path} is not readable: {summary}; {fix}") from None
+        if record.spec.shard_id != stem:
+            raise StateFileError(
+                f"state file {path} describes shard {record.spec.shard_id!r}, not {stem!r}; {fix}"
+            )
+        return record
+
+    def remove(self, shard_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.file_for(shard_id).unlink()
+
+    def exists(self, shard_id: str) -> bool:
+        return self.file_for(shard_id).exists()
+
+    def files(self) -> list[Path]:
+        """Every state file, oldest name first; leftovers of interrupted writes are removed."""
+        found = []
+        for entry in sorted(self.path.iterdir()):
+            if entry.name.startswith(_TMP_PREFIX):
+                # A write that never reached os.replace: the previous version still stands.
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+            elif entry.name.endswith(SUFFIX) and entry.is_file():
+                found.append(entry)
+        return found
+
+
+def _fsync_dir(path: Path) -> None:
+    # The rename is only durable once the directory entry is; best effort where unsupported.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,294 @@
+"""Run, watch, stop and adopt the engine processes of this node's shards.
+
+The supervisor knows nothing of Celery or the link: tasks call into it, and it reports
+every state change through ``on_transition``. Engines outlive it — ``shutdown`` stops
+watching and leaves them running, and the next agent's ``adopt_all`` takes them over.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+
+from agent_worker.engines.command import LaunchCommand
+from agent_worker.logbuffer import LogBuffer
+from agent_worker.supervision.adoption import judge
+from agent_worker.supervision.health import port_open
+from agent_worker.supervision.logtail import LogTail
+from agent_worker.supervision.loop import ShardLoop
+from agent_worker.supervision.process import group_alive, terminate_group
+from agent_worker.supervision.shard import RunningShard, ShardRun, ShardTransition
+from agent_worker.supervision.statedir import ShardRecord, StateFileError, check_shard_id
+from protocol.shard import ShardSpec, ShardState
+
+__all__ = ["LogBuffer", "RunningShard", "ShardTransition", "Supervisor"]
+
+log = logging.getLogger(__name__)
+
+
+class Supervisor(ShardLoop):
+    """Engine processes of this node, by shard id.
+
+    Construct with ``Supervisor(state_dir, log_dir, on_transition)``; the intervals,
+    settle period, clock and ``background`` (threads, or ``step()`` by hand) are
+    keyword arguments of :class:`ShardLoop`.
+    """
+
+    # -- commands ---------------------------------------------------------------------
+
+    def start(
+        self,
+        spec: ShardSpec,
+        commands: list[LaunchCommand],
+        serves_http: bool,
+        health_path: str = "/health",
+    ) -> ShardState:
+        """Launch a shard's commands in order and return its state.
+
+        A start for a shard that is already known — running, failed or stopped — launches
+        nothing and reports where it stands: the broker redelivers tasks.
+        """
+        shard_id = check_shard_id(spec.shard_id)
+        if not commands:
+            raise ValueError(f"shard {shard_id}: the engine adapter gave no command to run")
+        if not health_path.startswith("/"):
+            raise ValueError(f"shard {shard_id}: health path {health_path!r} must start with /")
+        self._check_open()
+        known = self._known(shard_id)
+        if known is None and self._state.exists(shard_id):
+            return self._refuse_over_unreadable_state(spec)
+        if known is None:
+            with self._lock:
+                known = self._runs.get(shard_id) or self._ended.get(shard_id)
+                if known is None:
+                    tail = LogTail(self._log_path(shard_id), self.logs, shard_id)
+                    run = ShardRun(
+                        spec, serves_http, health_path, list(commands), len(commands), tail
+                    )
+                    self._runs[shard_id] = run
+        if known is not None:
+            return self._answer_again(known, spec)
+        with run.lock:
+            try:
+                self._state.write(run.record())  # the spec is on disk before anything runs
+            except OSError as err:
+                with self._lock:
+                    del self._runs[shard_id]
+                raise OSError(f"shard {shard_id}: cannot write its state file: {err}") from err
+            if serves_http and port_open(spec.host, spec.port, timeout=0.2):
+                self._finish(run, "failed", f"port {spec.port} on {spec.host} is already in use")
+            else:
+                self._advance_launch(run)
+            state = run.state
+        self._watch(run)
+        self._drain()
+        return state
+
+    def stop(self, shard_id: str, grace: float = 10.0) -> None:
+        """SIGTERM each process group (the engine first, then sidecars), SIGKILL after grace.
+
+        Stopping a shard this node does not know succeeds quietly.
+        """
+        check_shard_id(shard_id)
+        run = self._runs.get(shard_id)
+        if run is None:
+            run = self._known_on_disk(shard_id)
+        if run is None:
+            with self._lock:
+                if shard_id not in self._ended:  # so a start redelivered after this is ignored
+                    self._remember(ShardTransition(shard_id, "", "stopped", "stopped before start"))
+            return
+        with run.lock:
+            if run.finished:
+                return
+            run.stopping = True
+            try:
+                self._state.write(run.record())
+            except OSError as err:
+                log.warning("shard %s: cannot mark its state file as stopping: %s", shard_id, err)
+            killed = self._teardown(run, grace)
+            reason = "stopped"
+            if killed:
+                reason += f"; {', '.join(killed)} ignored SIGTERM for {grace:g}s and got SIGKILL"
+            self._finish(run, "stopped", reason, teardown=False)
+        self._drain()
+
+    def adopt_all(self) -> list[RunningShard]:
+        """Take over every engine a previous agent left running; call once at agent start.
+
+        Returns at once with the adopted shards in ``starting``; health checks bring them
+        to ready in the background. Shards whose processes are gone are reported once and
+        forgotten; unreadable state files are left in place and listed in ``problems``.
+        """
+        self._check_open()
+        adopted = []
+        for path in self._state.files():
+            shard_id = path.name.removesuffix(".json")
+            if shard_id in self._runs:
+                continue
+            run = self._adopt_file(path)
+            if run is not None and run.doomed is None:
+                adopted.append(run.snapshot())
+        self._drain()
+        return adopted
+
+    def kill_unidentified_gpu_processes(
+        self, gpu_pids: Iterable[int], grace: float = 5.0
+    ) -> list[int]:
+        """Kill the group of every GPU-holding pid that no shard here accounts for.
+
+        A process holding GPUs that nothing can describe is worse than none: placement
+        hands those GPUs out again. Call after ``adopt_all``; returns the pids killed.
+        """
+        ours = [proc for run in self._live_runs() for proc in run.processes]
+        known, leaders = {proc.pgid for proc in ours}, {proc.pid for proc in ours}
+        own_group, killed = os.getpgrp(), []
+        for pid in sorted(set(gpu_pids)):
+            if pid <= 1 or pid == os.getpid():
+                continue
+            try:
+                pgid = os.getpgid(pid)
+            except (ProcessLookupError, PermissionError):
+                continue
+            if pgid in known or pgid == own_group or _descends_from(pid, leaders):
+                continue
+            what = _describe_pid(pid)
+            terminate_group(pgid, grace)
+            if group_alive(pgid):
+                log.error("could not kill process group %d (%s) holding a GPU", pgid, what)
+                continue
+            log.warning(
+                "killed process group %d (%s): it held a GPU, no shard explains it", pgid, what
+            )
+            killed.append(pid)
+        return killed
+
+    # -- what is running --------------------------------------------------------------
+
+    def running(self) -> list[RunningShard]:
+        """Every live shard, for the register message."""
+        runs = sorted(self._live_runs(), key=lambda run: run.shard_id)
+        return [run.snapshot() for run in runs if not run.finished and run.doomed is None]
+
+    def pids(self) -> dict[str, int]:
+        """The engine's process group of every live shard, for usage sampling."""
+        pgids = {run.shard_id: run.engine_pgid() for run in self._live_runs()}
+        return {shard_id: pgid for shard_id, pgid in pgids.items() if pgid is not None}
+
+    def state_of(self, shard_id: str) -> ShardState | None:
+        known = self._known(shard_id)
+        if isinstance(known, ShardRun):
+            return known.state
+        return None if known is None else known.state
+
+    @property
+    def problems(self) -> list[str]:
+        """State files that could not be read, in words fit to send to the control plane."""
+        with self._lock:
+            return list(self._problems)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _adopt_file(self, path: Path) -> ShardRun | None:
+        try:
+            record = self._state.read(path)
+        except StateFileError as err:
+            log.error("%s", err)
+            with self._lock:
+                if str(err) not in self._problems:
+                    self._problems.append(str(err))
+            return None
+        return self._adopt(record)
+
+    def _adopt(self, record: ShardRecord) -> ShardRun | None:
+        spec, verdict = record.spec, judge(record)
+        tail = LogTail(self._log_path(spec.shard_id), self.logs, spec.shard_id)
+        run = ShardRun(
+            spec, record.serves_http, record.health_path, [], record.commands, tail, verdict.live
+        )
+        run.state = "starting"
+        with self._lock:
+            if spec.shard_id in self._runs:
+                return None
+            self._runs[spec.shard_id] = run
+        with run.lock:
+            if verdict.ending is not None:
+                run.doomed = verdict.ending
+                if not verdict.live:  # nothing to tear down: settle it now
+                    self._step_run(run)
+                    return run
+            else:
+                pids = ", ".join(str(proc.pid) for proc in run.processes)
+                run.tail.note(f"adopted pid {pids}; earlier output is in {tail.path}")
+                run.alive_since = run.next_health_at = self._clock()
+                self._queue(run.report(f"adopted pid {run.latest_pid()} after an agent restart"))
+        self._watch(run)
+        return run
+
+    def _known(self, shard_id: str) -> ShardRun | ShardTransition | None:
+        with self._lock:
+            found: ShardRun | ShardTransition | None = self._runs.get(shard_id)
+            if found is None:
+                found = self._ended.get(shard_id)
+        if found is None:
+            found = self._known_on_disk(shard_id)
+        return found
+
+    def _known_on_disk(self, shard_id: str) -> ShardRun | None:
+        # A command can arrive before adopt_all ran; the state file is still the truth.
+        path = self._state.file_for(shard_id)
+        return self._adopt_file(path) if path.exists() else None
+
+    def _refuse_over_unreadable_state(self, spec: ShardSpec) -> ShardState:
+        # Its engine may still run; writing over the only description of it would orphan it.
+        path = self._state.file_for(spec.shard_id)
+        reason = f"state file {path} exists but cannot be read; remove it to start this shard"
+        self._queue(
+            ShardTransition(
+                spec.shard_id, spec.replica_id, "failed", reason, fingerprint=spec.fingerprint
+            )
+        )
+        self._drain()
+        return "failed"
+
+    def _answer_again(self, known: ShardRun | ShardTransition, spec: ShardSpec) -> ShardState:
+        if isinstance(known, ShardRun):
+            with known.lock:
+                if not known.finished:
+                    self._queue(known.report(f"start ignored: the shard is already {known.state}"))
+                    state = known.state
+                else:
+                    ended = self._ended.get(spec.shard_id)
+                    state = known.state if ended is None else ended.state
+                    if ended is not None:
+                        self._queue(ended)
+        else:
+            filled = replace(
+                known,
+                replica_id=known.replica_id or spec.replica_id,
+                fingerprint=known.fingerprint or spec.fingerprint,
+            )
+            state = filled.state
+            self._queue(filled)
+        self._drain()
+        return state
+
+
+def _descends_from(pid: int, ancestors: set[int]) -> bool:
+    # A daemon an engine started in a session of its own (Ray's, say) is still the shard's.
+    try:
+        return any(parent.pid in ancestors for parent in psutil.Process(pid).parents())
+    except psutil.Error:
+        return False
+
+
+def _describe_pid(pid: int) -> str:
+    try:
+        return f"pid {pid}: " + " ".join(psutil.Process(pid).cmdline())[:200]
+    except psutil.Error:
+        return f"pid {pid}"

@@ -1,0 +1,69 @@
+"""Heartbeats are hot: keep the latest per node in memory, write them in batches.
+
+One UPDATE per heartbeat costs the control plane ~2,000 nodes at 5 s; one batched
+UPDATE every couple of seconds for all nodes heard from costs almost nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from datetime import datetime
+
+from channels.db import database_sync_to_async
+from django.db import connection, transaction
+from django.utils import timezone
+
+from fleet.models import Node, NodeState
+from fleet.transitions import transition
+
+log = logging.getLogger("llmgw.fleet.heartbeats")
+
+FLUSH_INTERVAL = 2.0
+
+
+class HeartbeatBatcher:
+    """Collect the latest heartbeat per node; flush them with one statement."""
+
+    def __init__(self) -> None:
+        self._latest: dict[str, tuple[datetime, dict]] = {}
+        self._task: asyncio.Task | None = None
+
+    def record(self, node_id: str, usage: dict, at: datetime | None = None) -> None:
+        self._latest[node_id] = (at or timezone.now(), usage)
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._flush_soon())
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(FLUSH_INTERVAL)
+        await self.flush()
+
+    async def flush(self) -> int:
+        batch, self._latest = self._latest, {}
+        if batch:
+            await database_sync_to_async(write_heartbeats)(batch)
+        return len(batch)
+
+
+def write_heartbeats(batch: dict[str, tuple[datetime, dict]]) -> None:
+    """One UPDATE … FROM (VALUES …) for the whole batch; then revive silent nodes."""
+    if not batch:
+        return
+    rows = [(node_id, at, json.dumps(usage)) for node_id, (at, usage) in batch.items()]
+    placeholders = ", ".join(["(%s, %s::timestamptz, %s::jsonb)"] * len(rows))
+    params = [value for row in rows for value in row]
+    table = Node._meta.db_table
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} AS n SET last_heartbeat = v.at, usage = v.usage, usage_at = v.at "  # noqa: S608
+            f"FROM (VALUES {placeholders}) AS v(id, at, usage) WHERE n.id = v.id",
+            params,
+        )
+    # A heartbeat from an unreachable or lost node brings it back (rare; per node).
+    silent = Node.objects.filter(id__in=batch.keys()).exclude(state=NodeState.CONNECTED)
+    for node_id in silent.values_list("id", flat=True):
+        transition(Node, node_id, NodeState.CONNECTED, "heartbeat received again")
+
+
+batcher = HeartbeatBatcher()

@@ -1,0 +1,72 @@
+"""Node liveness: connected → unreachable (15 s silent) → lost (60 s), from heartbeats.
+
+If most of the fleet goes silent at once, the likelier story is that the control
+plane lost its network or its Redis, not that every node died — so nothing is
+marked lost, and the log says why (Kubernetes' node lifecycle controller does the
+same). A lost node's engines are not assumed dead.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from fleet.models import Node, NodeState
+from fleet.transitions import transition
+
+log = logging.getLogger("llmgw.fleet.liveness")
+
+# Above this share of silent nodes (with at least MASS_SILENCE_MIN_NODES), suspect ourselves.
+MASS_SILENCE_SHARE = 0.55
+MASS_SILENCE_MIN_NODES = 3
+
+
+@dataclass
+class LivenessReport:
+    unreachable: list[str]
+    lost: list[str]
+    held_back: bool = False
+
+
+def check_liveness(now: datetime | None = None, grace_until: datetime | None = None) -> LivenessReport:
+    """Move silent nodes along; one pass, callable directly with an injected clock.
+
+    ``grace_until``: after a leader failover, nodes are not declared lost before then.
+    """
+    now = now or timezone.now()
+    unreachable_after = timedelta(seconds=settings.NODE_UNREACHABLE_AFTER)
+    lost_after = timedelta(seconds=settings.NODE_LOST_AFTER)
+    nodes = list(Node.objects.exclude(state=NodeState.LOST).only("id", "state", "last_heartbeat",
+                                                                "registered_at"))  # fmt: skip
+    silent = {}
+    for node in nodes:
+        silence = node.silence(now)
+        if silence is not None and silence > unreachable_after:
+            silent[node.id] = (node, silence)
+    report = LivenessReport(unreachable=[], lost=[])
+    if (
+        len(nodes) >= MASS_SILENCE_MIN_NODES
+        and len(silent) / len(nodes) > MASS_SILENCE_SHARE
+    ):
+        log.error(
+            "%d of %d nodes went silent at once; suspecting the control plane's own network "
+            "or Redis rather than the nodes, so none is marked lost",
+            len(silent), len(nodes),
+        )  # fmt: skip
+        report.held_back = True
+        return report
+    in_grace = grace_until is not None and now < grace_until
+    for node_id, (node, silence) in silent.items():
+        seconds = int(silence.total_seconds())
+        if silence > lost_after and not in_grace:
+            if transition(Node, node_id, NodeState.LOST, f"no heartbeat for {seconds}s"):
+                report.lost.append(node_id)
+        elif node.state == NodeState.CONNECTED and transition(
+            Node, node_id, NodeState.UNREACHABLE, f"no heartbeat for {seconds}s"
+        ):
+            report.unreachable.append(node_id)
+    return report
