@@ -9,6 +9,7 @@ to stop hammering one control plane, and the next one has not been hammered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -125,10 +126,8 @@ class AgentLink:
             failed_rounds += 1
             delay = backoff_delay(failed_rounds)
             log.info("every control plane address failed; retrying in %.1fs", delay)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=delay)
-            except TimeoutError:
-                pass
 
     async def _session(self, server: str) -> bool:
         """One connection's life; True if it linked (however it ended)."""
@@ -164,9 +163,7 @@ class AgentLink:
         answer = _decode(first)
         if answer.get("type") != "linked":
             # Daphne drops a close frame's reason, so the refusal arrives as a message.
-            log.warning(
-                "control plane %s refused the link: %s", url, answer.get("reason", first)
-            )
+            log.warning("control plane %s refused the link: %s", url, answer.get("reason", first))
             await ws.close()
             return False
         log.info("linked to control plane %s as %s", url, self.node_id)

@@ -17,7 +17,7 @@ from agent_worker.engines import get_adapter
 from agent_worker.engines.probe import ProbeConfig, probe_engines
 from agent_worker.link import AgentLink, LinkCallbacks
 from agent_worker.logbuffer import LogBuffer
-from agent_worker.supervisor import Supervisor, ShardTransition
+from agent_worker.supervisor import ShardTransition, Supervisor
 from protocol import messages
 from protocol.shard import ShardSpec, ShardState
 
@@ -51,7 +51,7 @@ class AgentRuntime:
             weights_dir=config.weights_dir,
             control_planes=tuple(config.servers),
             storage_dirs=(config.agent_dir,),
-            fabrics=config.fabrics,
+            fabrics={name: tuple(adapters) for name, adapters in config.fabrics.items()},
             hostname=self.node_id,
             address=config.address,
         )

@@ -147,7 +147,7 @@ class Supervisor(ShardLoop):
         """
         ours = [proc for run in self._live_runs() for proc in run.processes]
         known, leaders = {proc.pgid for proc in ours}, {proc.pid for proc in ours}
-        own_group, killed = os.getpgrp(), []
+        strays: dict[int, list[int]] = {}  # pgid -> the GPU pids in it
         for pid in sorted(set(gpu_pids)):
             if pid <= 1 or pid == os.getpid():
                 continue
@@ -155,18 +155,19 @@ class Supervisor(ShardLoop):
                 pgid = os.getpgid(pid)
             except (ProcessLookupError, PermissionError):
                 continue
-            if pgid in known or pgid == own_group or _descends_from(pid, leaders):
+            if pgid in known or pgid == os.getpgrp() or _descends_from(pid, leaders):
                 continue
-            what = _describe_pid(pid)
+            strays.setdefault(pgid, []).append(pid)
+        killed = []
+        for pgid, pids in strays.items():
+            what = ", ".join(_describe_pid(pid) for pid in pids)
             terminate_group(pgid, grace)
             if group_alive(pgid):
                 log.error("could not kill process group %d (%s) holding a GPU", pgid, what)
                 continue
-            log.warning(
-                "killed process group %d (%s): it held a GPU, no shard explains it", pgid, what
-            )
-            killed.append(pid)
-        return killed
+            log.warning("killed process group %d (%s): it held a GPU no shard explains", pgid, what)
+            killed.extend(pids)
+        return sorted(killed)
 
     # -- what is running --------------------------------------------------------------
 

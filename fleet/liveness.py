@@ -32,7 +32,9 @@ class LivenessReport:
     held_back: bool = False
 
 
-def check_liveness(now: datetime | None = None, grace_until: datetime | None = None) -> LivenessReport:
+def check_liveness(
+    now: datetime | None = None, grace_until: datetime | None = None
+) -> LivenessReport:
     """Move silent nodes along; one pass, callable directly with an injected clock.
 
     ``grace_until``: after a leader failover, nodes are not declared lost before then.
@@ -48,10 +50,7 @@ def check_liveness(now: datetime | None = None, grace_until: datetime | None = N
         if silence is not None and silence > unreachable_after:
             silent[node.id] = (node, silence)
     report = LivenessReport(unreachable=[], lost=[])
-    if (
-        len(nodes) >= MASS_SILENCE_MIN_NODES
-        and len(silent) / len(nodes) > MASS_SILENCE_SHARE
-    ):
+    if len(nodes) >= MASS_SILENCE_MIN_NODES and len(silent) / len(nodes) > MASS_SILENCE_SHARE:
         log.error(
             "%d of %d nodes went silent at once; suspecting the control plane's own network "
             "or Redis rather than the nodes, so none is marked lost",

@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "llmgw_site",
     "catalog",
     "fleet",
+    "router",
 ]
 
 MIDDLEWARE = [
@@ -87,6 +88,9 @@ DATABASES = {
     # Persistent connections: closing one per request fell to ~150 msg/s on the link.
     "default": dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True),
 }
+# A unix-socket URL (?host=/dir) arrives as an option; HOST is where Django looks.
+if DATABASES["default"]["OPTIONS"].get("host"):
+    DATABASES["default"]["HOST"] = DATABASES["default"]["OPTIONS"].pop("host")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL") or embedded.redis_url(LLMGW_HOME)

@@ -25,3 +25,13 @@ def reader(db):
 @pytest.fixture
 def api_client():
     return APIClient()
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings():
+    """Close connections after each use in tests: threads that Channels' database_sync_to_async
+    leaves behind would otherwise hold the test database open past its teardown."""
+    from django.db import connections
+
+    connections.settings["default"]["CONN_MAX_AGE"] = 0
+    connections["default"].settings_dict["CONN_MAX_AGE"] = 0

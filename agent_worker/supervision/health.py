@@ -48,7 +48,7 @@ class HealthProbe:
             response = self._client.get(f"http://{address}:{port}{path}", headers=headers)
         except httpx.TimeoutException:
             return False, f"GET {path} timed out"
-        except httpx.HTTPError as err:
+        except (httpx.HTTPError, httpx.InvalidURL) as err:
             return False, f"GET {path} failed: {type(err).__name__}"
         if response.status_code == 200:
             return True, f"GET {path} answered 200"

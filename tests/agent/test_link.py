@@ -1,0 +1,199 @@
+"""The agent's link against real websocket servers: failover, rejoin, refusal, stop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+from websockets.asyncio.server import serve
+
+from agent_worker import link as link_module
+from agent_worker.link import AgentLink, LinkCallbacks, agent_url, backoff_delay
+
+
+class FakeControlPlane:
+    """A websocket server that links agents (or refuses them) and records messages."""
+
+    def __init__(self, refuse: str = "") -> None:
+        self.refuse = refuse
+        self.received: list[dict] = []
+        self.links = 0
+        self.server = None
+        self.port = 0
+
+    async def handler(self, ws) -> None:
+        first = json.loads(await ws.recv())
+        self.received.append(first)
+        if self.refuse:
+            await ws.send(json.dumps({"type": "refused", "reason": self.refuse}))
+            await ws.close(code=4001)
+            return
+        self.links += 1
+        await ws.send(json.dumps({"type": "linked"}))
+        async for message in ws:
+            self.received.append(json.loads(message))
+
+    async def start(self, port: int = 0) -> FakeControlPlane:
+        self.server = await serve(self.handler, "127.0.0.1", port)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+
+class Canned:
+    """A message that serialises to fixed JSON; the link only ever serialises messages."""
+
+    def __init__(self, **fields) -> None:
+        self.fields = fields
+
+    def model_dump_json(self) -> str:
+        return json.dumps(self.fields)
+
+
+def make_link(servers, heartbeat_interval=0.05) -> AgentLink:
+    register, heartbeat = Canned(type="register"), Canned(type="heartbeat")
+    return AgentLink(
+        servers, "node01", "token",
+        LinkCallbacks(register=lambda: register, heartbeat=lambda: heartbeat),
+        heartbeat_interval=heartbeat_interval,
+    )  # fmt: skip
+
+
+async def wait_until(condition, timeout=10.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+def no_backoff(monkeypatch):
+    """Record backoff requests instead of sleeping through them."""
+    waits: list[float] = []
+
+    def record(rounds, rng=None):
+        waits.append(rounds)
+        return 0.05
+
+    monkeypatch.setattr(link_module, "backoff_delay", record)
+    return waits
+
+
+def test_a_refusing_first_address_fails_over_to_the_second_without_backoff(no_backoff, caplog):
+    async def scenario():
+        standby = await FakeControlPlane(refuse="standby; the leader is cp2").start()
+        leader = await FakeControlPlane().start()
+        link = make_link([standby.url, leader.url])
+        task = asyncio.create_task(link.run())
+        await wait_until(lambda: leader.links == 1)
+        link.stop()
+        await asyncio.wait_for(task, 5)
+        await standby.stop()
+        await leader.stop()
+        return standby
+
+    with caplog.at_level(logging.WARNING, logger="llmgw.agent.link"):
+        standby = asyncio.run(scenario())
+    assert no_backoff == []
+    assert standby.received == [{"type": "register"}]
+    assert "refused the link: standby; the leader is cp2" in caplog.text
+
+
+def test_backoff_only_after_every_address_failed(no_backoff):
+    async def scenario():
+        refusing = await FakeControlPlane(refuse="no").start()
+        link = make_link([refusing.url, "ws://127.0.0.1:9"])
+        task = asyncio.create_task(link.run())
+        await wait_until(lambda: len(no_backoff) >= 2)
+        link.stop()
+        await asyncio.wait_for(task, 5)
+        await refusing.stop()
+        return refusing
+
+    refusing = asyncio.run(scenario())
+    # One backoff per round of two failures, never between the two addresses.
+    assert no_backoff[:2] == [1, 2]
+    assert len(refusing.received) in (len(no_backoff), len(no_backoff) + 1)
+
+
+def test_a_control_plane_that_restarts_is_rejoined(no_backoff):
+    async def scenario():
+        first = await FakeControlPlane().start()
+        link = make_link([first.url])
+        task = asyncio.create_task(link.run())
+        await wait_until(lambda: first.links == 1)
+        port = first.port
+        await first.stop()
+        second = await FakeControlPlane().start(port)
+        await wait_until(lambda: second.links == 1)
+        await wait_until(lambda: any(m["type"] == "heartbeat" for m in second.received))
+        link.stop()
+        await asyncio.wait_for(task, 5)
+        await second.stop()
+        return link
+
+    link = asyncio.run(scenario())
+    assert link.sessions == 2
+
+
+def test_stop_ends_a_linked_session_promptly():
+    async def scenario():
+        plane = await FakeControlPlane().start()
+        link = make_link([plane.url], heartbeat_interval=60)
+        task = asyncio.create_task(link.run())
+        await wait_until(lambda: plane.links == 1)
+        link.stop()
+        # Bounded: a hung read would make this time out rather than return.
+        await asyncio.wait_for(task, 5)
+        await plane.stop()
+        return task
+
+    assert asyncio.run(scenario()).done()
+
+
+def test_messages_queued_while_linked_reach_the_control_plane(no_backoff):
+    async def scenario():
+        plane = await FakeControlPlane().start()
+        link = make_link([plane.url], heartbeat_interval=60)
+        task = asyncio.create_task(link.run())
+        await wait_until(lambda: plane.links == 1)
+        await asyncio.to_thread(link.send, Canned(type="shard_status", shard_id="s1"))
+        await wait_until(lambda: any(m.get("shard_id") == "s1" for m in plane.received))
+        link.stop()
+        await asyncio.wait_for(task, 5)
+        await plane.stop()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("server", "url"),
+    [
+        ("http://cp:8000", "ws://cp:8000/agent/"),
+        ("https://cp", "wss://cp/agent/"),
+        ("wss://cp:8443/", "wss://cp:8443/agent/"),
+        ("cp:8000", "ws://cp:8000/agent/"),
+    ],
+)
+def test_agent_url(server, url):
+    assert agent_url(server) == url
+
+
+def test_backoff_grows_to_a_ceiling_with_jitter():
+    import random
+
+    rng = random.Random(1)
+    delays = [backoff_delay(n, rng) for n in range(1, 12)]
+    assert delays[0] <= 1.0
+    assert all(d <= 60.0 for d in delays)
+    assert delays[-1] >= 30.0

@@ -1,0 +1,108 @@
+"""The control plane's end of the link, through Channels' WebsocketCommunicator."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from fleet.heartbeats import batcher
+from fleet.models import Node
+from fleet.node_auth import node_token
+from fleet.routing import websocket_urlpatterns
+from protocol import messages
+from tests.fleet.inventories import inventory
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+def application():
+    from channels.routing import URLRouter
+
+    return URLRouter(websocket_urlpatterns)
+
+
+def communicator(node_id: str, token: str | None = None) -> WebsocketCommunicator:
+    headers = [(b"x-llmgw-node", node_id.encode())]
+    if token is not False:
+        headers.append((b"authorization", f"Bearer {token or node_token(node_id)}".encode()))
+    return WebsocketCommunicator(application(), "/agent/", headers=headers)
+
+
+def register(node_id: str, **fields) -> str:
+    return messages.Register(
+        inventory=inventory(node_id), engines_probed=True, **fields
+    ).model_dump_json()
+
+
+async def linked(node_id: str) -> WebsocketCommunicator:
+    ws = communicator(node_id)
+    connected, _ = await ws.connect()
+    assert connected
+    await ws.send_to(text_data=register(node_id))
+    assert json.loads(await ws.receive_from())["type"] == "linked"
+    return ws
+
+
+async def test_register_creates_the_node_connected():
+    ws = await linked("node01")
+    node = await sync_to_async(Node.objects.get)(id="node01")
+    assert (node.state, node.address, node.engines) == ("connected", "10.0.0.1", {})
+    await ws.disconnect()
+
+
+async def test_a_link_without_a_token_is_refused_with_the_fix():
+    ws = communicator("node01", token=False)
+    await ws.connect()
+    refusal = json.loads(await ws.receive_from())
+    assert refusal["type"] == "refused"
+    assert "llmgw_ctl node-token node01" in refusal["reason"]
+    assert (await ws.receive_output())["type"] == "websocket.close"
+    assert not await sync_to_async(Node.objects.exists)()
+
+
+async def test_a_register_for_another_host_is_refused():
+    ws = communicator("node01")
+    await ws.connect()
+    await ws.send_to(text_data=register("node02"))
+    refusal = json.loads(await ws.receive_from())
+    assert refusal["reason"].startswith(
+        "register describes host 'node02' on the link of node 'node01'"
+    )
+    assert not await sync_to_async(Node.objects.exists)()
+
+
+async def test_a_malformed_message_is_refused_and_the_row_is_untouched():
+    ws = await linked("node01")
+    before = await sync_to_async(Node.objects.get)(id="node01")
+    await ws.send_to(text_data=json.dumps({"type": "heartbeat", "usage": {"cpu_percent": "lots"}}))
+    error = json.loads(await ws.receive_from())
+    assert error["type"] == "error"
+    assert "usage.cpu_percent" in error["reason"]
+    await ws.send_to(text_data="not json at all")
+    assert json.loads(await ws.receive_from())["type"] == "error"
+    after = await sync_to_async(Node.objects.get)(id="node01")
+    assert (after.usage, after.inventory) == (before.usage, before.inventory)
+    await ws.disconnect()
+
+
+async def test_heartbeats_are_written_in_a_batch():
+    ws = await linked("node01")
+    usage = {"cpu_percent": 12.5, "load": [0.5, 0.4, 0.3], "memory_total": 8 << 30,
+             "memory_used": 2 << 30, "memory_available": 6 << 30}  # fmt: skip
+    await ws.send_to(text_data=json.dumps({"type": "heartbeat", "usage": usage}))
+    await ws.send_to(
+        text_data=json.dumps({"type": "heartbeat", "usage": {**usage, "cpu_percent": 50}})
+    )
+    # The batcher flushes on a timer; flush now rather than sleep through it.
+    for _ in range(100):
+        if batcher._latest:
+            break
+        await ws.receive_nothing(timeout=0.01)
+    assert await batcher.flush() == 1
+    node = await sync_to_async(Node.objects.get)(id="node01")
+    assert node.usage["cpu_percent"] == 50
+    assert node.usage_at is not None
+    await ws.disconnect()

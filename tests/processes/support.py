@@ -1,0 +1,132 @@
+"""Starting and stopping the real processes of llmgw in tests, and cleaning up after them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import quote
+
+from django.conf import settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.1):
+    """Poll until condition() is truthy; fail naming what was awaited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def test_database_url() -> str:
+    """The URL of the database pytest-django created, for child processes."""
+    db = settings.DATABASES["default"]
+    host = db.get("HOST") or ""
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    user = quote(db.get("USER") or "postgres")
+    password = f":{quote(db['PASSWORD'])}" if db.get("PASSWORD") else ""
+    if host.startswith("/"):
+        return f"postgresql://{user}{password}@/{db['NAME']}?host={quote(host, safe='')}"
+    return f"postgresql://{user}{password}@{host}{port}/{db['NAME']}"
+
+
+class Process:
+    """A child process in its own group, with its output in a log file."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.log_path = log_dir / f"{name}.log"
+        self.popen: subprocess.Popen | None = None
+
+    def start(self) -> Process:
+        log = self.log_path.open("ab")
+        self.popen = subprocess.Popen(
+            self.argv, env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def signal(self, signum: int) -> None:
+        if self.popen and self.popen.poll() is None:
+            os.killpg(self.popen.pid, signum)
+
+    def stop(self, timeout: float = 10) -> None:
+        if not self.popen or self.popen.poll() is not None:
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.popen.wait()
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        if self.popen:
+            self.popen.wait()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=test_database_url(),
+        REDIS_URL=settings.REDIS_URL,
+        DJANGO_SETTINGS_MODULE="llmgw_site.settings",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+def control_plane(port: int, log_dir: Path, **extra: str) -> Process:
+    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+            "llmgw_site.asgi:application"]  # fmt: skip
+    return Process(f"control-plane-{port}", argv, base_env(**extra), log_dir)
+
+
+def agent(
+    node_id: str, servers: str, token: str, home: Path, log_dir: Path, **extra: str
+) -> Process:
+    argv = [sys.executable, "-m", "celery", "-A", "agent_worker", "worker", "-Q",
+            f"node-{node_id}", "-n", f"agent-{node_id}@%h", "--loglevel", "INFO"]  # fmt: skip
+    env = base_env(
+        LLMGW_NODE_ID=node_id,
+        LLMGW_AGENT_SERVERS=servers,
+        LLMGW_AGENT_TOKEN=token,
+        LLMGW_AGENT_BROKER=settings.REDIS_URL,
+        LLMGW_AGENT_DIR=str(home / "agent"),
+        LLMGW_WEIGHTS_DIR=str(home / "weights"),
+        LLMGW_AGENT_CONFIG=str(home / "no-agent-file.yaml"),
+        LLMGW_HEARTBEAT_INTERVAL="1",
+        **extra,
+    )
+    env.pop("DJANGO_SETTINGS_MODULE")
+    return Process(f"agent-{node_id}", argv, env, log_dir)
