@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -69,6 +70,7 @@ class AgentRuntime:
             heartbeat_interval=config.heartbeat_interval,
             ssl_context=self._ssl_context(),
         )
+        self.highest_epoch = 0
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -173,6 +175,14 @@ class AgentRuntime:
         known = self.supervisor.state_of(spec.shard_id)
         if known is not None:
             return known
+        if spec.epoch < self.highest_epoch:
+            # A deposed leader's command: the current leader decides what runs here.
+            log.warning(
+                "ignoring start of shard %s from epoch %d; epoch %d leads",
+                spec.shard_id, spec.epoch, self.highest_epoch,
+            )  # fmt: skip
+            return "pending"
+        self.highest_epoch = spec.epoch
         adapter = get_adapter(spec.engine)
         problems = adapter.validate(spec)
         binary = self.engine_paths.get(spec.engine)
@@ -206,6 +216,18 @@ class AgentRuntime:
 
     def stop_shard(self, shard_id: str) -> None:
         self.supervisor.stop(shard_id)
+
+    def engine_check(self, engine: str) -> dict:
+        path = self.engine_paths.get(engine)
+        if path is None:
+            known = ", ".join(sorted(self.engine_paths)) or "none"
+            return {"ok": False, "output": f"{engine} is not installed here (found: {known})"}
+        command = get_adapter(engine).version_command(path)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return {"ok": False, "output": f"{' '.join(command)}: {exc}"}
+        return {"ok": done.returncode == 0, "output": (done.stdout + done.stderr).strip()[-4000:]}
 
     def read_logs(self, source: str, lines: int) -> list[str]:
         return self.logs.read(source, lines)

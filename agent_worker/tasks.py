@@ -26,3 +26,9 @@ def stop_shard_task(shard_id: str) -> str:
 def read_logs_task(source: str = "agent", lines: int = 200) -> dict:
     runtime = current()
     return {"lines": runtime.read_logs(source, lines), "sources": runtime.logs.sources()}
+
+
+@shared_task(name="agent.engine_check")
+def engine_check_task(engine: str) -> dict:
+    """Run the engine's version command: only ever on an operator's explicit request."""
+    return current().engine_check(engine)

@@ -1,8 +1,112 @@
-"""Which control plane leads. Until several control planes run, this one always does."""
+"""One leader among control planes, elected through a Redis lease with an epoch.
+
+The lease (15 s, renewed every few seconds by the reconciler's beat) names the
+holder and carries an epoch that grows with every new holder. Commands and state
+writes carry the epoch; a leader that lost its lease sees a newer epoch and stops
+writing. A standby refuses agent links and names the leader, so agents move on.
+"""
 
 from __future__ import annotations
 
+import logging
+import time
+from dataclasses import dataclass
+
+import redis
+from django.conf import settings
+
+log = logging.getLogger("llmgw.leadership")
+
+LEASE_KEY = "llmgw:leader"
+EPOCH_KEY = "llmgw:leader:epoch"
+LEASE_SECONDS = 15
+
+# Take the lease if free, or extend it if we hold it; answer holder and epoch.
+_ACQUIRE = """
+local holder = redis.call('GET', KEYS[1])
+if holder == false then
+    local epoch = redis.call('INCR', KEYS[2])
+    redis.call('SET', KEYS[1], ARGV[1] .. '|' .. epoch, 'PX', ARGV[2])
+    return {ARGV[1] .. '|' .. epoch, 1}
+end
+local name = string.match(holder, '^(.*)|')
+if name == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {holder, 0}
+end
+return {holder, 0}
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class Lease:
+    holder: str
+    epoch: int
+    acquired_now: bool = False
+
+
+def identity() -> str:
+    """This control plane's name in the lease: the address agents should use to reach it."""
+    return settings.CONTROL_PLANE_ID
+
+
+def client() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
+
+
+def acquire_or_renew(me: str | None = None, conn: redis.Redis | None = None) -> Lease:
+    """Take or extend the lease; the answer says who holds it and at which epoch."""
+    me = me or identity()
+    conn = conn or client()
+    raw, fresh = conn.eval(_ACQUIRE, 2, LEASE_KEY, EPOCH_KEY, me, LEASE_SECONDS * 1000)
+    holder, _, epoch = raw.decode().rpartition("|")
+    lease = Lease(holder=holder, epoch=int(epoch), acquired_now=bool(fresh))
+    if lease.acquired_now:
+        log.warning("%s is now the leader (epoch %d)", me, lease.epoch)
+        conn.set(f"{LEASE_KEY}:since:{lease.epoch}", str(time.time()), ex=3600)
+    return lease
+
+
+def current(conn: redis.Redis | None = None) -> Lease | None:
+    raw = (conn or client()).get(LEASE_KEY)
+    if raw is None:
+        return None
+    holder, _, epoch = raw.decode().rpartition("|")
+    return Lease(holder=holder, epoch=int(epoch))
+
+
+def still_leading(epoch: int, me: str | None = None, conn: redis.Redis | None = None) -> bool:
+    """Check before a write: a stale leader's writes are refused."""
+    lease = current(conn)
+    return lease is not None and lease.holder == (me or identity()) and lease.epoch == epoch
+
+
+def release(me: str | None = None, conn: redis.Redis | None = None) -> None:
+    conn = conn or client()
+    lease = current(conn)
+    if lease and lease.holder == (me or identity()):
+        conn.eval(_RELEASE, 1, LEASE_KEY, f"{lease.holder}|{lease.epoch}")
+
+
+def leader_since(epoch: int, conn: redis.Redis | None = None) -> float | None:
+    raw = (conn or client()).get(f"{LEASE_KEY}:since:{epoch}")
+    return float(raw) if raw else None
+
 
 def leader_for_links() -> str | None:
-    """None when this process may accept agent links; else the leader's address."""
-    return None
+    """None when this control plane may accept agent links; else who leads.
+
+    With no lease at all (the reconciler not yet up), links are accepted: refusing
+    every node while nobody leads would help no one.
+    """
+    try:
+        lease = current()
+    except redis.RedisError:
+        return None
+    if lease is None or lease.holder == identity():
+        return None
+    return lease.holder

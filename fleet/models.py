@@ -40,6 +40,8 @@ class Node(models.Model):
     address = models.CharField(max_length=255, blank=True)
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.CONNECTED)
     draining = models.BooleanField(default=False)
+    # Set by an operator (admin or API); a profile with a pool places only on its nodes.
+    pool = models.CharField(max_length=64, blank=True)
     registered_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)

@@ -1,13 +1,43 @@
-"""The reconciler's beat tasks (queue ``control``); thin wrappers over plain functions."""
+"""The reconciler's beat tasks (queue ``control``); thin wrappers over plain functions.
+
+Only the leader runs them: each task first takes or renews the Redis lease.
+"""
 
 from __future__ import annotations
 
-from celery import shared_task
+from datetime import UTC, datetime, timedelta
 
+from celery import shared_task
+from django.conf import settings
+
+from fleet import leadership
 from fleet.liveness import check_liveness
+from fleet.reconciler import reconcile
+
+
+@shared_task(name="fleet.reconcile")
+def reconcile_task() -> dict:
+    lease = leadership.acquire_or_renew()
+    if lease.holder != leadership.identity():
+        return {"leader": lease.holder}
+    report = reconcile(
+        epoch=lease.epoch, still_leading=lambda: leadership.still_leading(lease.epoch)
+    )
+    return {k: len(v) for k, v in vars(report).items()}
 
 
 @shared_task(name="fleet.check_liveness")
 def check_liveness_task() -> dict:
-    report = check_liveness()
+    lease = leadership.acquire_or_renew()
+    if lease.holder != leadership.identity():
+        return {"leader": lease.holder}
+    # After a failover, give every node a grace period before declaring it lost:
+    # their heartbeats went to the old leader, so their silence says nothing.
+    since = leadership.leader_since(lease.epoch)
+    grace_until = None
+    if since is not None:
+        grace_until = datetime.fromtimestamp(since, UTC) + timedelta(
+            seconds=settings.NODE_LOST_AFTER
+        )
+    report = check_liveness(grace_until=grace_until)
     return {"unreachable": report.unreachable, "lost": report.lost, "held_back": report.held_back}

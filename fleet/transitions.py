@@ -77,13 +77,14 @@ def check_transition(model: type[models.Model], source: str, target: str) -> Non
 
 
 def transition(
-    model: type[models.Model], pk: object, target: str, reason: str, **fields: object
+    model: type[models.Model], pk: object, target: str, why: str, **fields: object
 ) -> str | None:
     """Move row ``pk`` to ``target`` if its current state allows it; return the old state.
 
-    Returns None when the row is gone or its state does not allow the move (someone
-    else won the race, or the move is not an edge). Extra ``fields`` are written in
-    the same UPDATE, so they change only if the transition happens.
+    ``why`` becomes the event's reason. Returns None when the row is gone or its
+    state does not allow the move (someone else won the race, or it is not an edge).
+    Extra ``fields`` are written in the same UPDATE, so they change only if the
+    transition happens.
     """
     kind, _machine = _MACHINES[model]
     sources = allowed_sources(model, target)
@@ -105,7 +106,7 @@ def transition(
         if not updated:
             return None
         Event.objects.create(
-            kind=kind, subject=str(pk), from_state=current, to_state=target, reason=reason
+            kind=kind, subject=str(pk), from_state=current, to_state=target, reason=why
         )
         if model is Replica and ReplicaState.READY in (current, target):
             # Routers reload within a second instead of at their next periodic refresh.

@@ -10,6 +10,7 @@ app = Celery("llmgw_site")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_default_queue = "control"
 app.conf.beat_schedule = {
+    "reconcile": {"task": "fleet.reconcile", "schedule": 2.0, "options": {"expires": 2}},
     "liveness": {"task": "fleet.check_liveness", "schedule": 5.0, "options": {"expires": 5}},
 }
 app.autodiscover_tasks(["fleet"])

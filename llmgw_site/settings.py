@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import socket
 from pathlib import Path
 
 import dj_database_url
@@ -159,3 +160,9 @@ NODE_LOST_AFTER = env_int("LLMGW_NODE_LOST_AFTER", 60)
 METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN")
 # With no web server in front (llmgw up), daphne serves /static/ itself.
 SERVE_STATIC = env_bool("LLMGW_SERVE_STATIC", True)
+# Engines listen from here upward on each node (two ports per shard: HTTP and rendezvous).
+ENGINE_PORT_BASE = env_int("LLMGW_ENGINE_PORT_BASE", 20000)
+# This control plane's name in the leader lease: the URL agents should dial to reach it.
+CONTROL_PLANE_ID = env_str(
+    "LLMGW_CONTROL_PLANE_ID", f"ws://{socket.gethostname()}:{env_int('LLMGW_PORT', 8000)}"
+)

@@ -8,6 +8,7 @@ from protocol.inventory import Cpu, Gpu, Inventory
 def inventory(
     node_id: str = "node01", gpus: int = 0, address: str = "10.0.0.1", **fields
 ) -> Inventory:
+    fields.setdefault("memory_total", 64 << 30)
     return Inventory(
         hostname=node_id,
         address=address,
@@ -15,7 +16,6 @@ def inventory(
         kernel="6.1",
         arch="x86_64",
         cpu=Cpu(model="Test CPU", cores=16, arch="x86_64", vector_extensions=["avx2"]),
-        memory_total=64 << 30,
         gpus=[
             Gpu(index=i, uuid=f"GPU-{i}", name="H100", memory_total=80 << 30, memory_used=0)
             for i in range(gpus)

@@ -70,7 +70,7 @@ def _make(kind: str, state: str):
 def test_every_transition_is_allowed_or_refused(kind, source, target, allowed):
     model = MACHINES[kind][0]
     row = _make(kind, source)
-    result = transition(model, row.pk, target, reason="test")
+    result = transition(model, row.pk, target, why="test")
     row.refresh_from_db()
     if allowed:
         assert result == source

@@ -1,0 +1,67 @@
+"""Commands down to a node: Celery tasks on the queue ``node-<id>``.
+
+Each carries an expiry, so a command queued for a node that was away is dropped
+rather than obeyed an hour late, and each is idempotent by shard id on the agent.
+Request/reply commands wait at most REPLY_TIMEOUT for the agent's answer.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery.exceptions import TimeoutError as CeleryTimeout
+
+from llmgw_site.celery import app
+from protocol.shard import ShardSpec
+
+log = logging.getLogger("llmgw.fleet.commands")
+
+START_EXPIRES = 120
+STOP_EXPIRES = 600
+REPLY_TIMEOUT = 10.0
+
+
+class AgentDidNotAnswer(Exception):
+    """A request/reply command got no answer in time: the agent is too old or unreachable."""
+
+
+def node_queue(node_id: str) -> str:
+    return f"node-{node_id}"
+
+
+def send_start_shard(node_id: str, spec: ShardSpec) -> None:
+    app.send_task(
+        "agent.start_shard",
+        args=[spec.model_dump_json()],
+        queue=node_queue(node_id),
+        expires=START_EXPIRES,
+    )
+
+
+def send_stop_shard(node_id: str, shard_id: str) -> None:
+    app.send_task(
+        "agent.stop_shard", args=[shard_id], queue=node_queue(node_id), expires=STOP_EXPIRES
+    )
+
+
+def read_logs(node_id: str, source: str = "agent", lines: int = 200) -> dict:
+    """The node's recent log lines for ``source``, and the sources it has."""
+    return _ask(node_id, "agent.read_logs", [source, lines])
+
+
+def engine_check(node_id: str, engine: str) -> dict:
+    """Ask the node to run ``ENGINE --version``: the one place an engine is run on purpose."""
+    return _ask(node_id, "agent.engine_check", [engine])
+
+
+def _ask(node_id: str, task: str, args: list) -> dict:
+    result = app.send_task(task, args=args, queue=node_queue(node_id), expires=REPLY_TIMEOUT)
+    try:
+        return result.get(timeout=REPLY_TIMEOUT)
+    except CeleryTimeout:
+        raise AgentDidNotAnswer(
+            f"the agent on {node_id} did not answer in {REPLY_TIMEOUT:.0f} s "
+            "(too old or unreachable)"
+        ) from None
+    finally:
+        result.forget()

@@ -1,0 +1,240 @@
+"""The reconciler: make the fleet match the catalog, one pass at a time.
+
+Each step is a plain function that does one kind of work and says what it did, so
+tests call them directly. Every decision is an event with its reason, and every
+command to a node is sent after the transaction that decided it commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from catalog.models import Profile
+from fleet import commands
+from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardState
+from fleet.shard_specs import allocate_port, shard_spec
+from fleet.snapshot import node_snapshots, placement_request
+from fleet.transitions import record_event, transition
+from placement import place_batch
+
+log = logging.getLogger("llmgw.reconciler")
+
+# Replicas that count toward a profile's wanted number.
+COUNTED = (ReplicaState.PLACING, ReplicaState.UNPLACEABLE, ReplicaState.STARTING,
+           ReplicaState.READY)  # fmt: skip
+FINAL_SHARD = (ShardState.FAILED, ShardState.STOPPED)
+
+
+@dataclass
+class ReconcileReport:
+    created: list[str] = field(default_factory=list)
+    placed: list[str] = field(default_factory=list)
+    unplaceable: list[str] = field(default_factory=list)
+    stopping: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+    def did_anything(self) -> bool:
+        return any(getattr(self, name) for name in self.__dataclass_fields__)
+
+
+def reconcile(
+    now: datetime | None = None, epoch: int = 0, still_leading: Callable[[], bool] | None = None
+) -> ReconcileReport:
+    """One pass: retire what must go, fail what timed out, create, place, finish stops.
+
+    ``still_leading`` is asked before starting engines: a leader that lost its lease
+    mid-pass must not send commands under an epoch that is no longer current.
+    """
+    now = now or timezone.now()
+    report = ReconcileReport()
+    retire_orphans(report)
+    retire_from_bad_nodes(report)
+    fail_slow_starts(now, report)
+    retire_failed(report)
+    scale(report)
+    if still_leading is None or still_leading():
+        place_waiting(now, epoch, report)
+    finish_stops(report)
+    if report.did_anything():
+        log.info("reconciled: %s", {k: len(v) for k, v in vars(report).items() if v})
+    return report
+
+
+def stop_replica(replica: Replica, reason: str, report: ReconcileReport | None = None) -> bool:
+    """Move a replica to stopping and tell its nodes to stop its shards."""
+    if transition(Replica, replica.id, ReplicaState.STOPPING, reason, reasons=[reason]) is None:
+        return False
+    for shard in replica.shards.exclude(state__in=FINAL_SHARD).exclude(node=None):
+        node_id, shard_id = shard.node_id, shard.id
+        transaction.on_commit(lambda n=node_id, s=shard_id: commands.send_stop_shard(n, s))
+    if report is not None:
+        report.stopping.append(str(replica.id))
+    return True
+
+
+def retire_orphans(report: ReconcileReport) -> None:
+    """Stop replicas whose model or profile left the catalog: nothing routes to them."""
+    for replica in Replica.objects.filter(state__in=COUNTED + (ReplicaState.FAILED,)):
+        if (
+            replica.profile_id is None
+            or not Profile.objects.filter(
+                id=replica.profile_id, model__name=replica.model_name
+            ).exists()
+        ):
+            stop_replica(
+                replica,
+                f"{replica.model_name}/{replica.profile_name} left the catalog",
+                report,
+            )
+
+
+def retire_from_bad_nodes(report: ReconcileReport) -> None:
+    """Move replicas off lost or draining nodes (a lost node's engines are still stopped)."""
+    bad = {
+        node.id: ("lost" if node.state == NodeState.LOST else "draining")
+        for node in Node.objects.filter(state=NodeState.LOST) | Node.objects.filter(draining=True)
+    }
+    if not bad:
+        return
+    for replica in Replica.objects.filter(state__in=COUNTED).prefetch_related("shards"):
+        for shard in replica.shards.all():
+            if shard.node_id in bad:
+                stop_replica(
+                    replica,
+                    f"node {shard.node_id} is {bad[shard.node_id]}; placing the replica elsewhere",
+                    report,
+                )
+                break
+
+
+def fail_slow_starts(now: datetime, report: ReconcileReport) -> None:
+    """A replica not ready within its profile's startup timeout has failed.
+
+    The timer starts when the replica starts and is not reset by download progress:
+    an hour-long download must not keep a doomed replica alive indefinitely.
+    """
+    for replica in Replica.objects.filter(state=ReplicaState.STARTING).select_related("profile"):
+        timeout = replica.profile.startup_timeout if replica.profile else 600
+        if replica.starting_since and now - replica.starting_since > timedelta(seconds=timeout):
+            reason = f"not ready within the profile's startup timeout of {timeout}s"
+            if transition(Replica, replica.id, ReplicaState.FAILED, reason, reasons=[reason]):
+                report.failed.append(str(replica.id))
+
+
+def retire_failed(report: ReconcileReport) -> None:
+    """A failed replica is stopped; scale() then creates its replacement."""
+    for replica in Replica.objects.filter(state=ReplicaState.FAILED):
+        stop_replica(replica, f"replacing failed replica: {'; '.join(replica.reasons)}", report)
+
+
+def scale(report: ReconcileReport) -> None:
+    """Create replicas that are wanted; stop the surplus, least useful first."""
+    for profile in Profile.objects.select_related("model"):
+        live = list(
+            Replica.objects.filter(profile=profile, state__in=COUNTED).order_by("-created_at")
+        )
+        missing = profile.replicas - len(live)
+        for _ in range(missing):
+            replica = Replica.objects.create(
+                model_name=profile.model.name,
+                profile_name=profile.name,
+                profile=profile,
+                fingerprint=profile.fingerprint(),
+                secret=secrets.token_urlsafe(24),
+            )
+            record_event("replica", str(replica.id), f"wanted by {profile}", to_state="placing")
+            report.created.append(str(replica.id))
+        if missing < 0:
+            rank = {ReplicaState.UNPLACEABLE: 0, ReplicaState.PLACING: 1,
+                    ReplicaState.STARTING: 2, ReplicaState.READY: 3}  # fmt: skip
+            surplus = sorted(live, key=lambda r: rank[r.state])[:-missing]
+            for replica in surplus:
+                stop_replica(replica, f"scaled down: {profile} wants {profile.replicas}", report)
+
+
+def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:
+    """Place every replica waiting for nodes, in one batch against one snapshot."""
+    waiting = list(
+        Replica.objects.filter(
+            state__in=(ReplicaState.PLACING, ReplicaState.UNPLACEABLE), profile__isnull=False
+        )
+        .select_related("profile__model")
+        .order_by("created_at")
+    )
+    if not waiting:
+        return
+    requests = [placement_request(str(r.id), r.profile) for r in waiting]
+    decisions = place_batch(requests, node_snapshots(now))
+    for replica, decision in zip(waiting, decisions, strict=True):
+        if decision.placed:
+            _start(replica, decision, epoch)
+            report.placed.append(str(replica.id))
+            continue
+        reasons = [decision.summary, *decision.reasons]
+        if replica.state == ReplicaState.PLACING:
+            transition(Replica, replica.id, ReplicaState.UNPLACEABLE, decision.summary,
+                       reasons=reasons)  # fmt: skip
+            report.unplaceable.append(str(replica.id))
+        elif replica.reasons != reasons:
+            Replica.objects.filter(id=replica.id).update(reasons=reasons)
+
+
+def _start(replica: Replica, decision, epoch: int) -> None:
+    with transaction.atomic():
+        if replica.state == ReplicaState.UNPLACEABLE and not transition(
+            Replica, replica.id, ReplicaState.PLACING, "resources became available"
+        ):
+            return
+        if not transition(
+            Replica, replica.id, ReplicaState.STARTING,
+            f"placed on {', '.join(rank.node for rank in decision.ranks)}",
+            reasons=[], starting_since=timezone.now(),
+        ):  # fmt: skip
+            return
+        nodes = {node.id: node for node in Node.objects.filter(
+            id__in=[rank.node for rank in decision.ranks])}  # fmt: skip
+        shards = []
+        for rank in decision.ranks:
+            shards.append(
+                Shard.objects.create(
+                    id=Shard.new_id(),
+                    replica=replica,
+                    rank=rank.rank,
+                    node=nodes[rank.node],
+                    gpus=list(rank.gpus),
+                    port=allocate_port(rank.node),
+                )
+            )
+        rendezvous = ""
+        if len(shards) > 1:
+            rendezvous = f"{nodes[shards[0].node_id].address}:{shards[0].port + 1}"
+        for shard, rank in zip(shards, decision.ranks, strict=True):
+            spec = shard_spec(replica, shard, nodes[rank.node], len(shards), rendezvous,
+                              rank.nccl_env, epoch)  # fmt: skip
+            transaction.on_commit(lambda n=shard.node_id, s=spec: commands.send_start_shard(n, s))
+
+
+def finish_stops(report: ReconcileReport) -> None:
+    """A stopping replica is stopped once no shard can still be running where it was."""
+    for replica in Replica.objects.filter(state=ReplicaState.STOPPING).prefetch_related(
+        "shards__node"
+    ):
+        pending = [
+            shard
+            for shard in replica.shards.all()
+            if shard.state not in FINAL_SHARD
+            and shard.node is not None
+            and shard.node.state == NodeState.CONNECTED
+        ]
+        if pending:
+            continue
+        if transition(Replica, replica.id, ReplicaState.STOPPED, "every shard has stopped"):
+            report.stopped.append(str(replica.id))

@@ -1,0 +1,78 @@
+"""What a node is told to run for one shard, built from the replica, shard and node."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from django.conf import settings
+
+from fleet.models import Node, Replica, Shard, ShardState
+from protocol.shard import FabricAssignment, ShardSpec
+
+LIVE = (ShardState.PENDING, ShardState.FETCHING, ShardState.STARTING, ShardState.READY)
+
+
+def allocate_port(node_id: str) -> int:
+    """The lowest engine port (stepping by 2: a multi-node rank 0 uses port+1 to rendezvous)
+    that no live shard on the node holds."""
+    taken = set(
+        Shard.objects.filter(node_id=node_id, state__in=LIVE).values_list("port", flat=True)
+    )
+    port = settings.ENGINE_PORT_BASE
+    while port in taken or port + 1 in taken:
+        port += 2
+    return port
+
+
+def shard_spec(
+    replica: Replica,
+    shard: Shard,
+    node: Node,
+    world_size: int,
+    rendezvous: str,
+    nccl_env: Mapping[str, str],
+    epoch: int,
+) -> ShardSpec:
+    profile = replica.profile
+    assert profile is not None
+    fabric = None
+    if world_size > 1:
+        adapters = [a.lstrip("=") for a in nccl_env.get("NCCL_IB_HCA", "").split(",") if a]
+        fabric = FabricAssignment(
+            name=_fabric_name(node, adapters),
+            adapters=adapters,
+            socket_ifname=nccl_env.get("NCCL_SOCKET_IFNAME", "").lstrip("="),
+        )
+    return ShardSpec(
+        shard_id=shard.id,
+        replica_id=str(replica.id),
+        model=replica.model_name,
+        source=profile.model.source,
+        engine=profile.engine,
+        engine_version=profile.engine_version,
+        profile=profile.name,
+        fingerprint=replica.fingerprint,
+        rank=shard.rank,
+        world_size=world_size,
+        gpus=list(shard.gpus),
+        tensor_parallel=profile.tensor_parallel,
+        # Bind where the router reaches it; the per-replica secret keeps others out.
+        host=node.address or "127.0.0.1",
+        port=shard.port,
+        rendezvous=rendezvous,
+        fabric=fabric,
+        context=profile.context,
+        launch_mode=profile.launch_mode,
+        args=list(profile.args),
+        env=dict(profile.env),
+        api_key=replica.secret,
+        startup_timeout=profile.startup_timeout,
+        epoch=epoch,
+    )
+
+
+def _fabric_name(node: Node, adapters: list[str]) -> str:
+    for fabric in (node.inventory or {}).get("fabrics", []):
+        if set(adapters) & set(fabric.get("adapters", [])):
+            return fabric["name"]
+    return ""

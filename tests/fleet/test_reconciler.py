@@ -1,0 +1,265 @@
+"""The reconciler against real PostgreSQL and the real Redis broker."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from catalog.services import apply_catalog
+from fleet.models import Event, Node, Replica, Shard
+from fleet.reconciler import reconcile
+from fleet.services import adopt_reported_shards, record_shard_status, register_node
+from fleet.transitions import transition
+from protocol import messages
+from protocol.shard import ShardSpec
+from tests.fleet.inventories import inventory
+from tests.fleet.queues import clear_queue, queued_commands
+
+pytestmark = pytest.mark.django_db
+
+
+def catalog(replicas=1, gpus=0, memory="1GiB"):
+    return f"""
+models:
+  - name: gemma
+    source: /models/gemma.gguf
+    profiles:
+      - name: cpu
+        engine: llama.cpp
+        replicas: {replicas}
+        gpus_per_rank: {gpus}
+        memory: {memory}
+"""
+
+
+@pytest.fixture
+def node_ids():
+    """Unique node ids per test: queues live in the shared Redis."""
+    ids = [f"n{uuid.uuid4().hex[:6]}-{i}" for i in range(3)]
+    yield ids
+    for node_id in ids:
+        clear_queue(node_id)
+
+
+def connect(node_id, engines=("llama.cpp",), **fields):
+    register = messages.Register(
+        inventory=inventory(node_id, **fields),
+        engines_probed=True,
+        engines={name: messages.EngineInstall(version="b6000") for name in engines},
+    )
+    return register_node(node_id, register)
+
+
+def reported_spec(model="gemma", **fields) -> ShardSpec:
+    """A shard spec as an agent reports it after a control plane restart."""
+    return ShardSpec(
+        shard_id=uuid.uuid4().hex,
+        replica_id=str(uuid.uuid4()),
+        model=model,
+        source=f"/models/{model}.gguf",
+        engine="llama.cpp",
+        profile="cpu",
+        port=20000,
+        **fields,
+    )
+
+
+def reported(node_id, spec, state="ready", **fields) -> messages.Register:
+    return messages.Register(
+        inventory=inventory(node_id),
+        shards=[messages.RunningShard(spec=spec, state=state)],
+        **fields,
+    )
+
+
+def run(django_capture_on_commit_callbacks, **kwargs):
+    with django_capture_on_commit_callbacks(execute=True):
+        return reconcile(**kwargs)
+
+
+def test_a_model_added_is_placed_and_start_shard_reaches_the_nodes_queue(
+    node_ids, django_capture_on_commit_callbacks
+):
+    connect(node_ids[0])
+    apply_catalog(catalog())
+    report = run(django_capture_on_commit_callbacks, epoch=7)
+    assert len(report.created) == 1 and len(report.placed) == 1
+    replica = Replica.objects.get()
+    assert replica.state == "starting"
+    shard = replica.shards.get()
+    assert (shard.node_id, shard.rank, shard.port) == (node_ids[0], 0, 20000)
+    [(task, args)] = queued_commands(node_ids[0])
+    assert task == "agent.start_shard"
+    spec = ShardSpec.model_validate_json(args[0])
+    assert (spec.shard_id, spec.model, spec.engine, spec.epoch) == (
+        shard.id,
+        "gemma",
+        "llama.cpp",
+        7,
+    )
+    assert spec.api_key == replica.secret and spec.fingerprint == replica.fingerprint
+    # A second pass changes nothing and sends nothing more.
+    assert not run(django_capture_on_commit_callbacks).did_anything()
+    assert len(queued_commands(node_ids[0])) == 1
+
+
+def test_unplaceable_replica_says_why_node_by_node(node_ids, django_capture_on_commit_callbacks):
+    connect(node_ids[0], engines=())
+    apply_catalog(catalog())
+    run(django_capture_on_commit_callbacks)
+    replica = Replica.objects.get()
+    assert replica.state == "unplaceable"
+    assert replica.reasons[0].startswith("0/1 nodes available")
+    assert any(node_ids[0] in reason and "llama.cpp" in reason for reason in replica.reasons)
+    # The engine appears: the next pass places it.
+    connect(node_ids[0])
+    run(django_capture_on_commit_callbacks)
+    replica.refresh_from_db()
+    assert replica.state == "starting"
+
+
+def test_ready_when_every_rank_reports_ready(node_ids, django_capture_on_commit_callbacks):
+    connect(node_ids[0])
+    apply_catalog(catalog())
+    run(django_capture_on_commit_callbacks)
+    shard = Shard.objects.get()
+    record_shard_status(node_ids[0], messages.ShardStatus(shard_id=shard.id, state="ready", pid=42))
+    replica = Replica.objects.get()
+    assert replica.state == "ready"
+    assert Shard.objects.get().pid == 42
+
+
+def test_a_lost_nodes_replica_is_placed_elsewhere(node_ids, django_capture_on_commit_callbacks):
+    connect(node_ids[0])
+    apply_catalog(catalog())
+    run(django_capture_on_commit_callbacks)
+    first = Replica.objects.get()
+    connect(node_ids[1])
+    transition(Node, node_ids[0], "lost", "no heartbeat for 61s")
+    run(django_capture_on_commit_callbacks)
+    first.refresh_from_db()
+    assert first.state == "stopped"  # its node is gone: nothing there to wait for
+    replacement = Replica.objects.exclude(id=first.id).get()
+    assert replacement.state == "starting"
+    assert replacement.shards.get().node_id == node_ids[1]
+    # The lost node is still told to stop its engine, in case it comes back.
+    assert queued_commands(node_ids[0])[-1] == ("agent.stop_shard", [first.shards.get().id])
+
+
+def test_a_model_removed_from_the_catalog_is_stopped(node_ids, django_capture_on_commit_callbacks):
+    connect(node_ids[0])
+    apply_catalog(catalog())
+    run(django_capture_on_commit_callbacks)
+    shard = Shard.objects.get()
+    apply_catalog("models: []", prune=True)
+    run(django_capture_on_commit_callbacks)
+    replica = Replica.objects.get()
+    assert replica.state == "stopping"
+    assert replica.reasons == ["gemma/cpu left the catalog"]
+    assert queued_commands(node_ids[0])[-1] == ("agent.stop_shard", [shard.id])
+    record_shard_status(node_ids[0], messages.ShardStatus(shard_id=shard.id, state="stopped"))
+    run(django_capture_on_commit_callbacks)
+    assert Replica.objects.get().state == "stopped"
+
+
+def test_scale_down_stops_the_least_useful_first(node_ids, django_capture_on_commit_callbacks):
+    connect(node_ids[0], memory_total=64 << 30)
+    apply_catalog(catalog(replicas=2))
+    run(django_capture_on_commit_callbacks)
+    ready_shard = Shard.objects.order_by("port").first()
+    record_shard_status(node_ids[0], messages.ShardStatus(shard_id=ready_shard.id, state="ready"))
+    apply_catalog(catalog(replicas=1))
+    run(django_capture_on_commit_callbacks)
+    states = dict(Replica.objects.values_list("id", "state"))
+    assert states[ready_shard.replica_id] == "ready"
+    assert sorted(states.values()) == ["ready", "stopping"]
+
+
+def test_a_slow_start_fails_after_the_timeout_and_is_replaced(
+    node_ids, django_capture_on_commit_callbacks
+):
+    connect(node_ids[0])
+    apply_catalog(catalog())
+    run(django_capture_on_commit_callbacks)
+    shard = Shard.objects.get()
+    # Progress rides beside the state and must not reset the startup timer.
+    from fleet.services import record_shard_progress
+
+    record_shard_progress(node_ids[0], messages.ShardProgress(shard_id=shard.id, bytes=10))
+    later = timezone.now() + timedelta(seconds=601)
+    report = run(django_capture_on_commit_callbacks, now=later)
+    assert report.failed and report.stopping
+    failed = Replica.objects.get(id=shard.replica_id)
+    assert failed.state == "stopping"
+    assert Event.objects.filter(
+        subject=str(failed.id), to_state="failed",
+        reason="not ready within the profile's startup timeout of 600s",
+    ).exists()  # fmt: skip
+
+
+def test_a_restarted_control_plane_rebuilds_replicas_from_reports_without_a_second_start(
+    node_ids, django_capture_on_commit_callbacks
+):
+    apply_catalog(catalog())
+    profile_fingerprint = __import__("catalog.models").models.Profile.objects.get().fingerprint()
+    replica_id = str(uuid.uuid4())
+    spec = ShardSpec(shard_id=uuid.uuid4().hex, replica_id=replica_id, model="gemma",
+                     source="/models/gemma.gguf", engine="llama.cpp", profile="cpu",
+                     fingerprint=profile_fingerprint, port=20000, api_key="s3cret")  # fmt: skip
+    register = messages.Register(
+        inventory=inventory(node_ids[0]), engines_probed=True,
+        engines={"llama.cpp": messages.EngineInstall()},
+        shards=[messages.RunningShard(spec=spec, state="ready", pid=99)],
+    )  # fmt: skip
+    register_node(node_ids[0], register)
+    adopt_reported_shards(node_ids[0], register)
+    replica = Replica.objects.get()
+    assert (str(replica.id), replica.state, replica.secret) == (replica_id, "ready", "s3cret")
+    assert replica.fingerprint == profile_fingerprint
+    # Registering again (a reconnect) duplicates nothing.
+    adopt_reported_shards(node_ids[0], register)
+    run(django_capture_on_commit_callbacks)
+    assert Replica.objects.count() == 1 and Shard.objects.count() == 1
+    assert queued_commands(node_ids[0]) == []
+
+
+def test_an_adopted_shard_whose_profile_left_is_stopped(
+    node_ids, django_capture_on_commit_callbacks
+):
+    spec = reported_spec(model="gone")
+    register = reported(node_ids[0], spec, engines_probed=True)
+    register_node(node_ids[0], register)
+    adopt_reported_shards(node_ids[0], register)
+    run(django_capture_on_commit_callbacks)
+    assert Replica.objects.get().state == "stopping"
+    assert queued_commands(node_ids[0]) == [("agent.stop_shard", [spec.shard_id])]
+
+
+def test_an_agent_that_reports_no_fingerprint_reads_as_unknown(node_ids):
+    apply_catalog(catalog())
+    spec = reported_spec()
+    register = reported(node_ids[0], spec)
+    register_node(node_ids[0], register)
+    adopt_reported_shards(node_ids[0], register)
+    from fleet.selectors import model_rows
+
+    [row] = model_rows()
+    assert row["replicas"][0]["stale"] is True
+
+
+def test_drain_moves_replicas_off_the_node(node_ids, django_capture_on_commit_callbacks):
+    connect(node_ids[0])
+    connect(node_ids[1])
+    apply_catalog(catalog())
+    run(django_capture_on_commit_callbacks)
+    first = Replica.objects.get()
+    node_id = first.shards.get().node_id
+    Node.objects.filter(id=node_id).update(draining=True)
+    run(django_capture_on_commit_callbacks)
+    replacement = Replica.objects.exclude(id=first.id).get()
+    assert replacement.shards.get().node_id != node_id
+    assert json.dumps(Replica.objects.get(id=first.id).reasons).find("draining") > 0
