@@ -183,6 +183,9 @@ class AgentRuntime:
             )  # fmt: skip
             return "pending"
         self.highest_epoch = spec.epoch
+        if not spec.model_path and spec.source.startswith("/"):
+            # A local path is used as is; URLs and hub ids are resolved elsewhere.
+            spec = spec.model_copy(update={"model_path": spec.source})
         adapter = get_adapter(spec.engine)
         problems = adapter.validate(spec)
         binary = self.engine_paths.get(spec.engine)
@@ -191,8 +194,8 @@ class AgentRuntime:
                 f"engine {spec.engine} is not installed on {self.node_id}; "
                 f"found: {', '.join(sorted(self.engine_paths)) or 'none'}"
             )
-        if spec.source.startswith("/") and not Path(spec.model_path or spec.source).exists():
-            problems.append(f"model file {spec.model_path or spec.source} is not on this node")
+        if spec.model_path and not Path(spec.model_path).exists():
+            problems.append(f"model file {spec.model_path} is not on this node")
         if problems:
             reason = "; ".join(problems)
             log.error("refusing shard %s: %s", spec.shard_id, reason)
@@ -206,8 +209,6 @@ class AgentRuntime:
                 )
             )
             return "failed"
-        if not spec.model_path and spec.source.startswith("/"):
-            spec = spec.model_copy(update={"model_path": spec.source})
         assert binary is not None
         commands = adapter.commands(spec, binary)
         return self.supervisor.start(

