@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from django.core.management.base import CommandError
 from django.utils import timezone
 
-from fleet.models import Node
+from fleet import commands
+from fleet.actions import drain_node, undrain_node
+from fleet.models import Node, Replica
 from fleet.node_auth import node_token
+from fleet.reconciler import COUNTED
 from fleet.selectors import live_replicas, model_rows
 from llmgw_site.tables import render_json, render_table
 from protocol.units import human_size
@@ -20,6 +24,16 @@ def add_parsers(subparsers) -> None:
     replicas.add_argument("--json", action="store_true")
     replicas.set_defaults(handler=replicas_command)
 
+    drain = subparsers.add_parser("drain", help="place nothing more on a node; move replicas off")
+    drain.add_argument("node")
+    drain.add_argument("--undo", action="store_true", help="return the node to service")
+    drain.set_defaults(handler=drain_command)
+
+    check = subparsers.add_parser("engine-check", help="run ENGINE --version on a node")
+    check.add_argument("node")
+    check.add_argument("engine")
+    check.set_defaults(handler=engine_check_command)
+
     token = subparsers.add_parser("node-token", help="print the link token for a node's agent")
     token.add_argument("node", help="the node's hostname")
     token.set_defaults(handler=node_token_command)
@@ -27,6 +41,33 @@ def add_parsers(subparsers) -> None:
     status = subparsers.add_parser("status", help="models, replicas and why any cannot run")
     status.add_argument("--json", action="store_true")
     status.set_defaults(handler=status_command)
+
+
+def drain_command(options, out) -> None:
+    node_id = options["node"]
+    if not Node.objects.filter(id=node_id).exists():
+        known = ", ".join(Node.objects.values_list("id", flat=True)) or "none"
+        raise CommandError(f"no node {node_id!r} (nodes: {known})")
+    if options["undo"]:
+        changed = undrain_node(node_id)
+        out.write(f"{node_id} returned to service" if changed else f"{node_id} was not draining")
+        return
+    changed = drain_node(node_id)
+    if not changed:
+        out.write(f"{node_id} is already draining")
+        return
+    on_node = Replica.objects.filter(shards__node_id=node_id, state__in=COUNTED).distinct().count()
+    out.write(f"{node_id} is draining: {on_node} replica(s) will be moved off it")
+
+
+def engine_check_command(options, out) -> None:
+    try:
+        answer = commands.engine_check(options["node"], options["engine"])
+    except commands.AgentDidNotAnswer as exc:
+        raise CommandError(str(exc)) from None
+    out.write(answer["output"])
+    if not answer["ok"]:
+        raise CommandError(f"{options['engine']} on {options['node']} did not run cleanly")
 
 
 def node_token_command(options, out) -> None:

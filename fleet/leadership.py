@@ -17,8 +17,6 @@ from django.conf import settings
 
 log = logging.getLogger("llmgw.leadership")
 
-LEASE_KEY = "llmgw:leader"
-EPOCH_KEY = "llmgw:leader:epoch"
 LEASE_SECONDS = 15
 
 # Take the lease if free, or extend it if we hold it; answer holder and epoch.
@@ -49,6 +47,11 @@ class Lease:
     acquired_now: bool = False
 
 
+def _keys() -> tuple[str, str]:
+    """The lease and epoch keys; one cluster's control planes share them."""
+    return settings.LEADER_LEASE_KEY, settings.LEADER_LEASE_KEY + ":epoch"
+
+
 def identity() -> str:
     """This control plane's name in the lease: the address agents should use to reach it."""
     return settings.CONTROL_PLANE_ID
@@ -62,17 +65,18 @@ def acquire_or_renew(me: str | None = None, conn: redis.Redis | None = None) -> 
     """Take or extend the lease; the answer says who holds it and at which epoch."""
     me = me or identity()
     conn = conn or client()
-    raw, fresh = conn.eval(_ACQUIRE, 2, LEASE_KEY, EPOCH_KEY, me, LEASE_SECONDS * 1000)
+    lease_key, epoch_key = _keys()
+    raw, fresh = conn.eval(_ACQUIRE, 2, lease_key, epoch_key, me, LEASE_SECONDS * 1000)
     holder, _, epoch = raw.decode().rpartition("|")
     lease = Lease(holder=holder, epoch=int(epoch), acquired_now=bool(fresh))
     if lease.acquired_now:
         log.warning("%s is now the leader (epoch %d)", me, lease.epoch)
-        conn.set(f"{LEASE_KEY}:since:{lease.epoch}", str(time.time()), ex=3600)
+        conn.set(f"{lease_key}:since:{lease.epoch}", str(time.time()), ex=3600)
     return lease
 
 
 def current(conn: redis.Redis | None = None) -> Lease | None:
-    raw = (conn or client()).get(LEASE_KEY)
+    raw = (conn or client()).get(_keys()[0])
     if raw is None:
         return None
     holder, _, epoch = raw.decode().rpartition("|")
@@ -89,11 +93,11 @@ def release(me: str | None = None, conn: redis.Redis | None = None) -> None:
     conn = conn or client()
     lease = current(conn)
     if lease and lease.holder == (me or identity()):
-        conn.eval(_RELEASE, 1, LEASE_KEY, f"{lease.holder}|{lease.epoch}")
+        conn.eval(_RELEASE, 1, _keys()[0], f"{lease.holder}|{lease.epoch}")
 
 
 def leader_since(epoch: int, conn: redis.Redis | None = None) -> float | None:
-    raw = (conn or client()).get(f"{LEASE_KEY}:since:{epoch}")
+    raw = (conn or client()).get(f"{_keys()[0]}:since:{epoch}")
     return float(raw) if raw else None
 
 

@@ -166,3 +166,6 @@ ENGINE_PORT_BASE = env_int("LLMGW_ENGINE_PORT_BASE", 20000)
 CONTROL_PLANE_ID = env_str(
     "LLMGW_CONTROL_PLANE_ID", f"ws://{socket.gethostname()}:{env_int('LLMGW_PORT', 8000)}"
 )
+# The Redis key control planes of one cluster compete for; another cluster on the
+# same Redis (or a test) uses another key.
+LEADER_LEASE_KEY = env_str("LLMGW_LEADER_LEASE_KEY", "llmgw:leader")
