@@ -1,0 +1,16 @@
+# The image docker-compose.yml runs: every llmgw process, one command each.
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY llmgw_site llmgw_site
+COPY catalog catalog
+COPY fleet fleet
+COPY placement placement
+COPY router router
+COPY agent_worker agent_worker
+COPY protocol protocol
+COPY templates templates
+COPY static static
+COPY manage.py ./
+RUN pip install --no-cache-dir . && python manage.py collectstatic --no-input -v 0 || true
+ENV LLMGW_HOME=/var/lib/llmgw
