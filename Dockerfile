@@ -12,5 +12,6 @@ COPY protocol protocol
 COPY templates templates
 COPY static static
 COPY manage.py ./
-RUN pip install --no-cache-dir . && python manage.py collectstatic --no-input -v 0 || true
+# Static files are served by daphne itself (LLMGW_SERVE_STATIC), so no collectstatic.
+RUN pip install --no-cache-dir .
 ENV LLMGW_HOME=/var/lib/llmgw

@@ -15,6 +15,7 @@ from channels.db import database_sync_to_async
 from django.db import connection, transaction
 from django.utils import timezone
 
+from fleet import history, notify
 from fleet.models import Node, NodeState
 from fleet.transitions import transition
 
@@ -60,6 +61,10 @@ def write_heartbeats(batch: dict[str, tuple[datetime, dict]]) -> None:
             f"FROM (VALUES {placeholders}) AS v(id, at, usage) WHERE n.id = v.id",
             params,
         )
+    # One sample a node every few heartbeats for the node page's charts, then one
+    # message for the whole batch so open pages redraw their bars.
+    history.record_samples(batch)
+    notify.usage_changed(batch.keys())
     # A heartbeat from an unreachable or lost node brings it back (rare; per node).
     silent = Node.objects.filter(id__in=batch.keys()).exclude(state=NodeState.CONNECTED)
     for node_id in silent.values_list("id", flat=True):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
 from fleet.models import Node, NodeState
@@ -44,28 +45,41 @@ def check_liveness(
     lost_after = timedelta(seconds=settings.NODE_LOST_AFTER)
     nodes = list(Node.objects.exclude(state=NodeState.LOST).only("id", "state", "last_heartbeat",
                                                                 "registered_at"))  # fmt: skip
-    silent = {}
+    silent = []
     for node in nodes:
         silence = node.silence(now)
         if silence is not None and silence > unreachable_after:
-            silent[node.id] = (node, silence)
+            silent.append(node.id)
     report = LivenessReport(unreachable=[], lost=[])
     if len(nodes) >= MASS_SILENCE_MIN_NODES and len(silent) / len(nodes) > MASS_SILENCE_SHARE:
         log.error(
             "%d of %d nodes went silent at once; suspecting the control plane's own network "
-            "or Redis rather than the nodes, so none is marked lost",
+            "or Redis rather than the nodes, so none is marked unreachable or lost",
             len(silent), len(nodes),
         )  # fmt: skip
         report.held_back = True
         return report
     in_grace = grace_until is not None and now < grace_until
-    for node_id, (node, silence) in silent.items():
-        seconds = int(silence.total_seconds())
-        if silence > lost_after and not in_grace:
-            if transition(Node, node_id, NodeState.LOST, f"no heartbeat for {seconds}s"):
-                report.lost.append(node_id)
-        elif node.state == NodeState.CONNECTED and transition(
-            Node, node_id, NodeState.UNREACHABLE, f"no heartbeat for {seconds}s"
-        ):
-            report.unreachable.append(node_id)
+    for node_id in silent:
+        with transaction.atomic():
+            # Re-read under the row lock: a heartbeat batch written since the list above was
+            # read must win, or a node that just spoke is marked lost and its replicas moved.
+            # A batch that comes after waits on this lock, then revives what we marked.
+            node = (
+                Node.objects.select_for_update()
+                .only("id", "state", "last_heartbeat", "registered_at")
+                .filter(id=node_id)
+                .first()
+            )
+            silence = node.silence(now) if node is not None else None
+            if node is None or silence is None or silence <= unreachable_after:
+                continue
+            reason = f"no heartbeat for {int(silence.total_seconds())}s"
+            if silence > lost_after and not in_grace:
+                if transition(Node, node_id, NodeState.LOST, reason):
+                    report.lost.append(node_id)
+            elif node.state == NodeState.CONNECTED and transition(
+                Node, node_id, NodeState.UNREACHABLE, reason
+            ):
+                report.unreachable.append(node_id)
     return report

@@ -1,7 +1,18 @@
 from django.urls import path
 
 from fleet.consumers import AgentConsumer
+from fleet.page_consumers import (
+    ClusterPageConsumer,
+    LogsPageConsumer,
+    ModelPageConsumer,
+    NodePageConsumer,
+)
 
 websocket_urlpatterns = [
     path("agent/", AgentConsumer.as_asgi()),
+    # The pages' own sockets: each pushes its page's fragments when the fleet changes.
+    path("ws/pages/cluster/", ClusterPageConsumer.as_asgi()),
+    path("ws/pages/nodes/<str:node_id>/", NodePageConsumer.as_asgi()),
+    path("ws/pages/nodes/<str:node_id>/logs/", LogsPageConsumer.as_asgi()),
+    path("ws/pages/models/<path:name>/", ModelPageConsumer.as_asgi()),
 ]

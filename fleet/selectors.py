@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Prefetch
 from django.utils import timezone
 
 from catalog.models import Model
-from fleet.models import Node, Replica, ReplicaState, Shard
+from fleet.models import Event, Node, Replica, ReplicaState, Shard
+from protocol.units import human_size
+
+# A measurement older than this is shown as stale rather than as current (as /metrics).
+USAGE_FRESH_FOR = timedelta(seconds=60)
 
 LIVE_REPLICA_STATES = (
     ReplicaState.PLACING,
@@ -43,10 +48,7 @@ def model_rows() -> list[dict[str, Any]]:
                 "wanted": sum(p.replicas for p in model.profiles.all()),
                 "ready": sum(1 for r in replicas if r.state == ReplicaState.READY),
                 "replicas": [
-                    {
-                        "replica": r,
-                        "stale": r.fingerprint != fingerprints.get(r.profile_name),
-                    }
+                    replica_item(r, stale=r.fingerprint != fingerprints.get(r.profile_name))
                     for r in replicas
                 ],
             }
@@ -59,13 +61,189 @@ def model_rows() -> list[dict[str, Any]]:
                 "aliases": [],
                 "wanted": 0,
                 "ready": sum(1 for r in replicas if r.state == ReplicaState.READY),
-                "replicas": [{"replica": r, "stale": True} for r in replicas],
+                "replicas": [replica_item(r, stale=True) for r in replicas],
             }
         )
     return rows
 
 
+def replica_item(replica: Replica, *, stale: bool) -> dict[str, Any]:
+    """A replica as pages show it: its shards with a progress line while downloading."""
+    return {
+        "replica": replica,
+        "stale": stale,
+        "shards": [
+            {"shard": shard, "progress": progress_line(shard.progress)}
+            for shard in replica.shards.all()
+        ],
+    }
+
+
 def cluster_overview() -> dict[str, Any]:
     now = timezone.now()
-    nodes = [{"node": node, "silence": node.silence(now)} for node in Node.objects.all()]
+    nodes = [node_row(node, now) for node in Node.objects.all()]
     return {"nodes": nodes, "models": model_rows(), "now": now}
+
+
+_SIZE_UNITS = (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
+
+
+def _unit_for(size: float) -> tuple[str, float]:
+    return next(((name, f) for name, f in _SIZE_UNITS if size >= f), ("B", 1.0))
+
+
+def _in_unit(size: float, unit: tuple[str, float]) -> str:
+    return f"{size / unit[1]:.0f}" if unit[0] == "B" else f"{size / unit[1]:.1f}"
+
+
+def progress_line(progress: dict | None) -> str:
+    """'3.1 of 15.2 GB, 41 MB/s' while downloading, '1.2 GB so far' when the size is unknown."""
+    if not progress:
+        return ""
+    done = progress.get("bytes") or 0
+    total = progress.get("total")
+    rate = progress.get("rate")
+    if total:
+        unit = _unit_for(total)
+        line = f"{_in_unit(done, unit)} of {_in_unit(total, unit)} {unit[0]}"
+    else:
+        unit = _unit_for(done)
+        line = f"{_in_unit(done, unit)} {unit[0]} so far"
+    if rate:
+        unit = _unit_for(rate)
+        value = rate / unit[1]
+        line += f", {value:.0f} {unit[0]}/s" if value >= 10 else f", {value:.1f} {unit[0]}/s"
+    return line
+
+
+def _percent(part: float | None, whole: float | None) -> float | None:
+    if part is None or not whole:
+        return None
+    return max(0.0, min(100.0, 100.0 * part / whole))
+
+
+def node_row(node: Node, now: datetime) -> dict[str, Any]:
+    """A node as the cluster and node pages show it: its latest use against what it has."""
+    inventory, usage = node.inventory or {}, node.usage or {}
+    fresh = bool(node.usage_at and now - node.usage_at <= USAGE_FRESH_FOR)
+    memory_total = usage.get("memory_total") or inventory.get("memory_total")
+    gpu_used = {int(k): v for k, v in (usage.get("gpu_memory_used") or {}).items()}
+    gpus = [
+        {
+            "index": gpu.get("index"),
+            "name": gpu.get("name", ""),
+            "used": gpu_used.get(gpu.get("index"), gpu.get("memory_used")),
+            "total": gpu.get("memory_total"),
+            "percent": _percent(
+                gpu_used.get(gpu.get("index"), gpu.get("memory_used")), gpu.get("memory_total")
+            ),
+        }
+        for gpu in inventory.get("gpus", [])
+    ]
+    engines = (
+        None
+        if node.engines is None
+        else [
+            {
+                "name": name,
+                "version": info.get("version", ""),
+                "status": info.get("status", "installed"),
+                "installed": info.get("status", "installed") == "installed",
+            }
+            for name, info in sorted(node.engines.items())
+        ]
+    )
+    filesystems = usage.get("filesystems") or inventory.get("filesystems") or []
+    weights_dir = inventory.get("weights_dir", "")
+    weights_fs = next((fs for fs in filesystems if fs.get("path") == weights_dir), None)
+    cpu_percent, memory_used = usage.get("cpu_percent"), usage.get("memory_used")
+    return {
+        "node": node,
+        "silence": node.silence(now),
+        "heard_at": node.last_heartbeat or node.registered_at,
+        "fresh": fresh,
+        "stale": not fresh,
+        "cores": (inventory.get("cpu") or {}).get("cores"),
+        "cpu_model": (inventory.get("cpu") or {}).get("model", ""),
+        "cpu_percent": cpu_percent,
+        "load": list(usage.get("load") or []),
+        "memory_used": memory_used,
+        "memory_total": memory_total,
+        "memory_percent": _percent(memory_used, memory_total),
+        "cpu_label": "" if cpu_percent is None else f"{cpu_percent:.0f}%",
+        "memory_label": (
+            ""
+            if memory_used is None or not memory_total
+            else f"{human_size(memory_used)} / {human_size(memory_total)}"
+        ),
+        "gpus": gpus,
+        "engines": engines,
+        "filesystems": [
+            dict(fs, used_percent=_percent(fs.get("total", 0) - fs.get("free", 0), fs.get("total")))
+            for fs in filesystems
+        ],
+        "disk_free": (weights_fs or (filesystems[0] if filesystems else {})).get("free"),
+        "warnings": node.warnings,
+    }
+
+
+def node_detail(node_id: str) -> dict[str, Any] | None:
+    """Everything the node page shows now: the node, and the shards placed on it."""
+    node = Node.objects.filter(id=node_id).first()
+    if node is None:
+        return None
+    now = timezone.now()
+    shard_usage = (node.usage or {}).get("shards") or {}
+    shards = []
+    for shard in (
+        Shard.objects.filter(node_id=node_id, replica__state__in=LIVE_REPLICA_STATES)
+        .select_related("replica")
+        .order_by("replica__model_name", "rank")
+    ):
+        used = shard_usage.get(shard.id) or {}
+        shards.append(
+            {
+                "shard": shard,
+                "replica": shard.replica,
+                "cpu_cores": used.get("cpu_cores"),
+                "rss": used.get("rss"),
+                "progress": progress_line(shard.progress),
+            }
+        )
+    return {"row": node_row(node, now), "node": node, "shards": shards, "now": now}
+
+
+def model_detail(name: str) -> dict[str, Any] | None:
+    """One model's profiles, its live replicas and what happened to them lately."""
+    model = Model.objects.filter(name=name).prefetch_related("profiles").first()
+    replicas = [r for r in live_replicas() if r.model_name == name]
+    if model is None and not replicas:
+        return None
+    profiles = list(model.profiles.all()) if model else []
+    fingerprints = {p.name: p.fingerprint() for p in profiles}
+    items = [
+        replica_item(r, stale=r.fingerprint != fingerprints.get(r.profile_name)) for r in replicas
+    ]
+    ready_by_profile: dict[str, int] = {}
+    for replica in replicas:
+        if replica.state == ReplicaState.READY:
+            ready_by_profile[replica.profile_name] = (
+                ready_by_profile.get(replica.profile_name, 0) + 1
+            )
+    subjects = [str(r.id) for r in replicas] + [f"{name}/{p.name}" for p in profiles] + [name]
+    return {
+        "name": name,
+        "model": model,
+        "profiles": [
+            {
+                "profile": p,
+                "ready": ready_by_profile.get(p.name, 0),
+                "fingerprint": fingerprints[p.name],
+            }
+            for p in profiles
+        ],
+        "replicas": items,
+        "wanted": sum(p.replicas for p in profiles),
+        "ready": sum(ready_by_profile.values()),
+        "events": list(Event.objects.filter(subject__in=subjects)[:20]),
+    }

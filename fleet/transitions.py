@@ -10,6 +10,7 @@ from __future__ import annotations
 from django.db import models, transaction
 from django.utils import timezone
 
+from fleet import notify
 from fleet.models import Event, Node, NodeState, Replica, ReplicaState, Shard, ShardState
 from fleet.routing_table import publish_routing_change
 
@@ -111,6 +112,8 @@ def transition(
         if model is Replica and ReplicaState.READY in (current, target):
             # Routers reload within a second instead of at their next periodic refresh.
             transaction.on_commit(publish_routing_change)
+        # Open pages re-render what this touches, once the change is visible to them.
+        notify.fleet_changed_on_commit(kind, str(pk))
     return current
 
 
@@ -118,6 +121,8 @@ def record_event(
     kind: str, subject: str, reason: str, from_state: str = "", to_state: str = ""
 ) -> Event:
     """Record a decision that is not a state change (a placement refusal, a catalog apply)."""
-    return Event.objects.create(
+    event = Event.objects.create(
         kind=kind, subject=subject, from_state=from_state, to_state=to_state, reason=reason
     )
+    notify.fleet_changed_on_commit(kind, subject)
+    return event

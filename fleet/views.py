@@ -1,20 +1,113 @@
-"""Pages and the metrics endpoint of the control plane."""
+"""The pages operators live in (cluster, node, model, logs) and the metrics endpoint.
+
+Each page is one template with ``{% partialdef %}`` fragments; an htmx request gets
+``page.html#fragment``, and the page's websocket pushes the same fragments as the fleet
+changes (fleet.page_consumers). Contexts come from fleet.pages, shared with the sockets.
+"""
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from fleet import selectors
+from catalog.permissions import is_operator
+from fleet import commands, pages
 from fleet.metrics import FleetCollector
+from fleet.models import Node, Shard
+
+LOG_LINES_DEFAULT = 200
+LOG_LINES_MAX = 2000  # what an agent keeps per source
+LOG_SOURCE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def _page(request: HttpRequest, page: str, key: str = "", extra: dict | None = None):
+    spec = pages.PAGES[page]
+    context = spec.context(key, spec.fragments)
+    if context is None:
+        raise Http404(f"no {page} named {key!r}")
+    context.update(extra or {}, can_operate=is_operator(request.user), key=key)
+    fragment = request.GET.get("fragment", "")
+    if request.htmx and fragment in spec.fragments:
+        return render(request, f"{spec.template}#{fragment}", context)
+    return render(request, spec.template, context)
 
 
 @login_required
 def cluster(request: HttpRequest) -> HttpResponse:
-    return render(request, "fleet/cluster.html", selectors.cluster_overview())
+    return _page(request, "cluster")
+
+
+@login_required
+def node(request: HttpRequest, node_id: str) -> HttpResponse:
+    return _page(request, "node", node_id)
+
+
+@login_required
+def model(request: HttpRequest, name: str) -> HttpResponse:
+    return _page(request, "model", name)
+
+
+@login_required
+def node_logs(request: HttpRequest, node_id: str) -> HttpResponse:
+    """The node's recent log lines for one source, read from its agent's memory."""
+    node = Node.objects.filter(id=node_id).first()
+    if node is None:
+        raise Http404(f"no node named {node_id!r}")
+    source = request.GET.get("source", "agent") or "agent"
+    if not LOG_SOURCE.match(source):
+        return HttpResponseBadRequest(f"{source!r} is not a log source; use agent or a shard id")
+    try:
+        lines = int(request.GET.get("n", LOG_LINES_DEFAULT))
+    except ValueError:
+        return HttpResponseBadRequest("n must be a whole number of lines, e.g. n=200")
+    lines = max(1, min(LOG_LINES_MAX, lines))
+    follow = request.GET.get("follow") == "1"
+    answer, error = {}, ""
+    try:
+        answer = commands.read_logs(node.id, source, lines)
+    except commands.AgentDidNotAnswer as exc:
+        error = str(exc)
+    context = {
+        "node": node,
+        "source": source,
+        "n": lines,
+        "follow": follow,
+        "lines": answer.get("lines", []),
+        "error": error,
+        "sources": _log_sources(node.id, answer.get("sources"), source),
+    }
+    if request.htmx and request.GET.get("fragment") == "lines":
+        return render(request, "fleet/logs.html#lines", context)
+    logs_page = pages.PAGES["logs"]
+    context.update(logs_page.context(node.id, logs_page.fragments) or {})
+    return render(request, "fleet/logs.html", context)
+
+
+def _log_sources(node_id: str, reported: list[str] | None, current: str) -> list[dict]:
+    """The sources the node sent, named by model; the node's shards when it did not answer."""
+    shards = {
+        shard.id: shard for shard in Shard.objects.filter(node_id=node_id).select_related("replica")
+    }
+    names = list(reported or [])
+    if not reported:
+        names = ["agent", *sorted(shards)]
+    if current not in names:
+        names.append(current)
+    result = []
+    for name in names:
+        shard = shards.get(name)
+        label = (
+            f"{shard.replica.model_name} rank {shard.rank} ({name[:8]})"
+            if shard
+            else ("agent" if name == "agent" else name)
+        )
+        result.append({"id": name, "label": label})
+    return result
 
 
 def metrics(request: HttpRequest) -> HttpResponse:

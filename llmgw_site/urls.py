@@ -20,7 +20,7 @@ router.register("shards", fleet_api.ShardViewSet)
 router.register("events", fleet_api.EventViewSet)
 
 urlpatterns = [
-    path("", fleet_views.cluster, name="cluster"),
+    path("", include("fleet.urls")),
     path("metrics", fleet_views.metrics, name="metrics"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

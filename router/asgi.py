@@ -1,32 +1,45 @@
-"""The router: OpenAI-compatible /v1 in front of every ready replica (its own process)."""
+"""The router's entry point: ``uvicorn router.asgi:application`` (or daphne) on its own port.
+
+With ``LLMGW_ROUTER_STATIC=path.yaml`` the router serves the models that file names and
+touches no database; the file is checked here, so a bad one stops the server at once
+with the problem named. Otherwise it reads replicas and keys from the database and
+listens for changes on Redis.
+
+Servers that speak the ASGI lifespan protocol (uvicorn) start the router before the
+first request and flush accounting at shutdown; daphne does not, so the router also
+starts on its first request and flushes at interpreter exit.
+"""
 
 from __future__ import annotations
 
-import json
+import atexit
+import contextlib
+import logging
+
+from router.app import Router
+from router.config import RouterConfig
+from router.sources import DatabaseSource, StaticSource
+from router.table import load_static
+
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-async def application(scope, receive, send) -> None:
-    if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-    if scope["type"] != "http":
-        return
-    if scope["path"] == "/health":
-        await _json(send, 200, {"status": "ok"})
-    elif scope["path"] == "/v1/models":
-        await _json(send, 200, {"object": "list", "data": []})
-    else:
-        await _json(send, 404, {"error": {"message": "not found", "type": "invalid_request_error",
-                                          "code": "not_found"}})  # fmt: skip
+def build_router(config: RouterConfig | None = None) -> Router:
+    config = config or RouterConfig.from_env()
+    if config.static_path:
+        load_static(config.static_path)  # refuse a bad file now, not on the first request
+        return Router(config, StaticSource(config.static_path))
+    source = DatabaseSource()
+    router = Router(config, source)
+
+    def flush_at_exit() -> None:
+        rows = router.accounting.take()
+        if rows:
+            with contextlib.suppress(Exception):
+                source.write_usage_now(rows)
+
+    atexit.register(flush_at_exit)
+    return router
 
 
-async def _json(send, status: int, body: dict) -> None:
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json")]})  # fmt: skip
-    await send({"type": "http.response.body", "body": data})
+application = build_router()
