@@ -6,12 +6,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint typecheck pytest clean
 
-$(STAMP): pyproject.toml scripts/ensure-llama-server
+$(STAMP): pyproject.toml scripts/ensure-llama-server scripts/ensure-chromium
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet ninja cmake
 	$(BIN)/pip install --quiet -e '.[test]'
 	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/ensure-llama-server $(VENV)
+	scripts/ensure-chromium
 	touch $(STAMP)
 
 run: $(STAMP)
