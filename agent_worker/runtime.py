@@ -14,6 +14,7 @@ from pathlib import Path
 
 from agent_worker.config import AgentConfig
 from agent_worker.discovery import DiscoveryConfig, UsageSampler, discover, storage_dirs
+from agent_worker.discovery.nvidia import gpu_process_pids
 from agent_worker.engines import get_adapter
 from agent_worker.engines.probe import ProbeConfig, probe_engines
 from agent_worker.link import AgentLink, LinkCallbacks
@@ -83,6 +84,11 @@ class AgentRuntime:
         adopted = self.supervisor.adopt_all()
         if adopted:
             log.info("adopted %d running shard(s) from a previous agent", len(adopted))
+        # After adoption, so every engine we can describe is known: a process holding
+        # GPUs that nothing can describe would have placement hand those GPUs out again.
+        killed = self.supervisor.kill_unidentified_gpu_processes(gpu_process_pids())
+        for pid in killed:
+            log.warning("killed pid %d: it held a GPU and no shard describes it", pid)
         self._thread = threading.Thread(target=self._run_loop, name="llmgw-link", daemon=True)
         self._thread.start()
 

@@ -90,7 +90,7 @@ DATABASES = {
     "default": dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True),
 }
 # A unix-socket URL (?host=/dir) arrives as an option; HOST is where Django looks.
-if DATABASES["default"]["OPTIONS"].get("host"):
+if DATABASES["default"].get("OPTIONS", {}).get("host"):
     DATABASES["default"]["HOST"] = DATABASES["default"]["OPTIONS"].pop("host")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

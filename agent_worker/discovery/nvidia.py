@@ -153,3 +153,29 @@ def _cuda_version(nvml: Nvml) -> str:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def gpu_process_pids(nvml: Nvml = pynvml) -> set[int]:
+    """Pids of every process NVML says holds memory on a GPU; empty without a driver."""
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError:
+        return set()
+    pids: set[int] = set()
+    try:
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            for getter in ("nvmlDeviceGetComputeRunningProcesses",
+                           "nvmlDeviceGetGraphicsRunningProcesses"):  # fmt: skip
+                try:
+                    pids.update(process.pid for process in getattr(nvml, getter)(handle))
+                except nvml.NVMLError as exc:
+                    log.debug("%s failed on GPU %d: %s", getter, index, exc)
+    except nvml.NVMLError as exc:
+        log.warning("NVML failed while listing GPU processes: %s", exc)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as exc:
+            log.debug("nvmlShutdown failed: %s", exc)
+    return pids

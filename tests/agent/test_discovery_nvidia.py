@@ -12,6 +12,7 @@ from fakes.nvml import (
     nvswitch_board,
     pcie_gpus,
 )
+from fakes import nvml as fakes_nvml
 from fakes.sysfs import add_adapter
 
 from agent_worker.discovery import DiscoveryConfig, HostSources, discover
@@ -142,3 +143,24 @@ def test_nvml_failing_mid_listing_reports_no_gpus_and_still_shuts_down():
     assert found.gpus == []
     assert "NVML failed while listing GPUs" in found.warnings[0]
     assert nvml.inits == nvml.shutdowns == 1
+
+
+def test_gpu_process_pids_lists_every_gpu_holder():
+    from types import SimpleNamespace
+
+    from agent_worker.discovery.nvidia import gpu_process_pids
+
+    fake = fakes_nvml.pcie_gpus(2)
+    holders = {
+        0: [SimpleNamespace(pid=101)],
+        1: [SimpleNamespace(pid=202), SimpleNamespace(pid=101)],
+    }
+    fake.nvmlDeviceGetComputeRunningProcesses = lambda handle: holders[handle]
+    fake.nvmlDeviceGetGraphicsRunningProcesses = lambda handle: []
+    assert gpu_process_pids(fake) == {101, 202}
+
+
+def test_gpu_process_pids_without_a_driver_is_empty():
+    from agent_worker.discovery.nvidia import gpu_process_pids
+
+    assert gpu_process_pids(fakes_nvml.no_library()) == set()
