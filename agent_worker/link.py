@@ -150,7 +150,9 @@ class AgentLink:
             return False
         try:
             register = await asyncio.to_thread(self.callbacks.register)
-            await ws.send(register.model_dump_json())
+            with contextlib.suppress(ConnectionClosed):
+                # A standby refuses before reading: its reason may already be waiting.
+                await ws.send(register.model_dump_json())
             # The control plane answers a register with "linked" or closes with a reason.
             first = await asyncio.wait_for(ws.recv(), timeout=OPEN_TIMEOUT)
         except ConnectionClosed as exc:

@@ -16,3 +16,7 @@ def main() -> None:
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(["llmgw", *args])
+
+
+if __name__ == "__main__":
+    main()

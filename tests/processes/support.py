@@ -138,3 +138,9 @@ def reconciler(name: str, log_dir: Path, **extra: str) -> Process:
             "--pool", "threads", "--concurrency", "2", "-n", f"{name}@%h", "--loglevel", "INFO",
             "--schedule", str(log_dir / f"{name}-beat-schedule")]  # fmt: skip
     return Process(name, argv, base_env(**extra), log_dir)
+
+
+def listening(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0

@@ -9,7 +9,14 @@ import pytest
 from fleet import leadership
 from fleet.models import Event, Node
 from fleet.node_auth import node_token
-from tests.processes.support import agent, control_plane, free_port, reconciler, wait_for
+from tests.processes.support import (
+    agent,
+    control_plane,
+    free_port,
+    listening,
+    reconciler,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -34,6 +41,8 @@ def test_one_leader_standby_refuses_links_and_failover_marks_no_node_lost(
         if name == "a":
             wait_for(leadership.current, 60, "control plane a to take the lease")
     assert leadership.current().holder == f"ws://127.0.0.1:{ports['a']}"
+    for port in ports.values():
+        wait_for(lambda p=port: listening(p), 60, f"control plane on port {port}")
 
     node_id = f"test-{uuid.uuid4().hex[:8]}"
     servers = f"ws://127.0.0.1:{ports['b']},ws://127.0.0.1:{ports['a']}"
