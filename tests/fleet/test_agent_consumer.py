@@ -106,3 +106,30 @@ async def test_heartbeats_are_written_in_a_batch():
     assert node.usage["cpu_percent"] == 50
     assert node.usage_at is not None
     await ws.disconnect()
+
+
+async def test_a_fake_agent_reporting_shards_rebuilds_its_replicas():
+    import uuid
+
+    from catalog.services import apply_catalog
+    from fleet.models import Replica
+    from protocol.shard import ShardSpec
+
+    await sync_to_async(apply_catalog)(
+        "models:\n  - name: gemma\n    source: /m/gemma.gguf\n    profiles:\n"
+        "      - name: cpu\n        engine: llama.cpp\n"
+    )
+    spec = ShardSpec(shard_id=uuid.uuid4().hex, replica_id=str(uuid.uuid4()), model="gemma",
+                     source="/m/gemma.gguf", engine="llama.cpp", profile="cpu", port=20000,
+                     fingerprint="f" * 16)  # fmt: skip
+    ws = communicator("node01")
+    await ws.connect()
+    await ws.send_to(
+        text_data=register("node01", shards=[messages.RunningShard(spec=spec, state="ready")])
+    )
+    assert json.loads(await ws.receive_from())["type"] == "linked"
+    replica = await sync_to_async(Replica.objects.get)()
+    assert (str(replica.id), replica.state, replica.fingerprint) == (
+        spec.replica_id, "ready", "f" * 16,
+    )  # fmt: skip
+    await ws.disconnect()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -65,6 +66,13 @@ def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_p
             "the local node in /metrics",
         )
         assert b"llmgw_node_up{" in metrics.content
+        # Another terminal with the same home reaches the same database and Redis.
+        other = subprocess.run(
+            [sys.executable, "manage.py", "llmgw_ctl", "nodes", "--json"], cwd=REPO, env=env,
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert other.returncode == 0, other.stderr[-2000:]
+        assert [node["state"] for node in json.loads(other.stdout)] == ["connected"]
         password_file = home / "admin-password"
         assert password_file.exists() and oct(password_file.stat().st_mode)[-3:] == "600"
         assert (home / "postgres" / "PG_VERSION").exists()
