@@ -42,8 +42,16 @@ class HeartbeatBatcher:
 
     async def flush(self) -> int:
         batch, self._latest = self._latest, {}
-        if batch:
+        if not batch:
+            return 0
+        try:
             await database_sync_to_async(write_heartbeats)(batch)
+        except Exception:
+            # Keep them for the next flush (newer ones win): dropping them would make
+            # live nodes look silent to liveness.
+            log.exception("writing %d heartbeats failed; retrying with the next batch", len(batch))
+            self._latest = {**batch, **self._latest}
+            return 0
         return len(batch)
 
 
@@ -58,16 +66,17 @@ def write_heartbeats(batch: dict[str, tuple[datetime, dict]]) -> None:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} AS n SET last_heartbeat = v.at, usage = v.usage, usage_at = v.at "  # noqa: S608
-            f"FROM (VALUES {placeholders}) AS v(id, at, usage) WHERE n.id = v.id",
+            f"FROM (VALUES {placeholders}) AS v(id, at, usage) WHERE n.id = v.id "
+            "RETURNING n.id, n.state",
             params,
         )
+        silent = [node_id for node_id, state in cursor.fetchall() if state != NodeState.CONNECTED]
     # One sample a node every few heartbeats for the node page's charts, then one
     # message for the whole batch so open pages redraw their bars.
     history.record_samples(batch)
     notify.usage_changed(batch.keys())
     # A heartbeat from an unreachable or lost node brings it back (rare; per node).
-    silent = Node.objects.filter(id__in=batch.keys()).exclude(state=NodeState.CONNECTED)
-    for node_id in silent.values_list("id", flat=True):
+    for node_id in silent:
         transition(Node, node_id, NodeState.CONNECTED, "heartbeat received again")
 
 

@@ -144,3 +144,9 @@ def listening(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, port)) == 0
+
+
+def router(port: int, log_dir: Path, **extra: str) -> Process:
+    argv = [sys.executable, "-m", "uvicorn", "router.asgi:application", "--host", "127.0.0.1",
+            "--port", str(port), "--no-access-log"]  # fmt: skip
+    return Process(f"router-{port}", argv, base_env(**extra), log_dir)

