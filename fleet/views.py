@@ -25,12 +25,12 @@ LOG_LINES_MAX = 2000  # what an agent keeps per source
 LOG_SOURCE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-def _page(request: HttpRequest, page: str, key: str = "", extra: dict | None = None):
+def _page(request: HttpRequest, page: str, key: str = "") -> HttpResponse:
     spec = pages.PAGES[page]
     context = spec.context(key, spec.fragments)
     if context is None:
         raise Http404(f"no {page} named {key!r}")
-    context.update(extra or {}, can_operate=is_operator(request.user), key=key)
+    context.update(can_operate=is_operator(request.user), key=key)
     fragment = request.GET.get("fragment", "")
     if request.htmx and fragment in spec.fragments:
         return render(request, f"{spec.template}#{fragment}", context)

@@ -41,8 +41,9 @@ def planned_children(python: str, control_port: int, router_port: int) -> list[C
     return [
         Child("control-plane", [python, "-m", "daphne", "-b", "127.0.0.1", "-p",
                                 str(control_port), "llmgw_site.asgi:application"]),
-        Child("router", [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(router_port),
-                         "router.asgi:application"]),
+        # uvicorn (uvloop, httptools): bench/router_overhead.py measured it ahead of daphne.
+        Child("router", [python, "-m", "uvicorn", "router.asgi:application", "--host",
+                         "127.0.0.1", "--port", str(router_port), "--no-access-log"]),
         Child("reconciler", [python, "-m", "celery", "-A", "llmgw_site", "worker", "-B", "-Q",
                              "control", "--pool", "threads", "--concurrency", "4",
                              "--loglevel", "INFO", "-n", f"control@{node}",

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import httpx
 import psutil
@@ -37,8 +40,15 @@ def _processes_under(home) -> list[psutil.Process]:
     return found
 
 
-def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_path):
-    home = tmp_path / "home"
+@pytest.fixture
+def home():
+    """Outside pytest's 0700 temp root: the embedded PostgreSQL runs as its own user."""
+    path = Path(tempfile.mkdtemp(prefix="llmgw-up-test-"))
+    yield path / "home"
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_path, home):
     port, router_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(LLMGW_HOME=str(home), LLMGW_PORT=str(port), LLMGW_ROUTER_PORT=str(router_port),
@@ -56,9 +66,18 @@ def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_p
         schema = httpx.get(f"{base}/api/schema/", timeout=5)
         assert schema.status_code == 200 and b"openapi" in schema.content
         assert httpx.get(f"{base}/api/v1/models/", timeout=5).status_code in (401, 403)
-        models = wait_for(lambda: _answers(f"http://127.0.0.1:{router_port}/v1/models"), 60,
-                          "the router")  # fmt: skip
-        assert models.status_code in (200, 401)
+        router_url = f"http://127.0.0.1:{router_port}"
+        refused = wait_for(lambda: _answers(f"{router_url}/v1/models"), 60, "the router")
+        assert refused.status_code == 401  # /v1 needs an API key
+        created = subprocess.run(
+            [sys.executable, "manage.py", "llmgw_ctl", "keys", "create", "smoke"], cwd=REPO,
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        key = created.stdout.splitlines()[0]
+        models = httpx.get(f"{router_url}/v1/models", headers={"Authorization": f"Bearer {key}"},
+                           timeout=5)  # fmt: skip
+        assert models.status_code == 200
+        assert models.json()["data"] == []
         # The local agent registers, and /metrics shows it.
         metrics = wait_for(
             lambda: (r := _answers(f"{base}/metrics")) and b"llmgw_node_up{" in r.content and r,

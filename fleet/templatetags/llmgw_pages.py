@@ -1,0 +1,45 @@
+"""Filters the fleet pages use to write sizes, durations and shares for people."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django import template
+from django.utils import timezone
+
+from protocol.units import human_size
+
+register = template.Library()
+
+
+@register.filter
+def size(value: float | None) -> str:
+    """Bytes as '15.2 GB'; an unknown size as '?'."""
+    return "?" if value is None else human_size(value)
+
+
+@register.filter
+def duration(value: timedelta | None) -> str:
+    """A duration as '12 s', '5 min', '3 h' or '2 d'."""
+    if value is None:
+        return "never"
+    seconds = max(0, int(value.total_seconds()))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    if seconds < 172800:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} d"
+
+
+@register.filter
+def age(moment: datetime | None) -> str:
+    """How long ago ``moment`` was, as ``duration`` writes it."""
+    return "never" if moment is None else duration(timezone.now() - moment)
+
+
+@register.filter
+def width(percent: float | None) -> str:
+    """A share as a CSS width ('41.0%'), for bars; an unknown one as 0."""
+    return f"{max(0.0, min(100.0, percent or 0.0)):.1f}%"

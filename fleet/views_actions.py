@@ -1,0 +1,110 @@
+"""The buttons on the pages: operators drain nodes, restart replicas and scale profiles.
+
+Every action is a POST that calls a verb; read-only users get 403, whatever URL they
+try. An htmx request gets 204 and a message to show: the change itself reaches the
+page over its websocket, like any other change.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseForbidden,
+)
+from django.shortcuts import redirect
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+
+from catalog.models import Profile
+from catalog.permissions import is_operator
+from fleet import actions, services
+from fleet.models import Node, Replica
+
+NOT_AN_OPERATOR = "Changing this needs the operator role; ask an admin to add you to 'operators'.\n"
+
+
+def _verb(name: str) -> Callable:
+    """fleet.services' verb when it has one, else the one in fleet.actions."""
+    return getattr(services, name, None) or getattr(actions, name)
+
+
+def operator_action(view: Callable) -> Callable:
+    """Signed in (else the login page), POST only, and the operator role (else 403)."""
+
+    @login_required
+    @require_POST
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if not is_operator(request.user):
+            return HttpResponseForbidden(NOT_AN_OPERATOR, content_type="text/plain")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def _done(request: HttpRequest, message: str) -> HttpResponse:
+    if request.htmx:
+        response = HttpResponse(status=204)
+        response["HX-Trigger"] = json.dumps({"llmgw-done": message})
+        return response
+    back = request.POST.get("next") or request.headers.get("Referer", "")
+    if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
+        back = "/"
+    return redirect(back)
+
+
+@operator_action
+def drain(request: HttpRequest, node_id: str) -> HttpResponse:
+    if not Node.objects.filter(id=node_id).exists():
+        raise Http404(f"no node named {node_id!r}")
+    changed = _verb("drain_node")(node_id, by=request.user)
+    return _done(request, f"{node_id} is draining" if changed else f"{node_id} was draining")
+
+
+@operator_action
+def undrain(request: HttpRequest, node_id: str) -> HttpResponse:
+    if not Node.objects.filter(id=node_id).exists():
+        raise Http404(f"no node named {node_id!r}")
+    changed = _verb("undrain_node")(node_id, by=request.user)
+    message = f"{node_id} is back in service" if changed else f"{node_id} was not draining"
+    return _done(request, message)
+
+
+@operator_action
+def restart(request: HttpRequest, replica_id) -> HttpResponse:
+    replica = Replica.objects.filter(id=replica_id).first()
+    if replica is None:
+        raise Http404(f"no replica {replica_id}")
+    changed = _verb("restart_replica")(replica.id, by=request.user)
+    short = str(replica.id)[:8]
+    message = (
+        f"replica {short} of {replica.model_name} will be replaced"
+        if changed
+        else f"replica {short} is already {replica.state}; nothing to restart"
+    )
+    return _done(request, message)
+
+
+@operator_action
+def scale(request: HttpRequest, profile_id: int) -> HttpResponse:
+    profile = Profile.objects.select_related("model").filter(id=profile_id).first()
+    if profile is None:
+        raise Http404(f"no profile {profile_id}")
+    try:
+        replicas = int(request.POST.get("replicas", ""))
+        if replicas < 0 or replicas > 1000:
+            raise ValueError
+    except ValueError:
+        return HttpResponseBadRequest(
+            "replicas must be a whole number from 0 to 1000\n", content_type="text/plain"
+        )
+    _verb("scale_profile")(profile.id, replicas, by=request.user)
+    return _done(request, f"{profile.model.name}/{profile.name} wants {replicas} replica(s)")

@@ -1,0 +1,484 @@
+"""Fetching weights over real HTTP: whole, resumed, checked, single-flight, with progress.
+
+The server is a real ThreadingHTTPServer on 127.0.0.1 serving a generated file; it can
+leave out Content-Length, ignore Range, break off mid-stream once, and hold the body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from agent_worker.weights import (
+    ChecksumMismatch,
+    FetchCancelled,
+    FetchSettings,
+    WeightFetchError,
+    WeightSourceError,
+    WeightStore,
+)
+from agent_worker.weights.fetch import Flight
+
+SIZE = 256 * 1024
+FAST = FetchSettings(progress_interval=0.0, attempts=3, backoff=0.01)
+_RANGE = re.compile(r"bytes=(\d+)-")
+
+
+@dataclass
+class WeightsServer:
+    """Serves ``data`` at /files/model.gguf and counts what it sent."""
+
+    data: bytes
+    send_length: bool = True
+    honour_range: bool = True
+    break_after: int | None = None  # close the connection after this many body bytes, once
+    gate: threading.Event | None = None  # hold every body until set
+    requests: list[dict[str, str]] = field(default_factory=list)
+    body_bytes: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/files/model.gguf"
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    def stop(self) -> None:
+        if self.gate is not None:
+            self.gate.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _handler(server: WeightsServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            with server.lock:
+                server.requests.append(dict(self.headers.items()))
+            if self.path.split("?")[0] != "/files/model.gguf":
+                self.send_error(404)
+                return
+            size = len(server.data)
+            match = _RANGE.fullmatch(self.headers.get("Range", ""))
+            start = int(match.group(1)) if match and server.honour_range else 0
+            if start >= size:
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{size}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(206 if start else 200)
+            if start:
+                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            if server.send_length:
+                self.send_header("Content-Length", str(size - start))
+            self.send_header("ETag", '"v1"')
+            self.end_headers()
+            if server.gate is not None:
+                server.gate.wait(10)
+            limit = size
+            if server.break_after is not None:
+                limit, server.break_after = min(size, start + server.break_after), None
+            for position in range(start, limit, 8192):
+                piece = server.data[position : min(limit, position + 8192)]
+                self.wfile.write(piece)
+                with server.lock:
+                    server.body_bytes += len(piece)
+            self.wfile.flush()
+            if limit < size:
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+    return Handler
+
+
+@pytest.fixture
+def server():
+    served = WeightsServer(os.urandom(SIZE))
+    yield served
+    served.stop()
+
+
+@pytest.fixture
+def store(tmp_path):
+    return WeightStore(tmp_path / "weights", FAST)
+
+
+def wait_until(condition, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+# -- fetching ---------------------------------------------------------------------------
+
+
+def test_a_url_is_fetched_whole_under_its_cache_name_with_a_record(server, store):
+    path = store.fetch(server.url, sha256=server.sha256)
+
+    assert path == store.path_for(server.url)
+    assert path.parent == store.weights_dir
+    assert re.fullmatch(r"[0-9a-f]{16}-model\.gguf", path.name)
+    assert path.read_bytes() == server.data
+    assert not path.with_name(path.name + ".partial").exists()
+    record = json.loads(path.with_name(path.name + ".source.json").read_text())
+    assert record["source"] == server.url and record["sha256"] == server.sha256
+    assert len(server.requests) == 1
+    assert server.requests[0]["User-Agent"] == "llmgw-agent"
+    assert store.is_fetched(path)
+
+
+def test_an_interrupted_transfer_resumes_with_only_the_rest(server, store):
+    server.break_after = 100_000
+
+    path = store.fetch(server.url, sha256=server.sha256)
+
+    assert path.read_bytes() == server.data
+    assert server.body_bytes == SIZE  # nothing sent twice
+    assert server.requests[1]["Range"] == "bytes=100000-"
+    assert server.requests[1]["If-Range"] == '"v1"'
+
+
+def test_a_partial_left_by_an_earlier_run_is_resumed(server, store):
+    partial = store.path_for(server.url).with_name(store.path_for(server.url).name + ".partial")
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(server.data[:70_000])
+
+    path = store.fetch(server.url, sha256=server.sha256)
+
+    assert path.read_bytes() == server.data
+    assert server.body_bytes == SIZE - 70_000
+
+
+def test_a_server_that_ignores_range_is_fetched_again_from_the_start(server, store):
+    server.honour_range = False
+    server.break_after = 50_000
+
+    path = store.fetch(server.url, sha256=server.sha256)
+
+    assert path.read_bytes() == server.data
+    assert server.body_bytes == 50_000 + SIZE
+    assert len(server.requests) == 2
+
+
+def test_a_whole_partial_is_installed_without_fetching_it_again(server, store):
+    target = store.path_for(server.url)
+    target.parent.mkdir(parents=True)
+    target.with_name(target.name + ".partial").write_bytes(server.data)
+
+    assert store.fetch(server.url, sha256=server.sha256).read_bytes() == server.data
+    assert server.body_bytes == 0
+
+
+def test_a_sha256_mismatch_is_refused_and_nothing_is_left_under_the_name(server, store):
+    wrong = "0" * 64
+
+    with pytest.raises(ChecksumMismatch) as refused:
+        store.fetch(server.url, sha256=wrong)
+
+    assert wrong in str(refused.value) and server.sha256 in str(refused.value)
+    assert sorted(p.name for p in store.weights_dir.iterdir()) == []
+    assert store.list_weights() == []
+
+
+def test_eight_shards_share_one_download_and_all_see_its_progress(server, store):
+    server.gate = threading.Event()
+    paths, reports = [], {i: [] for i in range(8)}
+
+    def shard(i):
+        paths.append(store.fetch(server.url, on_progress=lambda *r: reports[i].append(r)))
+
+    threads = [threading.Thread(target=shard, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: store.active() == {server.url: 8})
+    server.gate.set()
+    for thread in threads:
+        thread.join(10)
+
+    assert len(server.requests) == 1
+    assert paths == [store.path_for(server.url)] * 8
+    assert all(seen[-1][:2] == (SIZE, SIZE) for seen in reports.values())
+    assert store.active() == {}
+
+
+def test_progress_without_content_length_has_no_total(server, store):
+    server.send_length = False
+    reports = []
+
+    path = store.fetch(server.url, on_progress=lambda *r: reports.append(r))
+
+    assert path.read_bytes() == server.data
+    assert len(reports) > 2
+    assert {total for _, total, _ in reports} == {None}
+    assert [done for done, _, _ in reports] == sorted(done for done, _, _ in reports)
+    assert reports[-1][0] == SIZE
+
+
+class SteppingClock:
+    """Every look at the clock is a quarter of a second after the last."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        self.now += 0.25
+        return self.now
+
+
+def test_progress_comes_at_most_once_per_interval():
+    clock, reports = SteppingClock(), []
+    flight = Flight("https://example.com/m.gguf", Path("/nowhere"), "", FetchSettings(clock=clock))
+    flight.watch(lambda *r: reports.append((clock.now, *r)))
+
+    for step in range(1, 41):
+        flight.progress(step * 1000, 40_000)
+    flight.progress(40_000, 40_000, final=True)
+
+    times = [at for at, *_ in reports]
+    assert len(reports) == 11
+    assert all(later - earlier >= 1.0 for earlier, later in zip(times, times[1:-1], strict=False))
+    assert reports[1][1:] == (8000, 40_000, 4000.0)  # 4 steps of 1000 bytes in 1 s
+    assert reports[-1][1:3] == (40_000, 40_000)
+
+
+def test_a_late_watcher_is_told_at_once_how_far_the_download_has_got():
+    flight = Flight(
+        "https://example.com/m.gguf", Path("/nowhere"), "", FetchSettings(clock=SteppingClock())
+    )
+    flight.progress(5000, None, final=True)
+    reports = []
+    flight.watch(lambda *r: reports.append(r))
+    assert [r[:2] for r in reports] == [(5000, None)]
+
+
+def test_a_real_download_reports_rates_and_ends_whole(server, tmp_path):
+    reports = []
+    store = WeightStore(tmp_path, FetchSettings(clock=SteppingClock()))
+
+    store.fetch(server.url, on_progress=lambda *r: reports.append(r))
+
+    assert reports[-1][:2] == (SIZE, SIZE)
+    assert all(rate is not None and rate >= 0 for *_, rate in reports)
+
+
+def test_a_file_already_present_makes_no_request(server, store):
+    target = store.path_for(server.url)
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"already here")
+
+    assert store.fetch(server.url, sha256=server.sha256) == target
+    assert server.requests == []
+
+
+def test_a_missing_file_is_a_clear_error_asked_once(server, store):
+    with pytest.raises(WeightFetchError, match="answered 404"):
+        store.fetch(server.url.replace("model.gguf", "other.gguf"))
+    assert len(server.requests) == 1
+
+
+def test_an_unreachable_server_is_retried_then_named(store):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/model.gguf"
+
+    with pytest.raises(WeightFetchError, match=f"could not fetch {re.escape(url)}.*3 times"):
+        store.fetch(url)
+
+
+def test_the_last_caller_cancelling_stops_the_download(server, store):
+    server.gate = threading.Event()
+    cancel, raised = threading.Event(), []
+
+    def shard():
+        try:
+            store.fetch(server.url, cancel=cancel)
+        except FetchCancelled as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=shard)
+    thread.start()
+    wait_until(lambda: store.active() == {server.url: 1})
+    cancel.set()
+    thread.join(2)
+    assert raised and not thread.is_alive()
+    server.gate.set()
+    wait_until(lambda: store.active() == {})
+    assert not store.path_for(server.url).exists()
+
+
+def test_closing_the_store_ends_every_wait_and_keeps_the_partial(server, store):
+    server.gate = threading.Event()
+    server.break_after = 0
+    raised = []
+
+    def shard():
+        try:
+            store.fetch(server.url)
+        except FetchCancelled as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=shard)
+    thread.start()
+    wait_until(lambda: store.active() == {server.url: 1})
+    store.close()
+    server.gate.set()
+    thread.join(5)
+    assert raised and not thread.is_alive()
+    assert not store.path_for(server.url).exists()
+
+
+# -- sources ----------------------------------------------------------------------------
+
+
+def test_a_local_path_is_used_as_is_and_a_hub_id_passes_through(store):
+    local = store.resolve("/models/llama.gguf")
+    assert (local.kind, local.model_path) == ("local", "/models/llama.gguf")
+    hub = store.resolve("Qwen/Qwen2.5-7B-Instruct")
+    assert (hub.kind, hub.path, hub.model_path) == ("hub", None, "")
+    fetched = store.resolve("https://example.com/m/model.gguf?download=true")
+    assert fetched.kind == "fetched" and fetched.path is not None
+    assert fetched.path.parent == store.weights_dir
+    assert fetched.path.name.endswith("-model.gguf")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "",
+        " /models/x.gguf",
+        "../models/x.gguf",
+        "./x.gguf",
+        "file:///etc/passwd",
+        "ftp://example.com/x.gguf",
+        "http://example.com/x.gguf",
+        "https://example.com/",
+        "https://example.com/m/..",
+        "https://example.com/m/%2e%2e",
+        "https://example.com/m/a%2Fb.gguf",
+        "https://example.com/m/.bashrc",
+        "https://example.com/m/x.gguf.partial",
+        "https://example.com/m/x.gguf.source.json",
+        "https://example.com/m/x%00.gguf",
+    ],
+    ids=lambda s: s or "empty",
+)
+def test_odd_sources_are_refused_with_the_reason(store, source):
+    with pytest.raises(WeightSourceError):
+        store.resolve(source)
+
+
+def test_a_url_path_never_leaves_the_weights_dir(store):
+    path = store.path_for("https://example.com/../../../etc/passwd")
+    assert path.parent == store.weights_dir
+    assert path.name.endswith("-passwd")
+    with pytest.raises(WeightSourceError):
+        store.path_for("/models/x.gguf")
+
+
+def test_a_bad_sha256_is_refused_before_any_request(server, store):
+    with pytest.raises(WeightSourceError, match="not a hex SHA-256"):
+        store.fetch(server.url, sha256="abc")
+    assert server.requests == []
+
+
+# -- what the directory holds -----------------------------------------------------------
+
+
+def test_the_listing_holds_weights_and_never_a_partial(server, store, tmp_path):
+    fetched = store.fetch(server.url)
+    weights = store.weights_dir
+    (weights / "operator.gguf").write_bytes(b"x" * 10)
+    (weights / "0123456789abcdef-other.gguf.partial").write_bytes(b"half")
+    (weights / "empty-dir").mkdir()
+    (weights / "qwen").mkdir()
+    (weights / "qwen" / "config.json").write_text("{}")
+    (weights / ".hidden").write_text("x")
+
+    assert store.list_weights() == [
+        {"source": server.url, "path": str(fetched), "size": SIZE, "fetched": True},
+        {"source": str(weights / "operator.gguf"), "path": str(weights / "operator.gguf"),
+         "size": 10, "fetched": False},
+        {"source": str(weights / "qwen"), "path": str(weights / "qwen"), "size": 2,
+         "fetched": False},
+    ]  # fmt: skip
+
+
+def test_the_fingerprint_changes_only_when_the_listing_does(server, store):
+    empty = store.fingerprint()
+    assert store.fingerprint() == empty
+    store.fetch(server.url)
+    holding = store.fingerprint()
+    assert holding != empty
+    (store.weights_dir / "x.gguf.partial").write_bytes(b"half")
+    assert store.fingerprint() == holding
+    (store.weights_dir / "operator.gguf").write_bytes(b"x")
+    assert store.fingerprint() != holding
+
+
+def test_a_missing_weights_dir_holds_nothing(tmp_path):
+    assert WeightStore(tmp_path / "absent").list_weights() == []
+
+
+# -- reclaiming -------------------------------------------------------------------------
+
+
+def test_reclaim_deletes_only_fetched_files_no_model_needs(server, store, tmp_path):
+    kept = store.fetch(server.url)
+    other_url = server.url + "?v=2"
+    unused = store.fetch(other_url)
+    weights = store.weights_dir
+    operator = weights / "operator.gguf"
+    operator.write_bytes(b"mine")
+    lookalike = weights / "0123456789abcdef-looks-fetched.gguf"  # a cache name, no record
+    lookalike.write_bytes(b"mine too")
+    stale_partial = weights / "fedcba9876543210-gone.gguf.partial"
+    stale_partial.write_bytes(b"half")
+    outside = tmp_path / "precious.gguf"
+    outside.write_bytes(b"precious")
+    link = weights / "00000000000000aa-link.gguf"
+    link.symlink_to(outside)
+
+    deleted = store.reclaim_unused_weights({server.url})
+
+    assert sorted(deleted) == sorted([unused, stale_partial])
+    assert not unused.exists() and not unused.with_name(unused.name + ".source.json").exists()
+    assert kept.exists() and operator.exists() and lookalike.exists()
+    assert link.is_symlink() and outside.read_bytes() == b"precious"
+    assert not store.is_fetched(link) and not store.is_fetched(lookalike)
+    assert not store.is_fetched(outside)
+    assert store.reclaim_unused_weights({server.url}) == []
+
+
+def test_reclaim_spares_a_download_in_progress(server, store):
+    server.gate = threading.Event()
+    thread = threading.Thread(target=store.fetch, args=(server.url,))
+    thread.start()
+    wait_until(lambda: store.active() == {server.url: 1})
+    wait_until(lambda: server.requests != [])
+
+    assert store.reclaim_unused_weights(set()) == []
+    server.gate.set()
+    thread.join(10)
+    assert store.path_for(server.url).read_bytes() == server.data

@@ -1,0 +1,76 @@
+"""Fleet rows as pages show them: a node that heartbeats, a model with a stale replica."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from fleet.models import Node, ReplicaState, ShardState
+from tests.factories import make_model, make_node, make_profile, make_replica, make_shard
+from tests.fleet.inventories import inventory
+
+GB = 1_000_000_000
+
+
+def usage(**fields) -> dict:
+    value = {
+        "cpu_percent": 41.0,
+        "load": [2.5, 2.0, 1.5],
+        "memory_total": 64 * GB,
+        "memory_used": 16 * GB,
+        "memory_available": 48 * GB,
+        "gpu_memory_used": {"0": 12 * GB},
+        "filesystems": [
+            {"path": "/var/lib/llmgw/weights", "mount": "/", "total": 500 * GB, "free": 200 * GB}
+        ],
+        "shards": {},
+    }
+    value.update(fields)
+    return value
+
+
+def heartbeating_node(node_id: str = "node01", **fields) -> Node:
+    now = timezone.now()
+    inv = inventory(
+        node_id,
+        gpus=1,
+        weights_dir="/var/lib/llmgw/weights",
+        warnings=["no AVX2: llama.cpp runs slowly", "fabric ib0: adapter mlx5_0 is DOWN"],
+    ).model_dump(mode="json")
+    fields.setdefault("address", "10.0.0.1")
+    fields.setdefault(
+        "engines",
+        {
+            "llama.cpp": {"version": "b5000", "path": "/x", "status": "installed"},
+            "vllm": {"version": "0.9", "path": "", "status": "install failed: sha256 mismatch"},
+        },
+    )
+    return make_node(
+        node_id,
+        inventory=inv,
+        usage=usage(),
+        usage_at=now,
+        last_heartbeat=now,
+        registered_at=now,
+        agent_version="0.1.0",
+        **fields,
+    )
+
+
+def stale_replica_on(node: Node, model_name: str = "gemma"):
+    """A ready replica started from an older profile, and a downloading one."""
+    profile = make_profile(make_model(model_name), name="cpu", replicas=2)
+    stale = make_replica(profile, fingerprint="old", state=ReplicaState.READY)
+    make_shard(stale, node=node, state=ShardState.READY, gpus=[0], port=8001)
+    fetching = make_replica(profile, state=ReplicaState.STARTING)
+    make_shard(
+        fetching,
+        node=node,
+        state=ShardState.FETCHING,
+        progress={"bytes": 3_100_000_000, "total": 15_200_000_000, "rate": 41_000_000},
+    )
+    unplaceable = make_replica(
+        profile,
+        state=ReplicaState.UNPLACEABLE,
+        reasons=["node01: needs 80 GB of GPU memory, has 68 GB free", "node02: lost"],
+    )
+    return profile, stale, fetching, unplaceable

@@ -1,0 +1,156 @@
+"""The pages' websockets through the real ASGI application, channel layer (Redis) included."""
+
+from __future__ import annotations
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from fleet import notify
+from fleet.models import Node, NodeState
+from fleet.transitions import transition
+from tests.pages.rows import heartbeating_node, stale_replica_on
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+ROUTES = [
+    "/ws/pages/cluster/",
+    "/ws/pages/nodes/node01/",
+    "/ws/pages/nodes/node01/logs/",
+    "/ws/pages/models/gemma/",
+]
+
+
+def application():
+    from llmgw_site.asgi import application
+
+    return application
+
+
+@database_sync_to_async
+def session_cookie(user) -> str:
+    client = Client()
+    client.force_login(user)
+    return client.cookies["sessionid"].value
+
+
+@database_sync_to_async
+def make_fleet():
+    node = heartbeating_node("node01")
+    return stale_replica_on(node)
+
+
+def socket(path: str, session: str | None = None, origin: str = "http://testserver"):
+    headers = [(b"host", b"testserver"), (b"origin", origin.encode())]
+    if session:
+        headers.append((b"cookie", f"sessionid={session}".encode()))
+    return WebsocketCommunicator(application(), path, headers=headers)
+
+
+async def connected(path: str, session: str) -> tuple[WebsocketCommunicator, str]:
+    communicator = socket(path, session)
+    accepted, _ = await communicator.connect(timeout=10)
+    assert accepted, path
+    first = await communicator.receive_from(timeout=10)
+    return communicator, first
+
+
+async def receive_until(communicator, text: str, attempts: int = 10) -> str:
+    """Pushes until one contains ``text``: a heartbeat batch may push before our change."""
+    for _ in range(attempts):
+        pushed = await communicator.receive_from(timeout=10)
+        if text in pushed:
+            return pushed
+    raise AssertionError(f"no push contained {text!r}")
+
+
+async def test_anonymous_sockets_are_refused():
+    await make_fleet()
+    for path in ROUTES:
+        communicator = socket(path)
+        accepted, _ = await communicator.connect(timeout=10)
+        assert not accepted, path
+        await communicator.disconnect()
+
+
+async def test_a_socket_from_another_site_is_refused(reader):
+    await make_fleet()
+    session = await session_cookie(reader)
+    communicator = socket("/ws/pages/cluster/", session, origin="https://evil.example")
+    accepted, _ = await communicator.connect(timeout=10)
+    assert not accepted
+    await communicator.disconnect()
+
+
+async def test_every_page_socket_pushes_its_whole_page_on_connect(reader):
+    await make_fleet()
+    session = await session_cookie(reader)
+    expected = {
+        "/ws/pages/cluster/": ['<section id="nodes">', '<section id="models">'],
+        "/ws/pages/nodes/node01/": ['<section id="node-summary">', '<section id="node-history">'],
+        "/ws/pages/nodes/node01/logs/": ['<p id="node-state">'],
+        "/ws/pages/models/gemma/": [
+            '<section id="model-profiles">',
+            '<section id="model-replicas">',
+        ],
+    }
+    for path, fragments in expected.items():
+        communicator, first = await connected(path, session)
+        for fragment in fragments:
+            assert fragment in first, (path, fragment)
+        assert "hx-post" not in first, path  # a reader's push has no buttons
+        await communicator.disconnect()
+
+
+async def test_an_operators_push_has_the_buttons(operator):
+    await make_fleet()
+    session = await session_cookie(operator)
+    communicator, first = await connected("/ws/pages/cluster/", session)
+    assert "/restart/" in first and "hx-post" in first
+    await communicator.disconnect()
+
+
+async def test_a_node_going_unreachable_is_pushed_to_the_cluster_page(reader):
+    await make_fleet()
+    session = await session_cookie(reader)
+    communicator, first = await connected("/ws/pages/cluster/", session)
+    assert 'data-state="connected"' in first
+    await database_sync_to_async(transition)(Node, "node01", NodeState.UNREACHABLE, "silent")
+    pushed = await receive_until(communicator, 'class="badge state-unreachable"')
+    assert pushed.lstrip().startswith('<section id="nodes">')
+    await communicator.disconnect()
+
+
+async def test_heartbeats_push_the_node_page_but_not_other_nodes_pages(reader):
+    await make_fleet()
+    session = await session_cookie(reader)
+    communicator, _first = await connected("/ws/pages/nodes/node01/", session)
+    await database_sync_to_async(notify.usage_changed)(["node02"])
+    assert await communicator.receive_nothing(timeout=1.5)
+    await database_sync_to_async(Node.objects.filter(id="node01").update)(
+        usage={"cpu_percent": 77.0, "memory_total": 10, "memory_used": 5, "load": [1, 1, 1]}
+    )
+    await database_sync_to_async(notify.usage_changed)(["node01"])
+    pushed = await receive_until(communicator, "77%")
+    assert '<section id="node-summary">' in pushed
+    await communicator.disconnect()
+
+
+async def test_a_replica_change_is_pushed_to_its_model_page(reader):
+    _profile, stale, _fetching, _unplaceable = await make_fleet()
+    session = await session_cookie(reader)
+    communicator, _first = await connected("/ws/pages/models/gemma/", session)
+    await database_sync_to_async(transition)(
+        type(stale), stale.id, "stopping", "restart requested by test"
+    )
+    pushed = await receive_until(communicator, "restart requested by test")
+    assert '<section id="model-replicas">' in pushed
+    await communicator.disconnect()
+
+
+async def test_a_page_whose_node_is_gone_says_so(reader):
+    session = await session_cookie(reader)
+    communicator, first = await connected("/ws/pages/nodes/nowhere/", session)
+    assert '<div id="page-notice"' in first and "is gone" in first
+    await communicator.disconnect()
