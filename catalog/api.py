@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from rest_framework import viewsets
+from rest_framework import mixins, viewsets
+from rest_framework import serializers as drf_serializers
+from rest_framework.decorators import action
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
 
-from catalog.models import Engine, Fabric, Model, Pool, Profile
+from catalog.keys import ApiKeyRefused, create_key, revoke_key
+from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile
+from catalog.permissions import is_operator
 from catalog.serializers import (
     EngineSerializer,
     FabricSerializer,
@@ -37,3 +43,52 @@ class ModelViewSet(viewsets.ModelViewSet):
 class ProfileViewSet(viewsets.ModelViewSet):
     queryset = Profile.objects.select_related("model")
     serializer_class = ProfileSerializer
+
+
+class ApiKeySerializer(drf_serializers.ModelSerializer):
+    models = drf_serializers.ListField(
+        source="allowed_models", child=drf_serializers.CharField(), required=False,
+        help_text="models (names or aliases) the key may use; empty means every model",
+    )  # fmt: skip
+
+    class Meta:
+        model = ApiKey
+        fields = ["id", "name", "prefix", "models", "created_at", "revoked_at"]
+        read_only_fields = ["prefix", "created_at", "revoked_at"]
+
+
+class OperatorsOnly(BasePermission):
+    message = "API keys are for operators; ask an admin to add you to 'operators'."
+
+    def has_permission(self, request, view) -> bool:
+        return is_operator(request.user)
+
+
+class ApiKeyViewSet(
+    mixins.CreateModelMixin,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Keys for /v1: create (the key is in the answer, once), list, revoke. Operators only."""
+
+    queryset = ApiKey.objects.all()
+    serializer_class = ApiKeySerializer
+    permission_classes = [OperatorsOnly]
+
+    def create(self, request, *args, **kwargs):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            row, key = create_key(
+                serializer.validated_data["name"],
+                serializer.validated_data.get("allowed_models", []),
+            )
+        except ApiKeyRefused as exc:
+            raise drf_serializers.ValidationError({"models": [str(exc)]}) from None
+        return Response({**self.get_serializer(row).data, "key": key}, status=201)
+
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, pk=None):
+        """Revoke the key; routers refuse it within a second."""
+        return Response(self.get_serializer(revoke_key(self.get_object().prefix)).data)

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('fleet', '0001_initial'),
+        ("fleet", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='node',
-            name='pool',
+            model_name="node",
+            name="pool",
             field=models.CharField(blank=True, max_length=64),
         ),
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pynvml
+from fakes import nvml as fakes_nvml
 from fakes.nvml import (
     FakeGpu,
     FakeNvml,
@@ -12,7 +13,6 @@ from fakes.nvml import (
     nvswitch_board,
     pcie_gpus,
 )
-from fakes import nvml as fakes_nvml
 from fakes.sysfs import add_adapter
 
 from agent_worker.discovery import DiscoveryConfig, HostSources, discover
