@@ -10,16 +10,17 @@ import ssl
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 from agent_worker.config import AgentConfig
 from agent_worker.discovery import DiscoveryConfig, UsageSampler, discover, storage_dirs
 from agent_worker.discovery.nvidia import gpu_process_pids
 from agent_worker.engines import get_adapter
 from agent_worker.engines.probe import ProbeConfig, probe_engines
+from agent_worker.launcher import ShardLauncher
 from agent_worker.link import AgentLink, LinkCallbacks
 from agent_worker.logbuffer import LogBuffer
 from agent_worker.supervisor import ShardTransition, Supervisor
+from agent_worker.weights import WeightStore, fingerprint
 from protocol import messages
 from protocol.shard import ShardSpec, ShardState
 
@@ -72,6 +73,12 @@ class AgentRuntime:
             ssl_context=self._ssl_context(),
         )
         self.highest_epoch = 0
+        self.weights = WeightStore(config.weights_dir)
+        self.launcher = ShardLauncher(
+            self.node_id, self.supervisor, self.weights, lambda: self.engine_paths,
+            self._on_transition, self.link.send,
+        )  # fmt: skip
+        self._weights_fingerprint = ""
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -100,6 +107,7 @@ class AgentRuntime:
         if self._thread:
             self._thread.join(timeout=STOP_TIMEOUT)
         self.supervisor.shutdown()
+        self.weights.close()
         self.sampler.close()
         if _current is self:
             _current = None
@@ -122,6 +130,9 @@ class AgentRuntime:
             if self.engines != before:
                 log.info("installed engines changed: %s", ", ".join(sorted(self.engines)) or "none")
                 self.link.send(messages.Engines(engines=self.engines))
+            weights = await asyncio.to_thread(self.weights_changed)
+            if weights is not None:
+                self.link.send(weights)
 
     # -- what the node says ----------------------------------------------------------
 
@@ -153,10 +164,22 @@ class AgentRuntime:
             inventory=inventory,
             engines_probed=True,
             engines=self.engines,
+            weights=self.weights_held(),
             shards=shards,
             problems=self.supervisor.problems,
             log_sources=self.logs.sources(),
         )
+
+    def weights_held(self) -> list[messages.WeightFile]:
+        held = self.weights.list_weights()
+        self._weights_fingerprint = fingerprint(held)
+        return [messages.WeightFile(**weight) for weight in held]
+
+    def weights_changed(self) -> messages.Weights | None:
+        """A weights message when what the node holds changed since it last said."""
+        before = self._weights_fingerprint
+        held = self.weights_held()
+        return None if self._weights_fingerprint == before else messages.Weights(weights=held)
 
     def heartbeat_message(self) -> messages.Heartbeat:
         return messages.Heartbeat(usage=self.sampler.sample(self.supervisor.pids()))
@@ -189,40 +212,11 @@ class AgentRuntime:
             )  # fmt: skip
             return "pending"
         self.highest_epoch = spec.epoch
-        if not spec.model_path and spec.source.startswith("/"):
-            # A local path is used as is; URLs and hub ids are resolved elsewhere.
-            spec = spec.model_copy(update={"model_path": spec.source})
-        adapter = get_adapter(spec.engine)
-        problems = adapter.validate(spec)
-        binary = self.engine_paths.get(spec.engine)
-        if binary is None:
-            problems.append(
-                f"engine {spec.engine} is not installed on {self.node_id}; "
-                f"found: {', '.join(sorted(self.engine_paths)) or 'none'}"
-            )
-        if spec.model_path and not Path(spec.model_path).exists():
-            problems.append(f"model file {spec.model_path} is not on this node")
-        if problems:
-            reason = "; ".join(problems)
-            log.error("refusing shard %s: %s", spec.shard_id, reason)
-            self._on_transition(
-                ShardTransition(
-                    shard_id=spec.shard_id,
-                    replica_id=spec.replica_id,
-                    state="failed",
-                    reason=reason,
-                    fingerprint=spec.fingerprint,
-                )
-            )
-            return "failed"
-        assert binary is not None
-        commands = adapter.commands(spec, binary)
-        return self.supervisor.start(
-            spec, commands, adapter.serves_http(spec.rank), adapter.health_path
-        )
+        return self.launcher.start(spec)
 
     def stop_shard(self, shard_id: str) -> None:
-        self.supervisor.stop(shard_id)
+        if not self.launcher.stop(shard_id):
+            self.supervisor.stop(shard_id)
 
     def engine_check(self, engine: str) -> dict:
         path = self.engine_paths.get(engine)

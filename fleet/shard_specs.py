@@ -48,6 +48,7 @@ def shard_spec(
         replica_id=str(replica.id),
         model=replica.model_name,
         source=profile.model.source,
+        sha256=profile.model.sha256,
         engine=profile.engine,
         engine_version=profile.engine_version,
         profile=profile.name,

