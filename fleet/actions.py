@@ -11,8 +11,8 @@ from __future__ import annotations
 from django.db import transaction
 
 from catalog.models import Profile
-from fleet.models import Node, Replica, ReplicaState
-from fleet.transitions import record_event, transition
+from fleet.models import Node, Replica
+from fleet.transitions import record_event
 
 
 def _who(by) -> str:
@@ -43,10 +43,14 @@ def restart_replica(replica_id, by=None) -> bool:
     That is how a stale replica picks up its profile's new settings. False when the
     replica is gone or already stopping.
     """
-    previous = transition(
-        Replica, replica_id, ReplicaState.STOPPING, f"restart requested by {_who(by)}"
-    )
-    return previous is not None
+    from fleet.reconciler import stop_replica
+
+    with transaction.atomic():
+        replica = Replica.objects.filter(id=replica_id).first()
+        # Through the reconciler's verb, so the nodes are told to stop the engines.
+        return replica is not None and stop_replica(
+            replica, f"restart requested by {_who(by)}"
+        )
 
 
 def scale_profile(profile_id: int, replicas: int, by=None) -> int | None:

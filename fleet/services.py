@@ -12,6 +12,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from fleet import notify
 from fleet.models import Node, NodeState, Shard, ShardState
 from fleet.transitions import record_event, transition
 from protocol import messages
@@ -132,11 +133,13 @@ def record_shard_status(node_id: str, message: messages.ShardStatus) -> bool:
 def record_shard_progress(node_id: str, message: messages.ShardProgress) -> None:
     """Progress is not a transition: it never resets the startup timer."""
     progress = {"bytes": message.bytes, "total": message.total, "rate": message.rate}
-    Shard.objects.filter(
+    updated = Shard.objects.filter(
         id=message.shard_id,
         node_id=node_id,
         state__in=[ShardState.PENDING, ShardState.FETCHING, ShardState.STARTING],
     ).update(progress=progress)
+    if updated:
+        notify.fleet_changed_on_commit("shard", message.shard_id)
 
 
 def adopt_reported_shards(node_id: str, message: messages.Register) -> list[str]:

@@ -7,6 +7,7 @@ changes (fleet.page_consumers). Contexts come from fleet.pages, shared with the 
 
 from __future__ import annotations
 
+import hmac
 import re
 
 from django.conf import settings
@@ -113,7 +114,8 @@ def _log_sources(node_id: str, reported: list[str] | None, current: str) -> list
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus text format; guarded by a bearer token when LLMGW_METRICS_TOKEN is set."""
     token = settings.METRICS_TOKEN
-    if token and request.headers.get("Authorization", "") != f"Bearer {token}":
+    sent = request.headers.get("Authorization", "")
+    if token and not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
         return HttpResponse(
             "metrics need 'Authorization: Bearer <LLMGW_METRICS_TOKEN>'\n", status=401
         )

@@ -169,3 +169,5 @@ CONTROL_PLANE_ID = env_str(
 # The Redis key control planes of one cluster compete for; another cluster on the
 # same Redis (or a test) uses another key.
 LEADER_LEASE_KEY = env_str("LLMGW_LEADER_LEASE_KEY", "llmgw:leader")
+# Node history for the charts comes from Prometheus when set, else from recent heartbeats.
+PROMETHEUS_URL = env_str("PROMETHEUS_URL")
