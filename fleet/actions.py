@@ -48,9 +48,7 @@ def restart_replica(replica_id, by=None) -> bool:
     with transaction.atomic():
         replica = Replica.objects.filter(id=replica_id).first()
         # Through the reconciler's verb, so the nodes are told to stop the engines.
-        return replica is not None and stop_replica(
-            replica, f"restart requested by {_who(by)}"
-        )
+        return replica is not None and stop_replica(replica, f"restart requested by {_who(by)}")
 
 
 def scale_profile(profile_id: int, replicas: int, by=None) -> int | None:
