@@ -13,6 +13,7 @@ from django.db import transaction
 
 from catalog.models import Engine, Fabric, Model, Pool, Profile
 from catalog.schema import CatalogError, CatalogFile, ModelEntry, ProfileEntry, parse_catalog
+from fleet.routing_table import publish_routing_change
 from fleet.transitions import record_event
 from protocol.units import format_duration, format_size
 
@@ -66,6 +67,8 @@ def apply_catalog(
                 record_event(
                     "catalog", filename, f"applied {len(changes)} change(s) from {filename}"
                 )
+                # Routers learn new names, aliases and wanted counts now, not at their refresh.
+                transaction.on_commit(lambda: publish_routing_change("catalog"))
     return changes
 
 
@@ -228,6 +231,7 @@ def delete_entry(kind: str, name: str) -> bool:
     deleted, _ = model_class.objects.filter(name=name).delete()
     if deleted:
         record_event("catalog", f"{kind}/{name}", f"deleted {kind} {name}")
+        transaction.on_commit(lambda: publish_routing_change("catalog"))
     return bool(deleted)
 
 

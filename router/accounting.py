@@ -1,0 +1,107 @@
+"""Requests and tokens per key, model and hour: counted in memory, written in batches.
+
+The request path only adds to a dictionary; a background task hands the totals to a
+writer every few seconds (``LLMGW_ROUTER_ACCOUNTING_SECONDS``). A write that fails
+keeps its totals for the next one, so a database outage delays accounting without
+losing it (until the router itself stops).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Usage:
+    """What one key spent on one model in one hour."""
+
+    hour: int  # hours since the epoch
+    key_prefix: str
+    key_name: str
+    model: str
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+UsageWriter = Callable[[list[Usage]], None]
+
+
+class Accounting:
+    """Totals since the last write."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._pending: dict[tuple[int, str, str], Usage] = {}
+
+    def record(
+        self, key_prefix: str, key_name: str, model: str, prompt: int, completion: int
+    ) -> None:
+        hour = int(self.clock()) // 3600
+        slot = (hour, key_prefix, model)
+        usage = self._pending.get(slot)
+        if usage is None:
+            usage = self._pending[slot] = Usage(hour, key_prefix, key_name, model)
+        usage.requests += 1
+        usage.prompt_tokens += prompt
+        usage.completion_tokens += completion
+
+    def take(self) -> list[Usage]:
+        """Everything pending, leaving nothing; give it back with ``restore`` if unwritten."""
+        pending, self._pending = self._pending, {}
+        return list(pending.values())
+
+    def restore(self, rows: list[Usage]) -> None:
+        for row in rows:
+            slot = (row.hour, row.key_prefix, row.model)
+            usage = self._pending.get(slot)
+            if usage is None:
+                self._pending[slot] = row
+            else:
+                usage.requests += row.requests
+                usage.prompt_tokens += row.prompt_tokens
+                usage.completion_tokens += row.completion_tokens
+
+
+UPSERT = """
+INSERT INTO router_usage
+    (hour, key_prefix, key_name, model, requests, prompt_tokens, completion_tokens)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (hour, key_prefix, model) DO UPDATE SET
+    key_name = EXCLUDED.key_name,
+    requests = router_usage.requests + EXCLUDED.requests,
+    prompt_tokens = router_usage.prompt_tokens + EXCLUDED.prompt_tokens,
+    completion_tokens = router_usage.completion_tokens + EXCLUDED.completion_tokens
+"""
+
+
+def write_usage(rows: list[Usage]) -> None:
+    """Add ``rows`` to router_usage in one statement batch (Django's connection, sync)."""
+    from datetime import UTC, datetime
+
+    from django.db import connection, transaction
+
+    if not rows:
+        return
+    params = [
+        (
+            datetime.fromtimestamp(row.hour * 3600, tz=UTC),
+            row.key_prefix,
+            row.key_name,
+            row.model,
+            row.requests,
+            row.prompt_tokens,
+            row.completion_tokens,
+        )
+        # One order for every router, so two writing the same rows cannot deadlock.
+        for row in sorted(rows, key=lambda r: (r.hour, r.key_prefix, r.model))
+    ]
+    # Increments, not values: several routers add to the same rows. Django's
+    # bulk_create(update_conflicts=True) can only overwrite, hence the SQL.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.executemany(UPSERT, params)

@@ -1,0 +1,89 @@
+"""The same outbound interface as upstream.py, on aiohttp's client (LLMGW_ROUTER_CLIENT=aiohttp).
+
+Kept to measure against: bench/router_overhead.py runs the router with each client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from router.upstream import HOP_RESPONSE_HEADERS, UpstreamBroken, UpstreamUnreachable
+
+
+class AiohttpResponse:
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.raw_headers = [(n.lower(), v) for n, v in response.raw_headers]
+
+    @property
+    def is_event_stream(self) -> bool:
+        return self._response.content_type == "text/event-stream"
+
+    def headers_for_client(self) -> list[tuple[bytes, bytes]]:
+        return [(n, v) for n, v in self.raw_headers if n not in HOP_RESPONSE_HEADERS]
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for data in self._response.content.iter_any():
+                yield data
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise UpstreamBroken(str(exc) or type(exc).__name__) from None
+
+    async def read(self) -> bytes:
+        try:
+            return await self._response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise UpstreamBroken(str(exc) or type(exc).__name__) from None
+
+    def close(self) -> None:
+        self._response.close()
+
+
+class AiohttpUpstream:
+    def __init__(self, *, connect_timeout: float, read_timeout: float, connections: int) -> None:
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.connections = connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=self.connections, limit_per_host=0, keepalive_timeout=4
+            ),
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=self.connect_timeout, sock_read=self.read_timeout
+            ),
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding",),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def post(
+        self, base_url: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> AiohttpResponse:
+        assert self._session is not None
+        url = base_url + path
+        try:
+            response = await self._session.post(
+                url,
+                data=body,
+                headers=[(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers],
+                allow_redirects=False,
+            )
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamUnreachable("connect", f"cannot connect to {url}: {exc}") from None
+        except aiohttp.ServerDisconnectedError:
+            raise UpstreamUnreachable("disconnected", f"{url} closed the connection") from None
+        except TimeoutError:
+            raise UpstreamUnreachable("timeout", f"{url} did not answer in time") from None
+        except aiohttp.ClientError as exc:
+            raise UpstreamUnreachable("error", f"{url}: {exc}") from None
+        return AiohttpResponse(response)

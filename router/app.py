@@ -1,0 +1,444 @@
+"""The router's ASGI application: authenticate, pick a replica, relay the answer.
+
+A plain ASGI callable rather than a framework: every request passes through here, and
+the budget is well under a millisecond of added latency. The order of checks is fixed
+so clients get the most useful error first: 401 (key), 413 (size), 400 (JSON, model),
+404 (unknown model), 403 (key not allowed the model), 503 (nothing ready).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from router import errors
+from router.accounting import Accounting
+from router.auth import Caller, KeyCache
+from router.balancer import Balancer
+from router.config import RouterConfig
+from router.errors import RouterError
+from router.metrics import RouterMetrics
+from router.relay import WATCH_AFTER_SECONDS, Exchange, relay, rewrite_body, start_watching
+from router.responses import header, model_entry, send_error, send_json
+from router.sources import DatabaseSource, Refresher, Snapshot, StaticSource
+from router.table import ModelRoute, RoutingTable
+from router.upstream import HOP_REQUEST_HEADERS, Upstream, UpstreamUnreachable
+from router.usage import Tokens
+
+logger = logging.getLogger(__name__)
+
+INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+STREAMING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+# One try and at most two retries, each on another replica.
+MAX_ATTEMPTS = 3
+# Status reported for a client that hung up before its answer was whole (nginx's 499).
+CLIENT_CLOSED = 499
+
+
+class Router:
+    """The router process's state: table, keys, balancer, metrics, upstream pool."""
+
+    def __init__(self, config: RouterConfig, source: StaticSource | DatabaseSource) -> None:
+        self.config = config
+        self.source = source
+        self.table = RoutingTable()
+        self.keys = KeyCache()
+        self.balancer = Balancer(
+            failure_threshold=config.breaker_failures,
+            cooldown=config.breaker_cooldown,
+            load_factor=config.affinity_load_factor,
+        )
+        self.metrics = RouterMetrics()
+        self.accounting = Accounting()
+        client = Upstream
+        if config.client == "aiohttp":
+            from router.aiohttp_upstream import AiohttpUpstream as client  # type: ignore[assignment]
+        self.upstream = client(
+            connect_timeout=config.connect_timeout,
+            read_timeout=config.read_timeout,
+            connections=config.upstream_connections,
+        )
+        self.refresher = Refresher(source, self.install, config.refresh_seconds)
+        self._started = False
+        self._start_lock: asyncio.Lock | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # -- life cycle -------------------------------------------------------------------
+
+    def install(self, snapshot: Snapshot) -> None:
+        """Swap in a freshly loaded table and key set."""
+        table_data, keys = snapshot
+        table = RoutingTable.from_snapshot(table_data)
+        self.table = table
+        self.keys.replace(keys)
+        self.balancer.forget_except(
+            {e.replica for route in table.routes.values() for e in route.endpoints}
+        )
+        self.metrics.table_models.set(len(table.routes))
+        self.metrics.table_loaded.set(table.loaded_at)
+        self.metrics.keys.set(len(self.keys))
+
+    async def start(self) -> None:
+        """Load the table and start the background tasks; once, on the first need."""
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._started:
+                return
+            await self.upstream.start()
+            await self.refresher.reload()  # a failure is retried by the refresh loop
+            self._tasks.append(asyncio.create_task(self.refresher.run()))
+            if self.source.notifies:
+                self._tasks.append(asyncio.create_task(self.refresher.listen()))
+            self._tasks.append(asyncio.create_task(self._write_accounting()))
+            self._started = True
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._tasks.clear()
+        await self._flush_accounting()
+        await self.upstream.close()
+        self._started = False
+
+    async def _write_accounting(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.accounting_seconds)
+            await self._flush_accounting()
+
+    async def _flush_accounting(self) -> None:
+        rows = self.accounting.take()
+        if not rows:
+            return
+        try:
+            await self.source.write_usage(rows)
+        except Exception as exc:
+            logger.warning("accounting not written, keeping it for the next try: %s", exc)
+            self.accounting.restore(rows)
+
+    # -- dispatch -----------------------------------------------------------------------
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            if not self._started:
+                await self.start()
+            path = scope["path"]
+            try:
+                if path in INFERENCE_PATHS:
+                    await self.inference(scope, receive, send, path)
+                elif path == "/v1/models" or path.startswith("/v1/models/"):
+                    await self.models(scope, send, path)
+                elif path == "/health":
+                    await self.health(send)
+                elif path == "/metrics":
+                    await self.scrape(scope, send)
+                else:
+                    raise errors.not_found(path)
+            except RouterError as exc:
+                await send_error(send, exc)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # -- /v1 inference ------------------------------------------------------------------
+
+    async def inference(self, scope: dict, receive, send, path: str) -> None:
+        started = time.perf_counter()
+        model_label = ""
+        code = 500
+        try:
+            if scope["method"] != "POST":
+                raise errors.method_not_allowed(scope["method"], "POST")
+            authorization = content_length = session = None
+            forward: list[tuple[bytes, bytes]] = []
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    authorization = value
+                elif name == b"content-length":
+                    content_length = value
+                elif name not in HOP_REQUEST_HEADERS:
+                    if name == b"x-session-id":
+                        session = value.decode("latin-1")
+                    forward.append((name, value))
+            self._require_table()
+            caller = self.keys.authenticate(authorization)
+            body = await self._read_body(receive, content_length)
+            if body is None:
+                code = CLIENT_CLOSED
+                return
+            route, payload = self._resolve(body, caller)
+            model_label = route.name
+            if not route.endpoints:
+                message, retry_after = route.unavailable()
+                raise errors.unavailable(message, retry_after)
+            stream = payload.get("stream") is True and path in STREAMING_PATHS
+            body, drop_usage_only = rewrite_body(body, payload, route, stream)
+            code = await self._proxy(
+                receive, send, path, route, body, forward, caller, session, drop_usage_only,
+                started,
+            )  # fmt: skip
+        except RouterError as exc:
+            code = exc.status
+            await send_error(send, exc)
+        finally:
+            self.metrics.request_done(model_label, code, time.perf_counter() - started)
+
+    def _require_table(self) -> None:
+        """Before the first load, keys are unknown too: say so rather than refuse the key."""
+        if self.table.loaded_at == 0:
+            raise errors.unavailable(
+                "The router has not loaded its routing table yet"
+                + (f" ({self.refresher.last_error})" if self.refresher.last_error else "")
+                + "; try again shortly.",
+                5,
+                "routing_table_unavailable",
+            )
+
+    async def _read_body(self, receive, content_length: bytes | None) -> bytes | None:
+        limit = self.config.max_body
+        if content_length is not None:
+            try:
+                declared = int(content_length)
+            except ValueError:
+                raise errors.malformed(
+                    "Content-Length is not a number.", "invalid_content_length"
+                ) from None
+            if declared > limit:
+                raise errors.too_large(limit)
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            part = message.get("body", b"")
+            size += len(part)
+            if size > limit:
+                raise errors.too_large(limit)
+            parts.append(part)
+            if not message.get("more_body"):
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _resolve(self, body: bytes, caller: Caller) -> tuple[ModelRoute, dict[str, Any]]:
+        try:
+            payload = json.loads(body)
+        except ValueError as exc:
+            raise errors.malformed(f"The body is not valid JSON: {exc}.", "invalid_json") from None
+        if not isinstance(payload, dict):
+            raise errors.malformed("The body must be a JSON object.", "invalid_json")
+        model = payload.get("model")
+        table = self.table
+        if not isinstance(model, str) or not model:
+            raise errors.malformed(
+                "The body has no `model`; known models: "
+                + (", ".join(table.known_names()) or "none yet")
+                + ".",
+                "missing_model",
+            )
+        route = table.by_name.get(model)
+        if route is None:
+            raise errors.unknown_model(model, self._visible(table, caller))
+        if not caller.may_use(route.names):
+            raise errors.model_not_allowed(model, caller.name, sorted(caller.models))
+        return route, payload
+
+    @staticmethod
+    def _visible(table: RoutingTable, caller: Caller) -> list[str]:
+        return [name for name, r in sorted(table.routes.items()) if caller.may_use(r.names)]
+
+    async def _proxy(
+        self, receive, send, path: str, route: ModelRoute, body: bytes,
+        forward: list[tuple[bytes, bytes]], caller: Caller, session: str | None,
+        drop_usage_only: bool, started: float,
+    ) -> int:  # fmt: skip
+        """Relay with retries; a client that hangs up cancels the engine's request."""
+        exchange = Exchange()
+        task = asyncio.current_task()
+        assert task is not None
+        # Most answers take milliseconds; a watcher task for each would cost more than the
+        # rest of the router's work. Watch only requests still running after a moment.
+        timer = asyncio.get_running_loop().call_later(
+            WATCH_AFTER_SECONDS, start_watching, receive, task, exchange
+        )
+        try:
+            return await self._attempts(
+                send, path, route, body, forward, caller, session, drop_usage_only, started,
+                exchange,
+            )  # fmt: skip
+        except asyncio.CancelledError:
+            if not exchange.client_gone:
+                raise
+            # Our own cancellation, delivered at the await where the relay was waiting;
+            # leaving _attempts closed the engine's connection, which stops generation.
+            task.uncancel()
+            return CLIENT_CLOSED
+        except OSError:
+            # The ASGI server refused a send: the client is gone (engine errors are
+            # caught where they happen and never reach here as OSError).
+            return CLIENT_CLOSED
+        finally:
+            timer.cancel()
+            if exchange.watcher is not None:
+                exchange.watcher.cancel()
+
+    async def _attempts(
+        self, send, path: str, route: ModelRoute, body: bytes,
+        forward: list[tuple[bytes, bytes]], caller: Caller, session: str | None,
+        drop_usage_only: bool, started: float, exchange: Exchange,
+    ) -> int:  # fmt: skip
+        model = route.name
+        replicas = route.replica_ids()
+        tried: list[str] = []
+        replica = self.balancer.pick(replicas, session=session)
+        last_problem = ""
+        for attempt in range(MAX_ATTEMPTS):
+            if replica is None:
+                break
+            endpoint = route.endpoint(replica)
+            headers = forward
+            if endpoint.authorization:
+                headers = [*forward, (b"authorization", endpoint.authorization)]
+            trial = self.balancer.started(replica)
+            ok: bool | None = None
+            try:
+                try:
+                    response = await self.upstream.post(endpoint.url, path, body, headers)
+                except UpstreamUnreachable as exc:
+                    ok = False
+                    self.metrics.upstream_error(model, replica, exc.kind)
+                    last_problem = str(exc)
+                    tried.append(replica)
+                    replica = self._next(replicas, session, tried, exc.kind)
+                    continue
+                try:
+                    if response.status >= 500:
+                        ok = False
+                        self.metrics.upstream_error(model, replica, f"http_{response.status}")
+                        tried.append(replica)
+                        following = None
+                        if attempt + 1 < MAX_ATTEMPTS:
+                            following = self._next(replicas, session, tried, "http")
+                        if following is not None:
+                            replica = following
+                            continue
+                    try:
+                        ok, tokens = await relay(
+                            send,
+                            self.metrics,
+                            response,
+                            model,
+                            replica,
+                            started,
+                            drop_usage_only,
+                            exchange,
+                        )
+                    except RouterError:
+                        ok = False
+                        raise
+                    if response.status >= 500:
+                        ok = False
+                    self._account(caller, model, tokens)
+                    return response.status
+                finally:
+                    response.close()  # returns nothing half-read to the pool
+            finally:
+                self.balancer.finished(endpoint.replica, ok=ok, trial=trial)
+        raise errors.bad_gateway(
+            f"No replica of {model} answered ({len(tried)} tried): {last_problem}."
+        )
+
+    def _next(self, replicas: list[str], session: str | None, tried: list[str], kind: str):
+        replica = self.balancer.pick(replicas, session=session, exclude=tried)
+        if replica is None and kind == "disconnected" and tried.count(tried[-1]) == 1:
+            # The engine closed a kept-alive connection as the request went out: the
+            # request never reached it, so the same replica may take it once more.
+            return tried[-1]
+        return replica
+
+    def _account(self, caller: Caller, model: str, tokens: Tokens | None) -> None:
+        prompt = tokens.prompt if tokens else 0
+        completion = tokens.completion if tokens else 0
+        self.metrics.tokens(model, prompt, completion)
+        if self.source.mode == "database":
+            self.accounting.record(caller.prefix, caller.name, model, prompt, completion)
+
+    # -- everything else ------------------------------------------------------------------
+
+    async def models(self, scope: dict, send, path: str) -> None:
+        if scope["method"] != "GET":
+            raise errors.method_not_allowed(scope["method"], "GET")
+        self._require_table()
+        caller = self.keys.authenticate(header(scope, b"authorization"))
+        table = self.table
+        listed = [
+            model_entry(route, table.loaded_at)
+            for route in table.routes.values()
+            if route.endpoints and caller.may_use(route.names)
+        ]
+        if path == "/v1/models":
+            await send_json(send, 200, {"object": "list", "data": listed})
+            return
+        wanted = path.removeprefix("/v1/models/")
+        route = table.by_name.get(wanted)
+        entry = next((e for e in listed if route is not None and e["id"] == route.name), None)
+        if entry is None:
+            raise errors.unknown_model(wanted, [e["id"] for e in listed])
+        await send_json(send, 200, entry)
+
+    async def health(self, send) -> None:
+        table = self.table
+        loaded = table.loaded_at > 0
+        body = {
+            "status": "ok" if loaded else "loading",
+            "mode": self.source.mode,
+            "models": len(table.routes),
+            "routable_models": sum(1 for r in table.routes.values() if r.endpoints),
+            "table_age_seconds": round(time.time() - table.loaded_at, 3) if loaded else None,
+            "api_keys": len(self.keys),
+            "last_error": self.refresher.last_error,
+        }
+        await send_json(send, 200 if loaded else 503, body)
+
+    async def scrape(self, scope: dict, send) -> None:
+        token = self.config.metrics_token
+        if token and header(scope, b"authorization") != f"Bearer {token}".encode():
+            raise RouterError(
+                401, "/metrics needs `Authorization: Bearer <LLMGW_METRICS_TOKEN>`.",
+                "invalid_request_error", "invalid_metrics_token",
+            )  # fmt: skip
+        # Per-replica gauges come from the balancer at scrape time, not per request.
+        self.metrics.replicas(
+            [
+                (route.name, e.replica, self.balancer.inflight(e.replica),
+                 self.balancer.is_open(e.replica))
+                for route in self.table.routes.values()
+                for e in route.endpoints
+            ]
+        )  # fmt: skip
+        body = self.metrics.render()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", self.metrics.content_type.encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

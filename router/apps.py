@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RouterConfig(AppConfig):
+    name = "router"
+    verbose_name = "Router"

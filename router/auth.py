@@ -1,0 +1,66 @@
+"""API keys as the router checks them: one SHA-256 and a dictionary lookup, no database.
+
+The cache holds every key that is not revoked and is replaced whole on each reload
+(a pub/sub message when a key is created or revoked, and the periodic refresh).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from router import errors
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is asking: the key's name and prefix (for accounting) and what it may use."""
+
+    name: str
+    prefix: str
+    models: frozenset[str]  # empty: every model
+
+    def may_use(self, names: frozenset[str]) -> bool:
+        """Whether the key covers a model known by any of ``names`` (its name and aliases)."""
+        return not self.models or not self.models.isdisjoint(names)
+
+
+# Requests when the static file says `auth: false`.
+ANONYMOUS = Caller(name="anonymous", prefix="", models=frozenset())
+
+
+class KeyCache:
+    """Every usable key by its hash; ``None`` keys means authentication is off."""
+
+    def __init__(self) -> None:
+        self._by_hash: dict[str, Caller] | None = {}
+
+    def replace(self, keys: Iterable[dict[str, Any]] | None) -> None:
+        if keys is None:
+            self._by_hash = None
+            return
+        self._by_hash = {
+            k["sha256"]: Caller(name=k["name"], prefix=k["prefix"], models=frozenset(k["models"]))
+            for k in keys
+        }
+
+    def __len__(self) -> int:
+        return 0 if self._by_hash is None else len(self._by_hash)
+
+    def authenticate(self, authorization: bytes | None) -> Caller:
+        """The caller behind an Authorization header, or the 401 to answer."""
+        by_hash = self._by_hash
+        if by_hash is None:
+            return ANONYMOUS
+        if not authorization:
+            raise errors.missing_key()
+        scheme, _, key = authorization.partition(b" ")
+        key = key.strip()
+        if scheme.lower() != b"bearer" or not key:
+            raise errors.missing_key()
+        caller = by_hash.get(hashlib.sha256(key).hexdigest())
+        if caller is None:
+            raise errors.bad_key()
+        return caller

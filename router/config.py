@@ -1,0 +1,66 @@
+"""The router's knobs, all from the environment; none of them needs Django settings."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from llmgw_site.env import env_int, env_str
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number of seconds") from None
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    # Router-only mode: model -> endpoint URLs (and keys) from this YAML file, no database.
+    static_path: str = ""
+    # 16 MiB holds a long chat with images as data URLs; larger is almost surely a mistake.
+    max_body: int = 16 * 1024 * 1024
+    # An engine that does not accept a connection in 5 s is down, not busy.
+    connect_timeout: float = 5.0
+    # Silence between bytes; prefill of a long prompt on a CPU can take minutes.
+    read_timeout: float = 600.0
+    # The safety net behind pub/sub: a lost notification costs at most this long.
+    refresh_seconds: float = 10.0
+    # Accounting rows are written this often, never on a request's path.
+    accounting_seconds: float = 5.0
+    # Consecutive failures that take a replica out, and for how long.
+    breaker_failures: int = 3
+    breaker_cooldown: float = 5.0
+    # Session affinity gives way once a replica carries 1.25x the mean load.
+    affinity_load_factor: float = 1.25
+    # Connections kept to engines; past this, requests wait for one to free up.
+    upstream_connections: int = 1024
+    # The outbound HTTP client: "lean" (upstream.py) or "aiohttp" (kept to measure against).
+    client: str = "lean"
+    # When set, /metrics asks for `Authorization: Bearer <token>` (same knob as the control plane).
+    metrics_token: str = ""
+
+    @classmethod
+    def from_env(cls) -> RouterConfig:
+        return cls(
+            static_path=env_str("LLMGW_ROUTER_STATIC"),
+            max_body=env_int("LLMGW_ROUTER_MAX_BODY", cls.max_body),
+            connect_timeout=env_float("LLMGW_ROUTER_CONNECT_TIMEOUT", cls.connect_timeout),
+            read_timeout=env_float("LLMGW_ROUTER_READ_TIMEOUT", cls.read_timeout),
+            refresh_seconds=env_float("LLMGW_ROUTER_REFRESH_SECONDS", cls.refresh_seconds),
+            accounting_seconds=env_float("LLMGW_ROUTER_ACCOUNTING_SECONDS", cls.accounting_seconds),
+            breaker_failures=env_int("LLMGW_ROUTER_BREAKER_FAILURES", cls.breaker_failures),
+            breaker_cooldown=env_float("LLMGW_ROUTER_BREAKER_COOLDOWN", cls.breaker_cooldown),
+            affinity_load_factor=env_float(
+                "LLMGW_ROUTER_AFFINITY_LOAD_FACTOR", cls.affinity_load_factor
+            ),
+            upstream_connections=env_int(
+                "LLMGW_ROUTER_UPSTREAM_CONNECTIONS", cls.upstream_connections
+            ),
+            metrics_token=env_str("LLMGW_METRICS_TOKEN"),
+            client=env_str("LLMGW_ROUTER_CLIENT", cls.client),
+        )

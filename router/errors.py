@@ -1,0 +1,109 @@
+"""Error answers in OpenAI's shape: ``{"error": {"message", "type", "code"}}``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RouterError(Exception):
+    """An answer the router gives itself, instead of relaying an engine's."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    code: str | None = None
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.type, self.code)
+
+
+def error_body(message: str, type_: str, code: str | None) -> bytes:
+    return json.dumps(
+        {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    ).encode()
+
+
+def missing_key() -> RouterError:
+    return RouterError(
+        401,
+        "No API key: send `Authorization: Bearer <key>`; "
+        "an operator creates one with `llmgw_ctl keys create NAME`.",
+        "invalid_request_error",
+        "missing_api_key",
+        [(b"www-authenticate", b"Bearer")],
+    )
+
+
+def bad_key() -> RouterError:
+    return RouterError(
+        401,
+        "Incorrect API key (unknown or revoked); ask an operator for a current one.",
+        "invalid_request_error",
+        "invalid_api_key",
+        [(b"www-authenticate", b"Bearer")],
+    )
+
+
+def model_not_allowed(model: str, key_name: str, allowed: list[str]) -> RouterError:
+    return RouterError(
+        403,
+        f"The key {key_name!r} may not use model {model!r}; it may use: {', '.join(allowed)}.",
+        "permission_error",
+        "model_not_allowed",
+    )
+
+
+def unknown_model(model: str, known: list[str]) -> RouterError:
+    listing = ", ".join(known) if known else "none yet"
+    return RouterError(
+        404,
+        f"The model {model!r} does not exist; known models: {listing}.",
+        "invalid_request_error",
+        "model_not_found",
+    )
+
+
+def malformed(message: str, code: str) -> RouterError:
+    return RouterError(400, message, "invalid_request_error", code)
+
+
+def too_large(limit: int) -> RouterError:
+    return RouterError(
+        413,
+        f"The request body is over {limit} bytes (LLMGW_ROUTER_MAX_BODY).",
+        "invalid_request_error",
+        "request_too_large",
+    )
+
+
+def unavailable(message: str, retry_after: int, code: str = "no_ready_replica") -> RouterError:
+    return RouterError(
+        503, message, "service_unavailable", code, [(b"retry-after", str(retry_after).encode())]
+    )
+
+
+def bad_gateway(message: str) -> RouterError:
+    return RouterError(502, message, "upstream_error", "upstream_unreachable")
+
+
+def not_found(path: str) -> RouterError:
+    return RouterError(
+        404,
+        f"No route {path}; the router serves /v1/chat/completions, /v1/completions, "
+        "/v1/embeddings, /v1/models, /health and /metrics.",
+        "invalid_request_error",
+        "not_found",
+    )
+
+
+def method_not_allowed(method: str, allowed: str) -> RouterError:
+    return RouterError(
+        405,
+        f"{method} is not allowed here; use {allowed}.",
+        "invalid_request_error",
+        "method_not_allowed",
+        [(b"allow", allowed.encode())],
+    )

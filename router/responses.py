@@ -1,0 +1,56 @@
+"""Small ASGI answers: JSON bodies, errors, the model entries of /v1/models."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from router.errors import RouterError
+from router.table import ModelRoute
+
+JSON = [(b"content-type", b"application/json")]
+
+
+def model_entry(route: ModelRoute, created: float) -> dict[str, Any]:
+    replicas = {state: n for state, n in sorted(route.states.items()) if state != "ready"}
+    return {
+        "id": route.name,
+        "object": "model",
+        "created": int(created),
+        "owned_by": "llmgw",
+        "llmgw": {
+            "aliases": list(route.aliases),
+            "replicas": {"wanted": route.wanted, "ready": len(route.endpoints), **replicas},
+        },
+    }
+
+
+def header(scope: dict, wanted: bytes) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == wanted:
+            return value
+    return None
+
+
+async def send_json(send, status: int, body: Any, headers: list | None = None) -> None:
+    data = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*JSON, (b"content-length", str(len(data)).encode()), *(headers or [])],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
+async def send_error(send, error: RouterError) -> None:
+    data = error.body()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": error.status,
+            "headers": [*JSON, (b"content-length", str(len(data)).encode()), *error.headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})

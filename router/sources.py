@@ -1,0 +1,172 @@
+"""Where the routing table and keys come from, and how they are kept fresh.
+
+``DatabaseSource`` reads through Django's ORM on one dedicated thread. Why the ORM and
+not psycopg directly: the schema has one definition (models and migrations) shared with
+the control plane, and reads happen only off the request path (start-up, a pub/sub
+notification, every ``refresh_seconds``), where the ORM's cost does not matter. One
+thread keeps one persistent connection and keeps the sync-only ORM off the event loop.
+
+``StaticSource`` reads a YAML file (router-only mode) and needs no database or Redis;
+the periodic refresh re-reads it, so an edited file is picked up within seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fleet.routing_table import ROUTING_CHANNEL
+from router.accounting import Usage
+from router.table import load_static
+
+logger = logging.getLogger(__name__)
+
+Snapshot = tuple[dict[str, Any], list[dict[str, Any]] | None]
+
+# After a failed reload or a lost Redis connection, try again this soon.
+RETRY_SECONDS = 1.0
+
+
+class StaticSource:
+    mode = "static"
+    notifies = False
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    async def load(self) -> Snapshot:
+        return load_static(self.path)
+
+    async def write_usage(self, rows: list[Usage]) -> None:
+        """Router-only mode keeps no accounting table; /metrics still counts tokens."""
+
+    def close(self) -> None:
+        pass
+
+
+class DatabaseSource:
+    mode = "database"
+    notifies = True
+
+    def __init__(self) -> None:
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="router-db")
+        self._django_ready = False
+        self.redis_url = ""
+
+    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    def _setup(self) -> None:
+        if self._django_ready:
+            return
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+        import django
+
+        django.setup()
+        from django.conf import settings
+
+        self.redis_url = settings.REDIS_URL
+        self._django_ready = True
+
+    def _load(self) -> Snapshot:
+        self._setup()
+        from django.db import close_old_connections
+
+        from catalog.keys import active_keys
+        from fleet.routing_table import routing_snapshot
+
+        close_old_connections()  # a connection the database dropped is replaced, not reused
+        return routing_snapshot(), active_keys()
+
+    async def load(self) -> Snapshot:
+        return await self._run(self._load)
+
+    def _write(self, rows: list[Usage]) -> None:
+        self._setup()
+        from django.db import close_old_connections
+
+        from router.accounting import write_usage
+
+        close_old_connections()
+        write_usage(rows)
+
+    async def write_usage(self, rows: list[Usage]) -> None:
+        await self._run(self._write, rows)
+
+    def write_usage_now(self, rows: list[Usage]) -> None:
+        """Write from the calling thread, which runs no event loop (at process exit, when
+        the executor already refuses work)."""
+        self._write(rows)
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=False)
+
+
+class Refresher:
+    """Reload on every notification, and every ``interval`` seconds whatever happens."""
+
+    def __init__(
+        self, source: StaticSource | DatabaseSource, install: Callable[[Snapshot], None],
+        interval: float,
+    ) -> None:  # fmt: skip
+        self.source = source
+        self.install = install
+        self.interval = interval
+        self._wake = asyncio.Event()
+        self.last_error: str | None = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def reload(self) -> bool:
+        try:
+            snapshot = await self.source.load()
+        except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            logger.warning("routing table reload failed, keeping the last one: %s", exc)
+            return False
+        self.install(snapshot)
+        self.last_error = None
+        return True
+
+    async def run(self) -> None:
+        """Reload loop; notifications that arrive during a reload cause one more."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
+            self._wake.clear()
+            if not await self.reload():
+                await asyncio.sleep(RETRY_SECONDS)
+                self._wake.set()
+
+    async def listen(self) -> None:
+        """Wake on every message on the routing channel; reconnect when Redis goes away."""
+        import redis.asyncio as aioredis
+
+        while True:
+            url = getattr(self.source, "redis_url", "")
+            if not url:  # known once Django's settings are read, on the first load
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
+            client = None
+            try:
+                # Pings an idle subscription, so a silently dropped connection is noticed.
+                client = aioredis.Redis.from_url(url, health_check_interval=30)
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                await pubsub.subscribe(ROUTING_CHANNEL)
+                self.wake()  # whatever changed while we were not listening
+                async for _message in pubsub.listen():
+                    self.wake()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("routing notifications lost (%s); listening again", exc)
+            finally:
+                if client is not None:
+                    await client.aclose()
+            await asyncio.sleep(RETRY_SECONDS)

@@ -1,0 +1,224 @@
+"""The routing table: for each model, its ready endpoints and why others are not ready.
+
+Built from plain data, either ``fleet.routing_table.routing_snapshot()`` (the database)
+or a static YAML file (``LLMGW_ROUTER_STATIC``, router-only mode). A table is immutable:
+a reload builds a new one and swaps it in with one assignment, so a request in flight
+never sees half a table.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# Retry-After (seconds) by why no replica is ready: a starting engine is seconds away,
+# placement runs every few seconds, and nothing changes soon when nothing is wanted.
+RETRY_STARTING = 5
+RETRY_PLACING = 10
+RETRY_STUCK = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Rank 0 of one ready replica: where to send requests, and the engine's secret."""
+
+    replica: str
+    url: str
+    authorization: bytes  # b"Bearer <secret>", or b"" when the engine wants none
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    """One model as the router serves it."""
+
+    name: str  # the catalog name, which is also the name the engine serves
+    aliases: tuple[str, ...] = ()
+    endpoints: tuple[Endpoint, ...] = ()
+    wanted: int = 0
+    states: dict[str, int] = field(default_factory=dict)
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset((self.name, *self.aliases))
+
+    def replica_ids(self) -> list[str]:
+        return [endpoint.replica for endpoint in self.endpoints]
+
+    def endpoint(self, replica: str) -> Endpoint:
+        return next(e for e in self.endpoints if e.replica == replica)
+
+    def unavailable(self) -> tuple[str, int]:
+        """Why no replica can take a request, in words, and when to try again."""
+        states = self.states
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(states.items()) if s != "ready")
+        head = f"No ready replica of {self.name}"
+        if states.get("starting"):
+            return f"{head}: {counts}; starting engines are usually seconds away.", RETRY_STARTING
+        if states.get("placing"):
+            return f"{head}: {counts}; placement is choosing nodes.", RETRY_PLACING
+        if states.get("unplaceable"):
+            why = "; ".join(dict.fromkeys(self.reasons)) or "no reason recorded"
+            return f"{head}: {counts}. Placement says: {why}", RETRY_STUCK
+        if self.reasons:
+            return f"{head}: {'; '.join(self.reasons)}.", RETRY_STARTING
+        if self.wanted == 0:
+            return (
+                f"{head}: none wanted (every profile of {self.name} has replicas: 0, or it "
+                "has no profile); an operator raises replicas in the catalog.",
+                RETRY_STUCK,
+            )
+        detail = f" ({counts})" if counts else ""
+        return (
+            f"{head}: {self.wanted} wanted, none running yet{detail}; the reconciler "
+            "places them within seconds.",
+            RETRY_PLACING,
+        )
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    """Every model, and each name or alias a client may ask for."""
+
+    routes: dict[str, ModelRoute] = field(default_factory=dict)
+    by_name: dict[str, ModelRoute] = field(default_factory=dict)
+    loaded_at: float = 0.0  # time.time() of the load; 0 for the empty table
+
+    @classmethod
+    def from_snapshot(cls, snapshot: dict[str, Any]) -> RoutingTable:
+        routes: dict[str, ModelRoute] = {}
+        for entry in snapshot.get("models", []):
+            endpoints = tuple(
+                Endpoint(
+                    replica=str(e["replica"]),
+                    url=str(e["url"]).rstrip("/"),
+                    authorization=f"Bearer {e['secret']}".encode() if e.get("secret") else b"",
+                )
+                for e in entry.get("endpoints", [])
+            )
+            routes[entry["name"]] = ModelRoute(
+                name=entry["name"],
+                aliases=tuple(entry.get("aliases", [])),
+                endpoints=endpoints,
+                wanted=int(entry.get("wanted", len(endpoints))),
+                states=dict(entry.get("states", {"ready": len(endpoints)})),
+                reasons=tuple(entry.get("reasons", [])),
+            )
+        by_name: dict[str, ModelRoute] = {}
+        # Aliases first, so a model's own name wins over another model's alias.
+        for route in routes.values():
+            for alias in route.aliases:
+                by_name.setdefault(alias, route)
+        for route in routes.values():
+            by_name[route.name] = route
+        return cls(routes=routes, by_name=by_name, loaded_at=time.time())
+
+    def known_names(self) -> list[str]:
+        return sorted(self.routes)
+
+
+class StaticEndpoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str
+    secret: str = ""
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        return value
+
+
+class StaticModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    aliases: list[str] = []
+    endpoints: list[StaticEndpoint] = Field(min_length=1)
+
+
+class StaticKey(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the key")
+    models: list[str] = []
+
+
+class StaticFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    models: list[StaticModel] = []
+    keys: list[StaticKey] | None = None
+    # Serving without keys must be asked for in so many words.
+    auth: bool = True
+
+
+class StaticFileError(Exception):
+    """A static routing file that cannot be used, naming the file, the entry and the field."""
+
+
+def load_static(path: str) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """Read a static routing file: the table snapshot, and the keys (None: no auth).
+
+    The format::
+
+        models:
+          - name: gemma
+            aliases: [g]
+            endpoints:
+              - url: http://10.0.0.5:9001
+                secret: engine-api-key      # optional
+        keys:                               # required unless `auth: false`
+          - name: team-a
+            sha256: <hex>                   # printf %s KEY | sha256sum
+            models: [gemma]                 # optional; empty means every model
+    """
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise StaticFileError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise StaticFileError(f"{path}: not YAML: {exc}") from None
+    try:
+        parsed = StaticFile.model_validate(raw)
+    except ValidationError as exc:
+        problems = [
+            f"{path}: {'.'.join(str(p) for p in error['loc'])}: {error['msg']}"
+            for error in exc.errors()
+        ]
+        raise StaticFileError("\n".join(problems)) from None
+    if parsed.auth and parsed.keys is None:
+        raise StaticFileError(
+            f"{path}: keys: missing; list the keys clients may use, or set `auth: false` "
+            "to serve without keys"
+        )
+    names = [m.name for m in parsed.models]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise StaticFileError(f"{path}: models: {', '.join(duplicates)} listed twice")
+    snapshot = {
+        "models": [
+            {
+                "name": m.name,
+                "aliases": m.aliases,
+                "wanted": len(m.endpoints),
+                "endpoints": [
+                    {"replica": e.url, "url": e.url, "secret": e.secret} for e in m.endpoints
+                ],
+                "states": {"ready": len(m.endpoints)},
+                "reasons": [],
+            }
+            for m in parsed.models
+        ]
+    }
+    keys = None
+    if parsed.auth:
+        keys = [
+            {"name": k.name, "prefix": k.name[:16], "sha256": k.sha256, "models": k.models}
+            for k in parsed.keys or []
+        ]
+    return snapshot, keys

@@ -1,0 +1,132 @@
+"""Reading ``usage`` out of engine answers without slowing the relay down.
+
+Streams are split into server-sent events only to look at them: an event is parsed as
+JSON only when it carries a ``"usage": {...}`` object, which is once per stream. The
+usage-only chunk the router asked for on the client's behalf (``choices: []``) can be
+dropped, so a client that did not ask for usage sees the stream it asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
+_DECODER = json.JSONDecoder()
+
+
+@dataclass
+class Tokens:
+    prompt: int = 0
+    completion: int = 0
+
+
+def tokens_of(usage: object) -> Tokens | None:
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens", 0)
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    return Tokens(prompt, completion)
+
+
+def usage_of_body(body: bytes) -> Tokens | None:
+    """The ``usage`` of a whole JSON answer, found from the end (where engines put it).
+
+    Decodes only the usage object rather than the whole body: an embeddings answer can
+    be megabytes of floats. A quote inside a JSON string is always escaped, so
+    ``"usage"`` followed by a colon is a key, never text.
+    """
+    match = _last_usage(body, max(0, len(body) - 4096)) or _last_usage(body, 0)
+    if match is None:
+        return None
+    try:
+        usage, _end = _DECODER.raw_decode(body[match.end() - 1 :].decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    return tokens_of(usage)
+
+
+def _last_usage(body: bytes, start: int) -> re.Match[bytes] | None:
+    last = None
+    for last in _USAGE_OBJECT.finditer(body, start):  # noqa: B007
+        pass
+    return last
+
+
+def _last_event_end(data: bytes) -> int:
+    """Where the last whole event in ``data`` ends (0 if none does)."""
+    end = 0
+    for separator in (b"\n\n", b"\r\n\r\n", b"\r\r"):
+        found = data.rfind(separator)
+        if found >= 0:
+            end = max(end, found + len(separator))
+    return end
+
+
+def _event_end(data: bytes, position: int) -> int:
+    """Where the event around ``position`` ends (just past its blank line)."""
+    found = _EVENT_END.search(data, position)
+    return found.end() if found else len(data)
+
+
+class EventScanner:
+    """Cuts a byte stream into whole server-sent events and notes the last usage seen."""
+
+    def __init__(self, *, drop_usage_only: bool) -> None:
+        self.drop_usage_only = drop_usage_only
+        self.tokens: Tokens | None = None
+        self._partial = b""
+
+    def feed(self, data: bytes) -> bytes:
+        """Take bytes as they came; return the whole events to pass on (maybe fewer)."""
+        if self._partial:
+            data = self._partial + data
+        # Fast path, nearly every chunk: no usage object, so pass on every whole event.
+        end = _last_event_end(data)
+        if not _USAGE_OBJECT.search(data, 0, end):
+            self._partial = data[end:]
+            return data[:end]
+        # Only the events holding a usage object are cut out and parsed.
+        self._partial = data[end:]
+        kept: list[bytes] = []
+        done = 0  # data[:done] is decided
+        for match in _USAGE_OBJECT.finditer(data, 0, end):
+            if match.start() < done:
+                continue  # a second usage key in an event already looked at
+            first = _last_event_end(data[: match.start()])
+            last = _event_end(data, match.end())
+            if not self._look_at(data[first:last]):
+                kept.append(data[done:first])
+                done = last
+        if not kept:
+            return data[:end]
+        kept.append(data[done:end])
+        return b"".join(kept)
+
+    def flush(self) -> bytes:
+        """What is left when the stream ends: an unterminated last event, passed on as is."""
+        rest, self._partial = self._partial, b""
+        if rest and _USAGE_OBJECT.search(rest) and not self._look_at(rest):
+            return b""
+        return rest
+
+    def _look_at(self, event: bytes) -> bool:
+        """Note the event's usage; return False if it is a usage-only chunk to drop."""
+        payload = b"".join(
+            line[5:].strip() for line in event.splitlines() if line.startswith(b"data:")
+        )
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            return True
+        if not isinstance(chunk, dict):
+            return True
+        tokens = tokens_of(chunk.get("usage"))
+        if tokens is None:
+            return True
+        self.tokens = tokens
+        return not (self.drop_usage_only and chunk.get("choices") == [])

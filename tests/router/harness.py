@@ -1,0 +1,200 @@
+"""Real processes for router tests: fake engines and router servers, and their cleanup.
+
+Every process starts in its own session and is stopped by its process group at
+teardown, first with SIGTERM, then SIGKILL. Waits poll a condition with a deadline
+that a loaded 2-core machine can meet; nothing here asserts how long anything took.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_ENGINE = Path(__file__).resolve().parent / "fake_engine.py"
+PATIENCE = 30.0  # seconds a condition may take on a loaded machine before a test fails
+
+# uvicorn is what `llmgw up` should run (see router/asgi.py); daphne must keep working.
+ROUTER_SERVERS = {
+    "uvicorn": [
+        "-m", "uvicorn", "router.asgi:application", "--host", "127.0.0.1", "--port", "{port}",
+        "--no-access-log", "--log-level", "warning",
+    ],
+    "daphne": ["-m", "daphne", "-b", "127.0.0.1", "-p", "{port}", "router.asgi:application"],
+}  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = PATIENCE, what: str = "") -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+        except (httpx.HTTPError, OSError) as exc:
+            last_error, value = exc, None
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"gave up waiting for {what or condition}" + (
+        f" (last error: {last_error})" if last_error else ""))  # fmt: skip
+
+
+def key_sha256(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Process:
+    """One child process in its own session, with its output in a log file."""
+
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        self._log_file = log.open("wb")
+        self.popen = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env={**os.environ, **(env or {})},
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(timeout=10)
+        # Anything the process left in its group (it should leave nothing).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self._log_file.close()
+
+
+class FakeEngine:
+    """A fake engine process and the handles a test steers it with."""
+
+    def __init__(self, process: Process, port: int, name: str, api_key: str) -> None:
+        self.process = process
+        self.port = port
+        self.name = name
+        self.api_key = api_key
+        self.url = f"http://127.0.0.1:{port}"
+
+    def control(self, **settings: Any) -> None:
+        httpx.post(f"{self.url}/_control", json=settings, timeout=10).raise_for_status()
+
+    def release(self) -> None:
+        httpx.post(f"{self.url}/_release", timeout=10).raise_for_status()
+
+    def reset(self) -> None:
+        httpx.post(f"{self.url}/_reset", timeout=10).raise_for_status()
+
+    def requests(self) -> list[dict[str, Any]]:
+        return httpx.get(f"{self.url}/_state", timeout=10).json()["requests"]
+
+
+class RouterProcess:
+    def __init__(self, process: Process, port: int) -> None:
+        self.process = process
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+
+
+class Harness:
+    """Starts processes for a test (or a module) and stops every one of them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.processes: list[Process] = []
+
+    def engine(self, name: str, api_key: str = "", *flags: str) -> FakeEngine:
+        log = self.root / f"engine-{name}.log"
+        process = Process(
+            [sys.executable, str(FAKE_ENGINE), "--port", "0", "--name", name,
+             "--api-key", api_key, *flags],
+            log,
+        )  # fmt: skip
+        self.processes.append(process)
+
+        def port() -> int | None:
+            if not process.alive():
+                raise AssertionError(f"fake engine {name} exited:\n{process.output()}")
+            first = process.output().split("\n", 1)[0]
+            return int(first.split()[-1]) if first.startswith("listening on") else None
+
+        engine = FakeEngine(process, wait_until(port, what=f"engine {name} to listen"), name,
+                            api_key)  # fmt: skip
+        return engine
+
+    def static_file(self, models: list[dict], keys: list[dict] | None, **extra: Any) -> Path:
+        path = self.root / f"static-{len(self.processes)}.yaml"
+        document: dict[str, Any] = {"models": models, **extra}
+        if keys is not None:
+            document["keys"] = keys
+        path.write_text(yaml.safe_dump(document))
+        return path
+
+    def router(self, env: dict[str, str], server: str = "uvicorn") -> RouterProcess:
+        for _attempt in range(3):  # a port taken between choosing it and binding it
+            port = free_port()
+            argv = [sys.executable] + [a.format(port=port) for a in ROUTER_SERVERS[server]]
+            process = Process(argv, self.root / f"router-{port}.log", env)
+            self.processes.append(process)
+            router = RouterProcess(process, port)
+
+            def up(process: Process = process, router: RouterProcess = router) -> bool:
+                if not process.alive():
+                    return True
+                return httpx.get(f"{router.url}/health", timeout=5).status_code in (200, 503)
+
+            wait_until(up, what=f"router on {port} to answer /health")
+            if process.alive():
+                return router
+            if "address already in use" not in process.output().lower():
+                raise AssertionError(f"router exited:\n{process.output()}")
+        raise AssertionError("router could not bind a port in three tries")
+
+    def cleanup(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+
+
+def sse_events(lines: list[str]) -> list[Any]:
+    """The JSON payloads of ``data:`` lines, with [DONE] as the string."""
+    events = []
+    for line in lines:
+        if line.startswith("data: "):
+            data = line[len("data: ") :]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events

@@ -1,0 +1,124 @@
+"""A router reading the real database and listening on the real Redis.
+
+The periodic refresh is set to an hour, so every change a test sees arrived through the
+pub/sub notification, not the safety net.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from catalog.keys import create_key, revoke_key
+from fleet.models import Replica, ReplicaState, ShardState
+from fleet.transitions import transition
+from router.models import Usage
+from tests.factories import make_model, make_node, make_profile, make_replica, make_shard
+from tests.router.harness import wait_until
+
+pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+
+CHAT = {"messages": [{"role": "user", "content": "hello there"}]}
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"postgresql://{auth}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+@pytest.fixture
+def fleet(harness):
+    """A catalog model whose one replica is starting on an engine that is already up."""
+    engine = harness.engine("db-engine", "replica-secret")
+    model = make_model("gemma", aliases=["g"])
+    replica = make_replica(make_profile(model, replicas=1), state=ReplicaState.STARTING,
+                           secret="replica-secret")  # fmt: skip
+    make_shard(replica, rank=0, node=make_node("node01", address="127.0.0.1"),
+               port=engine.port, state=ShardState.READY)  # fmt: skip
+    make_profile(make_model("idle"), replicas=0)
+    _row, key = create_key("team")
+    router = harness.router(
+        {
+            "DATABASE_URL": database_url(),
+            "REDIS_URL": settings.REDIS_URL,
+            "LLMGW_ROUTER_REFRESH_SECONDS": "3600",
+            "LLMGW_ROUTER_ACCOUNTING_SECONDS": "0.2",
+        }
+    )
+    wait_until(lambda: httpx.get(f"{router.url}/health", timeout=10).json()["status"] == "ok",
+               what="the router to load its table")  # fmt: skip
+    return engine, replica, key, router
+
+
+def chat(router, key: str, model: str = "g") -> httpx.Response:
+    return httpx.post(
+        f"{router.url}/v1/chat/completions",
+        json={"model": model, **CHAT},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+
+
+def test_a_replica_becoming_ready_or_going_away_reroutes_within_moments(fleet):
+    engine, replica, key, router = fleet
+    starting = chat(router, key)
+    assert starting.status_code == 503
+    assert starting.headers["retry-after"] == "5"
+    assert "No ready replica of gemma: 1 starting" in starting.json()["error"]["message"]
+
+    transition(Replica, replica.pk, ReplicaState.READY, "rank 0 answers")
+    answered = wait_until(lambda: chat(router, key).status_code == 200, what="routing to it")
+    assert answered
+    (seen,) = [r for r in engine.requests() if r["path"] == "/v1/chat/completions"]
+    assert seen["model"] == "gemma"
+    assert seen["authorization"] == "Bearer replica-secret"
+    models = httpx.get(f"{router.url}/v1/models", headers={"Authorization": f"Bearer {key}"},
+                       timeout=10).json()  # fmt: skip
+    assert [(m["id"], m["llmgw"]["replicas"]) for m in models["data"]] == [
+        ("gemma", {"wanted": 1, "ready": 1})
+    ]
+
+    transition(Replica, replica.pk, ReplicaState.STOPPING, "scaled down")
+    wait_until(lambda: chat(router, key).status_code == 503, what="the replica to leave")
+    assert "1 stopping" in chat(router, key).json()["error"]["message"]
+
+
+def test_a_model_nobody_wants_is_503_saying_so(fleet):
+    _engine, _replica, key, router = fleet
+    response = chat(router, key, "idle")
+    assert response.status_code == 503
+    assert "none wanted" in response.json()["error"]["message"]
+    assert response.headers["retry-after"] == "60"
+
+
+def test_revoking_a_key_refuses_it_and_a_new_key_works_without_a_restart(fleet):
+    _engine, _replica, key, router = fleet
+    assert chat(router, key, "idle").status_code == 503  # accepted, just nothing to run
+    revoke_key(key)
+    wait_until(lambda: chat(router, key, "idle").status_code == 401, what="the revoke")
+    _row, fresh = create_key("team-2", ["idle"])
+    wait_until(lambda: chat(router, fresh, "idle").status_code == 503, what="the new key")
+    assert chat(router, fresh, "gemma").status_code == 403
+
+
+def test_usage_is_written_per_key_and_model_in_batches(fleet):
+    _engine, replica, key, router = fleet
+    transition(Replica, replica.pk, ReplicaState.READY, "rank 0 answers")
+    wait_until(lambda: chat(router, key).status_code == 200, what="routing to it")
+    stream = httpx.post(
+        f"{router.url}/v1/chat/completions", json={"model": "gemma", "stream": True, **CHAT},
+        headers={"Authorization": f"Bearer {key}"}, timeout=30,
+    )  # fmt: skip
+    assert stream.status_code == 200
+
+    def written() -> Usage | None:
+        row = Usage.objects.filter(key_prefix=key[:14], model="gemma").first()
+        return row if row is not None and row.requests >= 2 else None
+
+    row = wait_until(written, what="usage rows")
+    assert row.key_name == "team"
+    assert row.completion_tokens == 3 * row.requests  # the fake engine's 3 chunks each
+    assert row.prompt_tokens > 0
