@@ -51,6 +51,12 @@ def _check_name(value: str) -> str:
     return value
 
 
+def _check_engine(value: str) -> str:
+    if value not in KNOWN_ENGINES:
+        raise ValueError(f"unknown engine {value!r}; llmgw runs {', '.join(KNOWN_ENGINES)}")
+    return value
+
+
 class EngineBuild(_Strict):
     name: str
     url: str
@@ -63,12 +69,7 @@ class EngineEntry(_Strict):
     version: str
     builds: list[EngineBuild] = []
 
-    @field_validator("name")
-    @classmethod
-    def engine_is_known(cls, value: str) -> str:
-        if value not in KNOWN_ENGINES:
-            raise ValueError(f"unknown engine {value!r}; llmgw runs {', '.join(KNOWN_ENGINES)}")
-        return value
+    _engine = field_validator("name")(_check_engine)
 
 
 class NamedEntry(_Strict):
@@ -99,12 +100,7 @@ class ProfileEntry(_Strict):
 
     _name = field_validator("name")(_check_name)
 
-    @field_validator("engine")
-    @classmethod
-    def engine_is_known(cls, value: str) -> str:
-        if value not in KNOWN_ENGINES:
-            raise ValueError(f"unknown engine {value!r}; llmgw runs {', '.join(KNOWN_ENGINES)}")
-        return value
+    _engine = field_validator("engine")(_check_engine)
 
     @field_validator("launch_mode")
     @classmethod
