@@ -14,6 +14,7 @@ import pytest
 
 from catalog.keys import create_key
 from catalog.services import apply_catalog
+from fleet import commands
 from fleet.models import Node, Replica, Shard
 from fleet.node_auth import node_token
 from llmgw_site.demo import DEMO_MODEL, demo_catalog
@@ -97,6 +98,12 @@ def test_a_model_is_served_end_to_end_and_survives_an_agent_restart(processes, t
         chunks = chat(router_url, key, stream=True, model="smollm2")  # by alias
         deltas = [c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]]
         assert len([d for d in deltas if d]) > 1 and "".join(deltas).strip()
+
+        # Running an engine's --version happens only when somebody asks, on the node.
+        check = commands.engine_check(node_id, "llama.cpp")
+        assert check["ok"] and "version" in check["output"], check
+        logs = commands.read_logs(node_id, shard.id, 50)
+        assert shard.id in logs["sources"] and logs["lines"]
 
         # Restart the agent: the engine keeps its PID and keeps serving throughout.
         worker.stop()
