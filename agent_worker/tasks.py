@@ -1,34 +1,60 @@
 """Commands from the control plane, as tasks on this node's queue. Each is thin: it
-parses its typed argument and calls the runtime. Each is idempotent by shard id,
-because the broker redelivers a task whose worker died.
+checks the command was signed for this node, parses its typed argument and calls the
+runtime. Each is idempotent by shard id, because the broker redelivers a task whose
+worker died.
 """
 
 from __future__ import annotations
+
+import logging
+from typing import Any
 
 from celery import shared_task
 
 from agent_worker.runtime import current
 from protocol.shard import ShardSpec
+from protocol.signing import BadSignature, verify
+
+log = logging.getLogger("llmgw.agent.commands")
+
+
+def _checked(task: str, args: list[Any], deadline: float, signature: str) -> bool:
+    try:
+        verify(current().config.token, task, args, deadline, signature)
+    except BadSignature as exc:
+        log.error("refusing a command: %s", exc)
+        return False
+    return True
 
 
 @shared_task(name="agent.start_shard")
-def start_shard_task(spec_json: str) -> str:
+def start_shard_task(spec_json: str, deadline: float = 0, signature: str = "") -> str:
+    if not _checked("agent.start_shard", [spec_json], deadline, signature):
+        return "refused"
     return current().start_shard(ShardSpec.model_validate_json(spec_json))
 
 
 @shared_task(name="agent.stop_shard")
-def stop_shard_task(shard_id: str) -> str:
+def stop_shard_task(shard_id: str, deadline: float = 0, signature: str = "") -> str:
+    if not _checked("agent.stop_shard", [shard_id], deadline, signature):
+        return "refused"
     current().stop_shard(shard_id)
     return "stopped"
 
 
 @shared_task(name="agent.read_logs")
-def read_logs_task(source: str = "agent", lines: int = 200) -> dict:
+def read_logs_task(
+    source: str = "agent", lines: int = 200, deadline: float = 0, signature: str = ""
+) -> dict:
+    if not _checked("agent.read_logs", [source, lines], deadline, signature):
+        return {"lines": [], "sources": [], "refused": True}
     runtime = current()
     return {"lines": runtime.read_logs(source, lines), "sources": runtime.logs.sources()}
 
 
 @shared_task(name="agent.engine_check")
-def engine_check_task(engine: str) -> dict:
+def engine_check_task(engine: str, deadline: float = 0, signature: str = "") -> dict:
     """Run the engine's version command: only ever on an operator's explicit request."""
+    if not _checked("agent.engine_check", [engine], deadline, signature):
+        return {"ok": False, "output": "refused: the command was not signed for this node"}
     return current().engine_check(engine)

@@ -8,11 +8,14 @@ Request/reply commands wait at most REPLY_TIMEOUT for the agent's answer.
 from __future__ import annotations
 
 import logging
+import time
 
 from celery.exceptions import TimeoutError as CeleryTimeout
 
+from fleet.node_auth import node_token
 from llmgw_site.celery import app
 from protocol.shard import ShardSpec
+from protocol.signing import sign
 
 log = logging.getLogger("llmgw.fleet.commands")
 
@@ -29,19 +32,25 @@ def node_queue(node_id: str) -> str:
     return f"node-{node_id}"
 
 
-def send_start_shard(node_id: str, spec: ShardSpec) -> None:
-    app.send_task(
-        "agent.start_shard",
-        args=[spec.model_dump_json()],
+def send(node_id: str, task: str, args: list, expires: float):
+    """Put a signed, expiring command on the node's queue."""
+    deadline = time.time() + expires
+    signature = sign(node_token(node_id), task, args, deadline)
+    return app.send_task(
+        task,
+        args=args,
+        kwargs={"deadline": deadline, "signature": signature},
         queue=node_queue(node_id),
-        expires=START_EXPIRES,
+        expires=expires,
     )
+
+
+def send_start_shard(node_id: str, spec: ShardSpec) -> None:
+    send(node_id, "agent.start_shard", [spec.model_dump_json()], START_EXPIRES)
 
 
 def send_stop_shard(node_id: str, shard_id: str) -> None:
-    app.send_task(
-        "agent.stop_shard", args=[shard_id], queue=node_queue(node_id), expires=STOP_EXPIRES
-    )
+    send(node_id, "agent.stop_shard", [shard_id], STOP_EXPIRES)
 
 
 def read_logs(node_id: str, source: str = "agent", lines: int = 200) -> dict:
@@ -55,7 +64,7 @@ def engine_check(node_id: str, engine: str) -> dict:
 
 
 def _ask(node_id: str, task: str, args: list) -> dict:
-    result = app.send_task(task, args=args, queue=node_queue(node_id), expires=REPLY_TIMEOUT)
+    result = send(node_id, task, args, REPLY_TIMEOUT)
     try:
         return result.get(timeout=REPLY_TIMEOUT)
     except CeleryTimeout:

@@ -24,5 +24,11 @@ def queued_commands(node_id: str) -> list[tuple[str, list]]:
     return commands
 
 
+def queued_signatures(node_id: str) -> list[dict]:
+    """The signing kwargs (deadline, signature) of every queued command, oldest first."""
+    raw = broker().lrange(f"node-{node_id}", 0, -1)
+    return [json.loads(base64.b64decode(json.loads(item)["body"]))[1] for item in reversed(raw)]
+
+
 def clear_queue(node_id: str) -> None:
     broker().delete(f"node-{node_id}")

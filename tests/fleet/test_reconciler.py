@@ -11,13 +11,15 @@ from django.utils import timezone
 
 from catalog.services import apply_catalog
 from fleet.models import Event, Node, Replica, Shard
+from fleet.node_auth import node_token
 from fleet.reconciler import reconcile
 from fleet.services import adopt_reported_shards, record_shard_status, register_node
 from fleet.transitions import transition
 from protocol import messages
 from protocol.shard import ShardSpec
+from protocol.signing import BadSignature, verify
 from tests.fleet.inventories import inventory
-from tests.fleet.queues import clear_queue, queued_commands
+from tests.fleet.queues import clear_queue, queued_commands, queued_signatures
 
 pytestmark = pytest.mark.django_db
 
@@ -102,6 +104,11 @@ def test_a_model_added_is_placed_and_start_shard_reaches_the_nodes_queue(
         7,
     )
     assert spec.api_key == replica.secret and spec.fingerprint == replica.fingerprint
+    # Signed with the node's own token: only that node will obey it.
+    [signed] = queued_signatures(node_ids[0])
+    verify(node_token(node_ids[0]), task, args, signed["deadline"], signed["signature"])
+    with pytest.raises(BadSignature):
+        verify(node_token(node_ids[1]), task, args, signed["deadline"], signed["signature"])
     # A second pass changes nothing and sends nothing more.
     assert not run(django_capture_on_commit_callbacks).did_anything()
     assert len(queued_commands(node_ids[0])) == 1

@@ -1,0 +1,50 @@
+"""Commands to a node carry a signature only that node and the control plane can make.
+
+The key is the node's link token, which both sides already hold; so anything that can
+write to the broker but does not hold the token cannot make a node start, stop or run
+anything, and a command signed for one node is refused by another. The signed text
+covers the task name, its arguments and a deadline, so a captured command cannot be
+replayed with other arguments or obeyed late.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from typing import Any
+
+
+class BadSignature(Exception):
+    """A command this node must not obey, with the reason."""
+
+
+def _message(task: str, args: list[Any], deadline: float) -> bytes:
+    return json.dumps(
+        [task, args, round(deadline, 3)], sort_keys=True, separators=(",", ":")
+    ).encode()
+
+
+def sign(token: str, task: str, args: list[Any], deadline: float) -> str:
+    return hmac.new(token.encode(), _message(task, args, deadline), hashlib.sha256).hexdigest()
+
+
+def verify(
+    token: str,
+    task: str,
+    args: list[Any],
+    deadline: float,
+    signature: str,
+    now: float | None = None,
+) -> None:
+    """Raise BadSignature unless the command was signed for this token and is still due."""
+    if not token:
+        raise BadSignature("this agent has no token, so it cannot check who sent the command")
+    if not signature:
+        raise BadSignature(f"{task} arrived unsigned")
+    expected = sign(token, task, args, deadline)
+    if not hmac.compare_digest(expected, signature):
+        raise BadSignature(f"{task} was not signed for this node")
+    if (now if now is not None else time.time()) > deadline:
+        raise BadSignature(f"{task} arrived after its deadline")
