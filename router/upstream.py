@@ -348,32 +348,44 @@ class Upstream:
             if b"\r" not in value and b"\n" not in value
         )
         assert self._slots is not None, "Upstream.start() was not called"
-        # A slot per request, held until its response is closed (see _Connection.finished).
-        await self._slots.acquire()
-        try:
-            connection, reused = await self._connection(target, base_url)
-        except BaseException:
-            self._slots.release()
-            raise
-        try:
-            return await connection.request(target, (target.prefix + path).encode(), body, encoded)
-        except ConnectionError:
-            kind = "disconnected"
-            detail = f"{base_url} closed the connection before answering"
-            if reused:
-                detail += " (a kept-alive connection)"
-        except TimeoutError:
-            kind, detail = "timeout", f"{base_url} did not answer in {self.read_timeout:g} s"
-        except UpstreamBroken as exc:
-            kind, detail = "error", f"{base_url}: {exc}"
-        raise UpstreamUnreachable(kind, detail)
+        for fresh in (False, True):
+            # A slot per request, held until its response is closed (see _Connection.finished).
+            await self._slots.acquire()
+            try:
+                connection, reused = await self._connection(target, base_url, fresh=fresh)
+            except BaseException:
+                self._slots.release()
+                raise
+            try:
+                return await connection.request(
+                    target, (target.prefix + path).encode(), body, encoded
+                )
+            except ConnectionError:
+                if reused and not fresh:
+                    # An engine may close a kept-alive connection just as it is reused
+                    # (llama-server does right after a streamed answer): nothing was
+                    # answered, so send it once more on a new connection.
+                    continue
+                kind = "disconnected"
+                detail = f"{base_url} closed the connection before answering"
+            except TimeoutError:
+                kind, detail = "timeout", f"{base_url} did not answer in {self.read_timeout:g} s"
+            except UpstreamBroken as exc:
+                kind, detail = "error", f"{base_url}: {exc}"
+            raise UpstreamUnreachable(kind, detail)
+        raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _connection(self, target: _Target, url: str) -> tuple[_Connection, bool]:
+    async def _connection(
+        self, target: _Target, url: str, *, fresh: bool = False
+    ) -> tuple[_Connection, bool]:
         idle = self._idle.get(target.key)
         now = self.loop.time()
-        while idle:
+        while idle and not fresh:
             connection = idle.pop()
-            if not connection.closed and now - connection.idle_since < KEEPALIVE_SECONDS:
+            usable = not connection.closed and not (
+                connection.transport is not None and connection.transport.is_closing()
+            )
+            if usable and now - connection.idle_since < KEEPALIVE_SECONDS:
                 return connection, True
             connection.abort()
         if target.ssl and self._ssl is None:

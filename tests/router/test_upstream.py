@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -276,3 +277,41 @@ def test_an_address_that_is_no_url_is_unreachable_not_a_crash():
         return refused.value.kind
 
     assert run(scenario()) == "connect"
+
+
+def test_a_kept_alive_connection_the_engine_drops_on_reuse_is_retried_on_a_new_one():
+    # llama-server says keep-alive, then closes right after a streamed answer; a request
+    # that picks up that connection must not fail for it.
+    async def scenario():
+        connections = 0
+
+        async def handler(reader, writer):
+            nonlocal connections
+            connections += 1
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(answer(b'{"ok": true}', b"Connection: keep-alive"))
+            await writer.drain()
+            # Take the next request, then hang up without answering it.
+            with contextlib.suppress(asyncio.IncompleteReadError):
+                await reader.readuntil(b"\r\n\r\n")
+            writer.close()
+
+        server, url = await serve(handler)
+        upstream = await client()
+        try:
+            answers = []
+            for _ in range(3):
+                response = await upstream.post(url, "/v1/chat", BODY, [])
+                answers.append(await response.read())
+                response.close()
+        finally:
+            await upstream.close()
+            server.close()
+        return answers, connections
+
+    answers, connections = run(scenario())
+    assert answers == [b'{"ok": true}'] * 3
+    assert connections >= 3  # each reuse was refused and redone on a fresh connection
