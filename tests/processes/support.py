@@ -35,7 +35,7 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, interva
         time.sleep(interval)
 
 
-def test_database_url() -> str:
+def child_database_url() -> str:
     """The URL of the database pytest-django created, for child processes."""
     db = settings.DATABASES["default"]
     host = db.get("HOST") or ""
@@ -97,7 +97,7 @@ class Process:
 def base_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
-        DATABASE_URL=test_database_url(),
+        DATABASE_URL=child_database_url(),
         REDIS_URL=settings.REDIS_URL,
         DJANGO_SETTINGS_MODULE="llmgw_site.settings",
         PYTHONUNBUFFERED="1",

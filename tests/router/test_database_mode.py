@@ -9,24 +9,18 @@ from __future__ import annotations
 import httpx
 import pytest
 from django.conf import settings
-from django.db import connection
 
 from catalog.keys import create_key, revoke_key
 from fleet.models import Replica, ReplicaState, ShardState
 from fleet.transitions import transition
 from router.models import Usage
 from tests.factories import make_model, make_node, make_profile, make_replica, make_shard
+from tests.processes.support import child_database_url
 from tests.router.harness import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
 CHAT = {"messages": [{"role": "user", "content": "hello there"}]}
-
-
-def database_url() -> str:
-    db = connection.settings_dict
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    return f"postgresql://{auth}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
 
 
 @pytest.fixture
@@ -42,7 +36,7 @@ def fleet(harness):
     _row, key = create_key("team")
     router = harness.router(
         {
-            "DATABASE_URL": database_url(),
+            "DATABASE_URL": child_database_url(),
             "REDIS_URL": settings.REDIS_URL,
             "LLMGW_ROUTER_REFRESH_SECONDS": "3600",
             "LLMGW_ROUTER_ACCOUNTING_SECONDS": "0.2",
