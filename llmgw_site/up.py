@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw_site import embedded
-from llmgw_site.demo import demo_catalog
+from llmgw_site.demo import DEMO_MODEL, demo_catalog
 from llmgw_site.env import env_int, env_str, llmgw_home
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,6 +104,19 @@ def ensure_admin(python: str, env: dict[str, str], home: Path) -> None:
     print(f"created user 'admin'; its password is in {password_file}", flush=True)
 
 
+def ensure_api_key(python: str, env: dict[str, str], home: Path) -> Path:
+    """A /v1 key for trying things out, created once and kept where only root reads it."""
+    key_file = home / "api-key"
+    if not key_file.exists():
+        created = subprocess.run(
+            [python, MANAGE, "llmgw_ctl", "keys", "create", "llmgw-up"],
+            env=env, check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        key_file.write_text(created.stdout.splitlines()[0] + "\n")
+        key_file.chmod(0o600)
+    return key_file
+
+
 def apply_demo(python: str, env: dict[str, str], home: Path) -> None:
     """Serve SmolLM2 out of the box; LLMGW_DEMO=0 skips it, LLMGW_DEMO_CATALOG replaces it."""
     if env_str("LLMGW_DEMO", "1") == "0":
@@ -131,6 +144,7 @@ def run(argv: list[str] | None = None) -> int:
     ensure_admin(python, env, home)
     env.setdefault("LLMGW_AGENT_TOKEN", agent_token(python, env))
     apply_demo(python, env, home)
+    key_file = ensure_api_key(python, env, home)
 
     control_port = env_int("LLMGW_PORT", 8000)
     router_port = env_int("LLMGW_ROUTER_PORT", 8080)
@@ -153,7 +167,11 @@ def run(argv: list[str] | None = None) -> int:
             print(f"started {child.name} (pid {child.process.pid})", flush=True)
         print(
             f"llmgw is up: control plane http://127.0.0.1:{control_port}/  "
-            f"router http://127.0.0.1:{router_port}/v1  (Ctrl-C stops everything)",
+            f"router http://127.0.0.1:{router_port}/v1  (Ctrl-C stops everything)\n"
+            f"try: curl http://127.0.0.1:{router_port}/v1/chat/completions "
+            f'-H "Authorization: Bearer $(cat {key_file})" -H "Content-Type: application/json" '
+            f'-d \'{{"model": "{DEMO_MODEL}", "messages": '
+            f'[{{"role": "user", "content": "Hello!"}}]}}\'',
             flush=True,
         )
         while not stopping:
