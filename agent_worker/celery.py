@@ -7,7 +7,10 @@ lives in the worker process for its whole life, started by a bootstep.
 
 from __future__ import annotations
 
+import logging
+
 from celery import Celery
+from celery.signals import after_setup_logger
 
 from agent_worker.bootstep import AgentRuntimeStep
 from agent_worker.config import broker_url
@@ -29,4 +32,13 @@ app.conf.update(
     worker_cancel_long_running_tasks_on_connection_loss=True,
 )
 app.steps["worker"].add(AgentRuntimeStep)
+
+
+@after_setup_logger.connect
+def quiet_task_chatter(**_kwargs) -> None:
+    """Logs reads and checks arrive often; their "received"/"succeeded" lines are noise."""
+    for name in ("celery.app.trace", "celery.worker.strategy"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 app.autodiscover_tasks(["agent_worker"], related_name="tasks", force=True)

@@ -52,7 +52,8 @@ def register_node(node_id: str, message: messages.Register, now: datetime | None
             record_event("node", node_id, f"registered from {node.address}", to_state="connected")
         elif node.state != NodeState.CONNECTED:
             transition(Node, node_id, NodeState.CONNECTED, f"registered from {node.address}")
-        _log_new_qualifications(node, before)
+        if not created:
+            _log_new_qualifications(node, before)
         for problem in message.problems:
             record_event("node", node_id, f"agent reports: {problem}")
     node.refresh_from_db()
@@ -77,7 +78,7 @@ def _log_new_qualifications(node: Node, before: dict[str, object]) -> None:
     if after["gpus"] > before["gpus"]:  # type: ignore[operator]
         gained.append(f"{after['gpus']} GPUs")
     new_engines = after["engines"] - before["engines"]  # type: ignore[operator]
-    if new_engines and before["engines"] is not None:
+    if new_engines:
         gained.append("engine " + ", ".join(sorted(new_engines)))
     if gained:
         reason = f"node {node.id} now qualifies for more: {'; '.join(gained)}"
