@@ -219,6 +219,8 @@ class AgentRuntime:
             self.supervisor.stop(shard_id)
 
     def engine_check(self, engine: str) -> dict:
+        # Running an engine is only ever done on request; say so where operators look.
+        log.info("engine check of %s requested by the control plane", engine)
         path = self.engine_paths.get(engine)
         if path is None:
             known = ", ".join(sorted(self.engine_paths)) or "none"

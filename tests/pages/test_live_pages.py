@@ -18,11 +18,11 @@ from playwright.sync_api import expect
 
 from catalog.models import Profile
 from catalog.services import apply_catalog
+from fleet import commands
 from fleet.liveness import check_liveness
 from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardState
 from fleet.node_auth import node_token
 from fleet.transitions import transition
-from llmgw_site.celery import app as control_app
 from tests.factories import make_user
 from tests.pages.rows import heartbeating_node, stale_replica_on
 from tests.processes.support import Process, agent, control_plane, free_port, wait_for
@@ -169,13 +169,8 @@ def test_pages_follow_a_live_agent(browser, processes, tmp_path, screenshot):
     log = page.locator("#log-lines pre.log")
     expect(log).to_contain_text(f"linked to control plane ws://127.0.0.1:{port}", timeout=WAIT_MS)
     marker = f"marker-{uuid.uuid4().hex}"
-    off_loop(
-        control_app.send_task,
-        "agent.engine_check",
-        args=["no-such-engine"],
-        queue=f"node-{node_id}",
-        task_id=marker,
-    )
+    # A signed command whose handling the agent logs, naming the marker.
+    off_loop(commands.send, node_id, "agent.engine_check", [marker], 30)
     expect(log).to_contain_text(marker, timeout=WAIT_MS)
     assert_not_reloaded(page)
     screenshot(page, "logs")
