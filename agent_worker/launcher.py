@@ -37,7 +37,7 @@ class ShardLauncher:
         self.report = report
         self.send = send
         self.fetching: dict[str, threading.Event] = {}
-        self.fetching_sources: dict[str, str] = {}
+        self.fetching_specs: dict[str, ShardSpec] = {}
         self._lock = threading.Lock()
 
     def start(self, spec: ShardSpec) -> ShardState:
@@ -57,11 +57,16 @@ class ShardLauncher:
             return self._fetch_then_launch(spec)
         return self._launch(spec)
 
+    def downloading(self) -> list[ShardSpec]:
+        """Shards waiting for their weights: the register must report them too."""
+        with self._lock:
+            return list(self.fetching_specs.values())
+
     def stop(self, shard_id: str) -> bool:
         """Cancel a download in progress; True if there was one."""
         with self._lock:
             cancel = self.fetching.pop(shard_id, None)
-            self.fetching_sources.pop(shard_id, None)
+            self.fetching_specs.pop(shard_id, None)
         if cancel is None:
             return False
         cancel.set()
@@ -91,7 +96,7 @@ class ShardLauncher:
         cancel = threading.Event()
         with self._lock:
             self.fetching[spec.shard_id] = cancel
-            self.fetching_sources[spec.shard_id] = spec.source
+            self.fetching_specs[spec.shard_id] = spec
         self._transition(spec, "fetching", f"fetching {spec.source}")
         thread = threading.Thread(
             target=self._fetch, args=(spec, cancel), name=f"fetch-{spec.shard_id[:8]}", daemon=True
@@ -120,7 +125,7 @@ class ShardLauncher:
 
     def _forget(self, shard_id: str) -> bool:
         with self._lock:
-            self.fetching_sources.pop(shard_id, None)
+            self.fetching_specs.pop(shard_id, None)
             return self.fetching.pop(shard_id, None) is not None
 
     def _refuse(self, spec: ShardSpec, reason: str) -> ShardState:

@@ -159,6 +159,10 @@ class AgentRuntime:
             )
             for shard in self.supervisor.running()
         ]
+        shards += [
+            messages.RunningShard(spec=spec, state="fetching")
+            for spec in self.launcher.downloading()
+        ]
         return messages.Register(
             agent_version=AGENT_VERSION,
             inventory=inventory,

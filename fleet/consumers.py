@@ -101,6 +101,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         await database_sync_to_async(services.register_node)(self.node_id, message)
         await database_sync_to_async(services.adopt_reported_shards)(self.node_id, message)
+        await database_sync_to_async(services.forget_unreported_shards)(self.node_id, message)
         self.registered = True
         log.info("node %s registered with %d shard(s)", self.node_id, len(message.shards))
         await self.send(json.dumps({"type": "linked", "node": self.node_id}))

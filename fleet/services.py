@@ -198,6 +198,26 @@ def adopt_reported_shards(node_id: str, message: messages.Register) -> list[str]
     return rebuilt
 
 
+def forget_unreported_shards(node_id: str, message: messages.Register) -> list[str]:
+    """Fail shards the control plane placed on this node that its agent no longer runs.
+
+    Only shards the agent had already reported on (fetching, starting, ready): a pending
+    one may still be on its way in the node's queue, and its startup timeout covers it.
+    """
+    reported = {running.spec.shard_id for running in message.shards}
+    gone = Shard.objects.filter(
+        node_id=node_id,
+        state__in=[ShardState.FETCHING, ShardState.STARTING, ShardState.READY],
+    ).exclude(id__in=reported)
+    failed = []
+    for shard_id, replica_id in gone.values_list("id", "replica_id"):
+        reason = f"node {node_id} registered without it (its agent or engine restarted)"
+        if transition(Shard, shard_id, ShardState.FAILED, reason, reason=reason, progress=None):
+            failed.append(shard_id)
+            refresh_replica_state(replica_id)
+    return failed
+
+
 def refresh_replica_state(replica_id) -> str | None:
     """Derive a replica's state from its shards: ready when every rank is, failed when one is."""
     from fleet.models import Replica, ReplicaState

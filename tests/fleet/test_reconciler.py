@@ -13,7 +13,12 @@ from catalog.services import apply_catalog
 from fleet.models import Event, Node, Replica, Shard
 from fleet.node_auth import node_token
 from fleet.reconciler import reconcile
-from fleet.services import adopt_reported_shards, record_shard_status, register_node
+from fleet.services import (
+    adopt_reported_shards,
+    forget_unreported_shards,
+    record_shard_status,
+    register_node,
+)
 from fleet.transitions import transition
 from protocol import messages
 from protocol.shard import ShardSpec
@@ -270,3 +275,22 @@ def test_drain_moves_replicas_off_the_node(node_ids, django_capture_on_commit_ca
     replacement = Replica.objects.exclude(id=first.id).get()
     assert replacement.shards.get().node_id != node_id
     assert json.dumps(Replica.objects.get(id=first.id).reasons).find("draining") > 0
+
+
+def test_a_node_that_registers_without_its_shards_fails_them_but_not_pending_ones(
+    node_ids, django_capture_on_commit_callbacks
+):
+    connect(node_ids[0], memory_total=64 << 30)
+    apply_catalog(catalog(replicas=2))
+    run(django_capture_on_commit_callbacks)
+    running, queued = Shard.objects.order_by("port")
+    record_shard_status(node_ids[0], messages.ShardStatus(shard_id=running.id, state="ready"))
+    # The agent restarted without its engines (llmgw up stopped them): it reports none.
+    empty = messages.Register(inventory=inventory(node_ids[0]), engines_probed=True)
+    register_node(node_ids[0], empty)
+    assert forget_unreported_shards(node_ids[0], empty) == [running.id]
+    running.refresh_from_db()
+    assert running.state == "failed" and "registered without it" in running.reason
+    assert Replica.objects.get(id=running.replica_id).state == "failed"
+    # The other start command may still be in the node's queue: left to its timeout.
+    assert Shard.objects.get(id=queued.id).state == "pending"
