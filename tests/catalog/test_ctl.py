@@ -95,3 +95,25 @@ def test_nodes_and_replicas_and_status(catalog_file):
     assert "node07: needs 2 GPUs with 40 GiB free, has 0" in replicas
     status = json.loads(ctl("status", "--json"))
     assert status["replicas"][0]["state"] == "unplaceable"
+
+
+def test_drain_marks_the_node_and_says_what_moves(catalog_file):
+    ctl("apply", "-f", str(catalog_file))
+    node = make_node("node07")
+    replica = make_replica(state="ready")
+    make_shard(replica, node=node, state="ready")
+    assert ctl("drain", "node07").strip() == "node07 is draining: 1 replica(s) will be moved off it"
+    node.refresh_from_db()
+    assert node.draining
+    assert ctl("drain", "node07").strip() == "node07 is already draining"
+    assert ctl("drain", "node07", "--undo").strip() == "node07 returned to service"
+    with pytest.raises(CommandError, match="no node 'ghost' \\(nodes: node07\\)"):
+        ctl("drain", "ghost")
+
+
+def test_node_token_is_bound_to_the_node(catalog_file):
+    from fleet.node_auth import verify_node_token
+
+    token = ctl("node-token", "node07").strip()
+    assert verify_node_token(token) == "node07"
+    assert verify_node_token(token.replace("node07", "node08")) is None
