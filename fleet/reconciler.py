@@ -86,13 +86,9 @@ def stop_replica(replica: Replica, reason: str, report: ReconcileReport | None =
 
 def retire_orphans(report: ReconcileReport) -> None:
     """Stop replicas whose model or profile left the catalog: nothing routes to them."""
+    in_catalog = set(Profile.objects.values_list("id", "model__name"))
     for replica in Replica.objects.filter(state__in=COUNTED):
-        if (
-            replica.profile_id is None
-            or not Profile.objects.filter(
-                id=replica.profile_id, model__name=replica.model_name
-            ).exists()
-        ):
+        if (replica.profile_id, replica.model_name) not in in_catalog:
             stop_replica(
                 replica,
                 f"{replica.model_name}/{replica.profile_name} left the catalog",
