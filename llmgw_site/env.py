@@ -39,5 +39,12 @@ def env_list(name: str, default: list[str] | None = None) -> list[str]:
 
 
 def llmgw_home() -> Path:
-    """Where every piece of local state lives: data, sockets, logs, secrets."""
-    return Path(env_str("LLMGW_HOME", "var")).resolve()
+    """Where every piece of local state lives: data, sockets, logs, secrets.
+
+    The default is the checkout's ``var/`` wherever a command is run from, so a
+    second terminal finds the same database as `make run`.
+    """
+    configured = env_str("LLMGW_HOME")
+    if configured:
+        return Path(configured).resolve()
+    return Path(__file__).resolve().parent.parent / "var"
