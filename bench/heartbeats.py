@@ -56,7 +56,6 @@ import random
 import resource
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -69,6 +68,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from router_overhead import stop  # noqa: E402  (this folder's process helpers)
 
 from protocol.inventory import Cpu, Filesystem, Inventory, ShardUsage, Usage  # noqa: E402
 from protocol.messages import Heartbeat, Register  # noqa: E402
@@ -217,17 +218,6 @@ def start_daphne(app: str, port: int, env: dict[str, str], log_path: Path) -> su
             argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-
-
-def stop(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 async def wait_listening(port: int, process: subprocess.Popen, log_path: Path) -> None:
