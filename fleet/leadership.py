@@ -8,6 +8,7 @@ writing. A standby refuses agent links and names the leader, so agents move on.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -58,7 +59,13 @@ def identity() -> str:
 
 
 def client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
+    """One pool per process: agents reconnecting in a storm must not each open one."""
+    return _client_for(settings.REDIS_URL)
+
+
+@functools.cache
+def _client_for(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=5)
 
 
 def acquire_or_renew(me: str | None = None, conn: redis.Redis | None = None) -> Lease:
