@@ -20,6 +20,8 @@ import httpx
 import redis
 from django.conf import settings
 
+from llmgw_site.redis_clients import redis_client
+
 log = logging.getLogger("llmgw.fleet.history")
 
 WINDOW = 3600
@@ -30,17 +32,9 @@ PROMETHEUS_STEP = 15
 PROMETHEUS_TIMEOUT = 5.0
 NO_DATA = "no data yet"
 
-_client: redis.Redis | None = None
-
 
 def _redis() -> redis.Redis:
-    global _client
-    if _client is None:
-        # Short timeouts: a heartbeat write must not hang because Redis is slow.
-        _client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2
-        )
-    return _client
+    return redis_client()
 
 
 def samples_key(node_id: str) -> str:

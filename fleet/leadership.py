@@ -8,13 +8,14 @@ writing. A standby refuses agent links and names the leader, so agents move on.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from dataclasses import dataclass
 
 import redis
 from django.conf import settings
+
+from llmgw_site.redis_clients import redis_client
 
 log = logging.getLogger("llmgw.leadership")
 
@@ -59,13 +60,7 @@ def identity() -> str:
 
 
 def client() -> redis.Redis:
-    """One pool per process: agents reconnecting in a storm must not each open one."""
-    return _client_for(settings.REDIS_URL)
-
-
-@functools.cache
-def _client_for(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=5)
+    return redis_client()
 
 
 def acquire_or_renew(me: str | None = None, conn: redis.Redis | None = None) -> Lease:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from llmgw_site.redis_clients import redis_client
+
 logger = logging.getLogger(__name__)
 
 ROUTING_CHANNEL = "llmgw:routing"
-
-_redis_client = None
 
 
 def publish_routing_change(kind: str = "replicas") -> None:
@@ -25,17 +25,8 @@ def publish_routing_change(kind: str = "replicas") -> None:
     Call it through ``transaction.on_commit`` so a router that reloads at once sees the
     change. A lost message costs at most one periodic refresh (10 s by default).
     """
-    global _redis_client
     try:
-        if _redis_client is None:
-            import redis
-            from django.conf import settings
-
-            # Short timeouts: a state transition must not hang because Redis is away.
-            _redis_client = redis.Redis.from_url(
-                settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2
-            )
-        _redis_client.publish(ROUTING_CHANNEL, kind)
+        redis_client().publish(ROUTING_CHANNEL, kind)
     except Exception as exc:
         logger.warning("could not tell routers about a %s change: %s", kind, exc)
 
