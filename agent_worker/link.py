@@ -9,6 +9,7 @@ to stop hammering one control plane, and the next one has not been hammered.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -28,6 +29,8 @@ log = logging.getLogger("llmgw.agent.link")
 BACKOFF_BASE = 1.0
 BACKOFF_MAX = 60.0
 OPEN_TIMEOUT = 5.0
+# Messages kept while unlinked; past this the oldest go (register resends the state).
+OUTBOX_LIMIT = 10_000
 # Bounded so that stopping the agent never waits on a peer that does not answer.
 CLOSE_TIMEOUT = 2.0
 
@@ -84,16 +87,19 @@ class AgentLink:
         self.ssl_context = ssl_context
         self.connected_to: str | None = None
         self.sessions = 0
-        self._outbox: asyncio.Queue[str] | None = None
+        # Events wait here while unlinked and go out right after the next register: a
+        # transition between building a register and linking must not be lost.
+        self._outbox: collections.deque[str] = collections.deque(maxlen=OUTBOX_LIMIT)
+        self._outbox_ready: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
 
     def send(self, message: BaseModel) -> None:
-        """Queue a message from any thread; dropped while unlinked (register resends state)."""
-        loop, outbox = self._loop, self._outbox
-        if loop is None or outbox is None or self.connected_to is None:
-            return
-        loop.call_soon_threadsafe(outbox.put_nowait, message.model_dump_json())
+        """Queue a message from any thread; it goes out as soon as the link is up."""
+        self._outbox.append(message.model_dump_json())
+        loop, ready = self._loop, self._outbox_ready
+        if loop is not None and ready is not None:
+            loop.call_soon_threadsafe(ready.set)
 
     def stop(self) -> None:
         if self._loop and self._stop:
@@ -103,7 +109,7 @@ class AgentLink:
         """Link, relink, forever, until stop()."""
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        self._outbox = asyncio.Queue()
+        self._outbox_ready = asyncio.Event()
         failed_rounds = 0
         while not self._stop.is_set():
             linked_in_round = False
@@ -171,9 +177,6 @@ class AgentLink:
         log.info("linked to control plane %s as %s", url, self.node_id)
         self.connected_to = url
         self.sessions += 1
-        assert self._outbox is not None
-        while not self._outbox.empty():  # register carried the current state
-            self._outbox.get_nowait()
         try:
             await self._linked(ws)
         except ConnectionClosed as exc:
@@ -184,7 +187,7 @@ class AgentLink:
         return True
 
     async def _linked(self, ws: ClientConnection) -> None:
-        assert self._stop is not None and self._outbox is not None
+        assert self._stop is not None
         tasks = [
             asyncio.create_task(self._heartbeats(ws)),
             asyncio.create_task(self._send_outbox(ws)),
@@ -207,9 +210,15 @@ class AgentLink:
             await ws.send(heartbeat.model_dump_json())
 
     async def _send_outbox(self, ws: ClientConnection) -> None:
-        assert self._outbox is not None
+        assert self._outbox_ready is not None
         while True:
-            await ws.send(await self._outbox.get())
+            while self._outbox:
+                # Taken off only once sent: a message a dropped link did not carry waits.
+                await ws.send(self._outbox[0])
+                self._outbox.popleft()
+            self._outbox_ready.clear()
+            if not self._outbox:
+                await self._outbox_ready.wait()
 
     async def _read(self, ws: ClientConnection) -> None:
         async for message in ws:

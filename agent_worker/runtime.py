@@ -236,6 +236,19 @@ class AgentRuntime:
             return {"ok": False, "output": f"{' '.join(command)}: {exc}"}
         return {"ok": done.returncode == 0, "output": (done.stdout + done.stderr).strip()[-4000:]}
 
+    def collect_weights(self, keep: list[str]) -> list[str]:
+        """Delete fetched weights no model needs; what runs or downloads is always kept."""
+        keep_all = set(keep)
+        keep_all.update(shard.spec.source for shard in self.supervisor.running())
+        keep_all.update(spec.source for spec in self.launcher.downloading())
+        deleted = self.weights.reclaim_unused_weights(keep_all)
+        for path in deleted:
+            log.info("deleted unused weights %s", path)
+        changed = self.weights_changed()
+        if changed is not None:
+            self.link.send(changed)
+        return [str(path) for path in deleted]
+
     def read_logs(self, source: str, lines: int) -> list[str]:
         return self.logs.read(source, lines)
 

@@ -58,3 +58,11 @@ def engine_check_task(engine: str, deadline: float = 0, signature: str = "") -> 
     if not _checked("agent.engine_check", [engine], deadline, signature):
         return {"ok": False, "output": "refused: the command was not signed for this node"}
     return current().engine_check(engine)
+
+
+@shared_task(name="agent.collect_weights")
+def collect_weights_task(keep: list[str], deadline: float = 0, signature: str = "") -> dict:
+    """Delete weights llmgw fetched that no model in ``keep`` (nor any shard here) uses."""
+    if not _checked("agent.collect_weights", [keep], deadline, signature):
+        return {"deleted": [], "refused": True}
+    return {"deleted": current().collect_weights(keep)}

@@ -63,6 +63,14 @@ def engine_check(node_id: str, engine: str) -> dict:
     return _ask(node_id, "agent.engine_check", [engine])
 
 
+def collect_weights(node_id: str) -> dict:
+    """Have the node delete fetched weights that no catalog model uses any more."""
+    from catalog.models import Model
+
+    keep = sorted(set(Model.objects.values_list("source", flat=True)))
+    return _ask(node_id, "agent.collect_weights", [keep])
+
+
 def _ask(node_id: str, task: str, args: list) -> dict:
     result = send(node_id, task, args, REPLY_TIMEOUT)
     try:

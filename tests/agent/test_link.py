@@ -197,3 +197,23 @@ def test_backoff_grows_to_a_ceiling_with_jitter():
     assert delays[0] <= 1.0
     assert all(d <= 60.0 for d in delays)
     assert delays[-1] >= 30.0
+
+
+def test_events_sent_while_unlinked_go_out_right_after_the_register(no_backoff):
+    # An engine may turn ready between building a register and linking; that
+    # transition must reach the control plane, after the register it follows.
+    async def scenario():
+        plane = FakeControlPlane()
+        link = make_link(["ws://127.0.0.1:9"], heartbeat_interval=60)
+        await asyncio.to_thread(link.send, Canned(type="shard_status", shard_id="s1"))
+        await plane.start()
+        link.servers = [plane.url]
+        task = asyncio.create_task(link.run())
+        await wait_until(lambda: any(m.get("shard_id") == "s1" for m in plane.received))
+        link.stop()
+        await asyncio.wait_for(task, 5)
+        await plane.stop()
+        return plane
+
+    plane = asyncio.run(scenario())
+    assert [m["type"] for m in plane.received][:2] == ["register", "shard_status"]

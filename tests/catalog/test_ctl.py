@@ -117,3 +117,22 @@ def test_node_token_is_bound_to_the_node(catalog_file):
     token = ctl("node-token", "node07").strip()
     assert verify_node_token(token) == "node07"
     assert verify_node_token(token.replace("node07", "node08")) is None
+
+
+def test_weights_lists_what_each_node_holds_and_collect_needs_a_node():
+    make_node("node07", weights=[
+        {"source": "https://hf.example/m.gguf", "path": "/w/ab12-m.gguf", "size": 2_000_000_000,
+         "fetched": True},
+        {"source": "/models/own.gguf", "path": "/models/own.gguf", "size": 10, "fetched": False},
+    ])  # fmt: skip
+    lines = ctl("weights").splitlines()
+    assert lines[0].split() == ["NODE", "SOURCE", "SIZE", "WHOSE", "PATH"]
+    assert "2.0 GB" in lines[1] and "fetched" in lines[1]
+    assert "the operator's" in lines[2]
+    assert [row["path"] for row in json.loads(ctl("weights", "node07", "--json"))] == [
+        "/w/ab12-m.gguf", "/models/own.gguf",
+    ]  # fmt: skip
+    with pytest.raises(CommandError, match="say which node to collect on"):
+        ctl("weights", "--collect")
+    with pytest.raises(CommandError, match="no node 'ghost'"):
+        ctl("weights", "ghost")

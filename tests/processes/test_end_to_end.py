@@ -105,6 +105,10 @@ def test_a_model_is_served_end_to_end_and_survives_an_agent_restart(processes, t
         assert check["ok"] and "version" in check["output"], check
         logs = commands.read_logs(node_id, shard.id, 50)
         assert shard.id in logs["sources"] and logs["lines"]
+        # A local model file is never llmgw's to delete: collecting removes nothing.
+        assert commands.collect_weights(node_id) == {"deleted": []}
+        held = Node.objects.get(id=node_id).weights
+        assert all(not weight["fetched"] for weight in held)
 
         # Kill the agent outright: the engine keeps its PID and keeps serving throughout.
         worker.kill()
