@@ -24,6 +24,8 @@ POSTGRES_START_TIMEOUT = 60
 REDIS_START_TIMEOUT = 10
 
 _postgres_handles: dict[Path, object] = {}
+# What this process started (not found running), so it can stop exactly that.
+started_here: set[tuple[str, Path]] = set()
 
 
 def postgres_url(home: Path, database: str = "llmgw") -> str:
@@ -38,14 +40,37 @@ def postgres_url(home: Path, database: str = "llmgw") -> str:
     pgdata.mkdir(parents=True, exist_ok=True)
     server = _postgres_handles.get(pgdata)
     if server is None:
+        was_running = _postgres_running(pgdata)
         # cleanup_mode=None: the server outlives this process, so a second terminal
         # never stops the database out from under `llmgw up`; `llmgw up` stops it.
         server = pgserver.get_server(pgdata, cleanup_mode=None)
         _postgres_handles[pgdata] = server
+        if not was_running:
+            started_here.add(("postgres", home))
     info = server.get_postmaster_info()  # type: ignore[attr-defined]
     socket_dir = str(info.socket_dir)
     _ensure_database(socket_dir, database)
     return f"postgresql://postgres@/{database}?host={quote(socket_dir, safe='')}"
+
+
+def _postgres_running(pgdata: Path) -> bool:
+    import psutil
+
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return False
+    return psutil.pid_exists(pid)
+
+
+def stop_started_here() -> None:
+    """Stop the embedded servers this process started, and only those (the test suite)."""
+    for kind, home in sorted(started_here):
+        if kind == "redis":
+            stop_redis(home)
+        else:
+            stop_postgres(home)
+    started_here.clear()
 
 
 def _ensure_database(socket_dir: str, database: str) -> None:
@@ -82,6 +107,7 @@ def redis_url(home: Path) -> str:
     sock = redis_socket(home)
     if not _redis_answers(sock):
         _start_redis(home)
+        started_here.add(("redis", home))
     return f"unix://{sock}"
 
 
