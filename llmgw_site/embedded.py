@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -165,3 +166,20 @@ def stop_redis(home: Path) -> None:
     # Shutdown closes the connection it arrived on.
     with contextlib.suppress(redis.ConnectionError):
         redis.Redis(unix_socket_path=str(sock)).shutdown(nosave=True)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m llmgw_site.embedded stop``: stop the servers under LLMGW_HOME."""
+    from llmgw_site.env import llmgw_home
+
+    if argv != ["stop"]:
+        print("usage: python -m llmgw_site.embedded stop", file=sys.stderr)
+        return 2
+    home = llmgw_home()
+    stop_redis(home)
+    stop_postgres(home)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
