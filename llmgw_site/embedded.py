@@ -87,7 +87,9 @@ def _ensure_database(socket_dir: str, database: str) -> None:
 
 def stop_postgres(home: Path) -> None:
     """Stop the embedded PostgreSQL under ``home`` if it runs."""
-    from pgserver._commands import pg_ctl
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs, as in postgres_url
+        from pgserver._commands import pg_ctl
 
     pgdata = home / "postgres"
     if not (pgdata / "postmaster.pid").exists():
