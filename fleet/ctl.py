@@ -10,7 +10,7 @@ from fleet.actions import drain_node, undrain_node
 from fleet.models import Node, Replica
 from fleet.node_auth import node_token
 from fleet.reconciler import COUNTED
-from fleet.selectors import live_replicas, model_rows
+from fleet.selectors import live_replicas, model_rows, progress_line
 from llmgw_site.tables import render_json, render_table
 from protocol.units import human_size
 
@@ -146,16 +146,6 @@ def _replica_dicts() -> list[dict]:
     return result
 
 
-def _progress_line(progress: dict | None) -> str:
-    if not progress:
-        return ""
-    done = human_size(progress.get("bytes", 0))
-    total = progress.get("total")
-    rate = progress.get("rate")
-    line = f"{done} of {human_size(total)}" if total else f"{done} so far"
-    return line + (f", {human_size(rate)}/s" if rate else "")
-
-
 def replicas_command(options, out) -> None:
     replicas = _replica_dicts()
     if options["json"]:
@@ -172,7 +162,7 @@ def _replicas_text(replicas: list[dict]) -> str:
             gpus = ",".join(str(g) for g in shard["gpus"]) or "-"
             rows.append(["", "", f"  rank {shard['rank']}", shard["state"], shard["age"],
                          shard["node"], gpus, shard["reason"]])  # fmt: skip
-            progress = _progress_line(shard["progress"])
+            progress = progress_line(shard["progress"])
             if progress:
                 rows.append(["", "", "", "", "", "", "", f"downloading: {progress}"])
         rows.extend(["", "", "", "", "", "", "", reason] for reason in r["reasons"])

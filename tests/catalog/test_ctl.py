@@ -91,7 +91,7 @@ def test_nodes_and_replicas_and_status(catalog_file):
     assert nodes.splitlines()[0].split()[:3] == ["NODE", "STATE", "ADDRESS"]
     assert "node07" in nodes and "(not reported)" in nodes
     replicas = ctl("replicas")
-    assert "downloading: 3.1 GB of 15.2 GB, 41.0 MB/s" in replicas
+    assert "downloading: 3.1 of 15.2 GB, 41 MB/s" in replicas
     assert "node07: needs 2 GPUs with 40 GiB free, has 0" in replicas
     status = json.loads(ctl("status", "--json"))
     assert status["replicas"][0]["state"] == "unplaceable"
