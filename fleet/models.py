@@ -6,6 +6,9 @@ import uuid
 from datetime import datetime, timedelta
 
 from django.db import models
+from django.utils.crypto import salted_hmac
+
+REPLICA_SECRET_SALT = "llmgw.replica-secret"  # noqa: S105 (a salt, not a secret)
 
 
 class NodeState(models.TextChoices):
@@ -71,6 +74,15 @@ class Node(models.Model):
         return list(self.inventory.get("warnings", []))
 
 
+def replica_secret(replica_id: object) -> str:
+    """The engine secret of a replica, derived from its id with the control plane's key.
+
+    A node that reports a replica the database does not know cannot have chosen a
+    secret the control plane would take for its own.
+    """
+    return salted_hmac(REPLICA_SECRET_SALT, str(replica_id), algorithm="sha256").hexdigest()[:48]
+
+
 class Replica(models.Model):
     """One copy of a model running under one profile, across one or more nodes."""
 
@@ -123,6 +135,8 @@ class Shard(models.Model):
     # Download progress rides beside the state; the next transition clears it.
     progress = models.JSONField(null=True, blank=True)
     pid = models.PositiveIntegerField(null=True, blank=True)
+    # The node's sequence number of the state held here: an older status is ignored.
+    status_seq = models.BigIntegerField(default=0)
     state_changed_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -8,7 +8,7 @@ command to a node is sent after the transaction that decided it commits.
 from __future__ import annotations
 
 import logging
-import secrets
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -18,7 +18,17 @@ from django.utils import timezone
 
 from catalog.models import Profile
 from fleet import commands
-from fleet.models import Event, Node, NodeState, Replica, ReplicaState, Shard, ShardState
+from fleet.models import (
+    Event,
+    Node,
+    NodeState,
+    Replica,
+    ReplicaState,
+    Shard,
+    ShardState,
+    replica_secret,
+)  # fmt: skip
+from fleet.services import refresh_replica_state
 from fleet.shard_specs import allocate_port, shard_spec
 from fleet.snapshot import node_snapshots, placement_request
 from fleet.transitions import record_event, transition
@@ -118,10 +128,16 @@ def retire_from_bad_nodes(report: ReconcileReport) -> None:
 def fail_slow_starts(now: datetime, report: ReconcileReport) -> None:
     """A replica not ready within its profile's startup timeout has failed.
 
-    The timer starts when the replica starts and is not reset by download progress:
-    an hour-long download must not keep a doomed replica alive indefinitely.
+    The timer starts each time the replica enters starting and is not reset by download
+    progress: an hour-long download must not keep a doomed replica alive indefinitely.
     """
-    for replica in Replica.objects.filter(state=ReplicaState.STARTING).select_related("profile"):
+    starting = Replica.objects.filter(state=ReplicaState.STARTING).select_related("profile")
+    for replica in starting.prefetch_related("shards"):
+        ranks = [shard.state for shard in replica.shards.all()]
+        if ranks and all(state == ShardState.READY for state in ranks):
+            # Every rank says it is healthy: that is a ready replica, never a slow one.
+            refresh_replica_state(replica.id)
+            continue
         timeout = replica.profile.startup_timeout if replica.profile else 600
         if replica.starting_since and now - replica.starting_since > timedelta(seconds=timeout):
             reason = f"not ready within the profile's startup timeout of {timeout}s"
@@ -164,12 +180,14 @@ def scale(report: ReconcileReport) -> None:
         )
         missing = profile.replicas - len(live)
         for _ in range(missing):
+            replica_id = uuid.uuid4()
             replica = Replica.objects.create(
+                id=replica_id,
                 model_name=profile.model.name,
                 profile_name=profile.name,
                 profile=profile,
                 fingerprint=profile.fingerprint(),
-                secret=secrets.token_urlsafe(24),
+                secret=replica_secret(replica_id),
             )
             record_event("replica", str(replica.id), f"wanted by {profile}", to_state="placing")
             report.created.append(str(replica.id))

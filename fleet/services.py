@@ -6,14 +6,16 @@ moves through ``fleet.transitions`` (compare-and-swap, with an event).
 
 from __future__ import annotations
 
+import hmac
 import logging
+import uuid
 from datetime import datetime
 
 from django.db import transaction
 from django.utils import timezone
 
 from fleet import notify
-from fleet.models import Node, NodeState, Shard, ShardState
+from fleet.models import Node, NodeState, Shard, ShardState, replica_secret
 from fleet.transitions import record_event, transition
 from protocol import messages
 
@@ -106,8 +108,8 @@ def update_weights(node_id: str, message: messages.Weights) -> None:
 
 
 def record_shard_status(node_id: str, message: messages.ShardStatus) -> bool:
-    """Apply a shard's transition as its node reports it; False if refused or unknown."""
-    shard = Shard.objects.filter(id=message.shard_id).only("node_id", "state").first()
+    """Apply a shard's transition as its node reports it; False if refused, stale or unknown."""
+    shard = Shard.objects.filter(id=message.shard_id).only("node_id", "state", "status_seq").first()
     if shard is None:
         log.info("node %s reports unknown shard %s (%s)", node_id, message.shard_id, message.state)
         return False
@@ -117,10 +119,20 @@ def record_shard_status(node_id: str, message: messages.ShardStatus) -> bool:
             node_id, message.shard_id, shard.node_id,
         )  # fmt: skip
         return False
+    if _is_stale(shard, message.seq):
+        log.info(
+            "node %s: %s of shard %s (seq %d) is older than what is held (seq %d); ignored",
+            node_id, message.state, shard.id, message.seq, shard.status_seq,
+        )  # fmt: skip
+        return False
     if shard.state == message.state:
+        if message.seq > shard.status_seq:
+            Shard.objects.filter(id=shard.id).update(status_seq=message.seq)
         return False
     reason = message.reason or f"node {node_id} reports {message.state}"
     fields: dict[str, object] = {"progress": None, "reason": message.reason}
+    if message.seq:
+        fields["status_seq"] = message.seq
     if message.pid is not None:
         fields["pid"] = message.pid
     if message.output_tail:
@@ -129,6 +141,11 @@ def record_shard_status(node_id: str, message: messages.ShardStatus) -> bool:
     if changed:
         refresh_replica_state(Shard.objects.get(id=message.shard_id).replica_id)
     return changed
+
+
+def _is_stale(shard: Shard, seq: int) -> bool:
+    # 0 comes from an agent too old to number its statuses: taken as it comes, as before.
+    return bool(seq) and seq < shard.status_seq
 
 
 def record_shard_progress(node_id: str, message: messages.ShardProgress) -> None:
@@ -144,78 +161,154 @@ def record_shard_progress(node_id: str, message: messages.ShardProgress) -> None
 
 
 def adopt_reported_shards(node_id: str, message: messages.Register) -> list[str]:
-    """Rebuild replicas and shards from what the agent says it runs.
+    """Rebuild replicas and shards from what the agent says it runs; the rebuilt ids.
 
-    The control plane keeps no belief about processes that agents cannot confirm: a
-    restarted control plane learns its replicas from here. The fingerprint is the one
-    the agent reports — empty reads as unknown, never as matching.
+    A node speaks only for its own shards. A shard the database knows is updated (unless
+    what is held is newer); one whose replica is stopping or stopped is told to stop, so
+    a lost node that returns after its stop commands expired leaves no orphan engine. A
+    replica the database does not know counts toward its profile only if the control
+    plane created it (its secret is the one derived from its id) for the profile as it
+    is now; anything else is recorded as the node's and stopped.
     """
-    from catalog.models import Profile
-    from fleet.models import Replica, ReplicaState
-
     rebuilt = []
     for running in message.shards:
-        spec = running.spec
         with transaction.atomic():
-            profile = Profile.objects.filter(model__name=spec.model, name=spec.profile).first()
-            replica, created = Replica.objects.get_or_create(
-                id=spec.replica_id,
-                defaults={
-                    "model_name": spec.model,
-                    "profile_name": spec.profile,
-                    "profile": profile,
-                    "fingerprint": spec.fingerprint,
-                    "secret": spec.api_key,
-                    "state": ReplicaState.STARTING,
-                    "starting_since": timezone.now(),
-                },
-            )
-            if created:
-                rebuilt.append(str(replica.id))
-                record_event(
-                    "replica", str(replica.id),
-                    f"rebuilt from node {node_id}'s report of shard {spec.shard_id}",
-                    to_state=ReplicaState.STARTING,
-                )  # fmt: skip
-            shard, shard_created = Shard.objects.get_or_create(
-                id=spec.shard_id,
-                defaults={
-                    "replica": replica,
-                    "rank": spec.rank,
-                    "node_id": node_id,
-                    "gpus": spec.gpus,
-                    "port": spec.port,
-                    "state": running.state,
-                    "pid": running.pid,
-                },
-            )
-            if not shard_created and shard.state != running.state:
-                transition(
-                    Shard, shard.id, running.state, f"node {node_id} reports {running.state}",
-                    pid=running.pid,
-                )  # fmt: skip
-        refresh_replica_state(replica.id)
+            replica_id = _adopt_reported_shard(node_id, running)
+        if replica_id is not None:
+            rebuilt.append(replica_id)
     return rebuilt
 
 
-def forget_unreported_shards(node_id: str, message: messages.Register) -> list[str]:
-    """Fail shards the control plane placed on this node that its agent no longer runs.
+def _adopt_reported_shard(node_id: str, running: messages.RunningShard) -> str | None:
+    from fleet.models import Replica, ReplicaState
 
-    Only shards the agent had already reported on (fetching, starting, ready): a pending
-    one may still be on its way in the node's queue, and its startup timeout covers it.
-    """
-    reported = {running.spec.shard_id for running in message.shards}
-    gone = Shard.objects.filter(
+    spec = running.spec
+    shard = Shard.objects.select_for_update().filter(id=spec.shard_id).first()
+    if shard is not None:
+        if shard.node_id != node_id or str(shard.replica_id) != spec.replica_id:
+            _refuse_report(node_id, spec, f"it belongs to {shard.node_id}, replica "
+                           f"{shard.replica_id}")  # fmt: skip
+            return None
+        replica = Replica.objects.get(id=shard.replica_id)
+        if replica.state in (ReplicaState.STOPPING, ReplicaState.STOPPED) or (
+            shard.state in (ShardState.FAILED, ShardState.STOPPED)
+            and running.state not in (ShardState.FAILED, ShardState.STOPPED)
+        ):
+            _stop_reported(node_id, shard.id, f"replica {replica.id} is {replica.state}")
+            return None
+        if _is_stale(shard, running.seq):
+            pass
+        elif shard.state != running.state:
+            fields: dict[str, object] = {"pid": running.pid}
+            if running.seq:
+                fields["status_seq"] = running.seq
+            transition(Shard, shard.id, running.state, f"node {node_id} reports "
+                       f"{running.state}", **fields)  # fmt: skip
+        elif running.seq > shard.status_seq:
+            Shard.objects.filter(id=shard.id).update(status_seq=running.seq)
+        refresh_replica_state(replica.id)
+        return None
+    try:
+        replica_uuid = uuid.UUID(spec.replica_id)
+    except ValueError:
+        _refuse_report(node_id, spec, f"{spec.replica_id!r} is not a replica id")
+        return None
+    if Replica.objects.filter(id=replica_uuid).exists():
+        _refuse_report(node_id, spec, f"replica {spec.replica_id} has no such shard")
+        return None
+    return _rebuild_replica(node_id, running, replica_uuid)
+
+
+def _rebuild_replica(node_id: str, running: messages.RunningShard, replica_id: uuid.UUID) -> str:
+    """A replica the database lost (or never had), as one node reports it."""
+    from catalog.models import Profile
+    from fleet.models import Replica, ReplicaState
+
+    spec = running.spec
+    profile = Profile.objects.filter(model__name=spec.model, name=spec.profile).first()
+    ours = bool(spec.api_key) and hmac.compare_digest(spec.api_key, replica_secret(replica_id))
+    if not ours:
+        distrust = "the control plane did not create it (its secret is not ours)"
+    elif profile is None:
+        distrust = f"{spec.model}/{spec.profile} is not in the catalog"
+    elif spec.fingerprint != profile.fingerprint():
+        distrust = f"it was started from another version of {profile}"
+    else:
+        distrust = ""
+    now = timezone.now()
+    replica = Replica.objects.create(
+        id=replica_id,
+        model_name=spec.model,
+        profile_name=spec.profile,
+        profile=None if distrust else profile,
+        fingerprint=spec.fingerprint,
+        secret=spec.api_key if ours else "",
+        state=ReplicaState.STOPPING if distrust else ReplicaState.STARTING,
+        reasons=[f"stopping: {distrust}"] if distrust else [],
+        starting_since=now,
+    )
+    why = f"rebuilt from node {node_id}'s report of shard {spec.shard_id}"
+    if distrust:
+        why += f"; stopping it: {distrust}"
+    record_event("replica", str(replica.id), why, to_state=replica.state)
+    Shard.objects.create(
+        id=spec.shard_id,
+        replica=replica,
+        rank=spec.rank,
         node_id=node_id,
-        state__in=[ShardState.FETCHING, ShardState.STARTING, ShardState.READY],
-    ).exclude(id__in=reported)
-    failed = []
+        gpus=spec.gpus,
+        port=spec.port,
+        state=running.state,
+        pid=running.pid,
+        status_seq=running.seq,
+    )
+    if distrust:
+        _stop_reported(node_id, spec.shard_id, distrust)
+    else:
+        refresh_replica_state(replica.id)
+    return str(replica.id)
+
+
+def _refuse_report(node_id: str, spec, why: str) -> None:
+    reason = f"refused node {node_id}'s report of shard {spec.shard_id}: {why}"
+    log.warning(reason)
+    record_event("node", node_id, reason)
+
+
+def _stop_reported(node_id: str, shard_id: str, why: str) -> None:
+    from fleet import commands
+
+    log.info("node %s runs shard %s, but %s; stopping it", node_id, shard_id, why)
+    transaction.on_commit(lambda: commands.send_stop_shard(node_id, shard_id))
+
+
+def forget_unreported_shards(node_id: str, message: messages.Register) -> list[str]:
+    """Settle shards placed on this node that its agent no longer runs; their ids.
+
+    A shard the agent had reported on (fetching, starting, ready) has failed: its agent or
+    engine restarted. A shard of a stopping replica has stopped, whether or not its stop
+    was ever answered. A pending shard of a live replica may still be on its way in the
+    node's queue, and its startup timeout covers it.
+    """
+    from fleet.models import ReplicaState
+
+    reported = {running.spec.shard_id for running in message.shards}
+    mine = Shard.objects.filter(node_id=node_id).exclude(id__in=reported)
+    settled = []
+    stopping = mine.filter(
+        replica__state__in=[ReplicaState.STOPPING, ReplicaState.STOPPED]
+    ).exclude(state__in=[ShardState.FAILED, ShardState.STOPPED])
+    for shard_id in stopping.values_list("id", flat=True):
+        reason = f"node {node_id} registered without it: it is not running there"
+        if transition(Shard, shard_id, ShardState.STOPPED, reason, reason=reason, progress=None):
+            settled.append(shard_id)
+    gone = mine.filter(state__in=[ShardState.FETCHING, ShardState.STARTING, ShardState.READY])
     for shard_id, replica_id in gone.values_list("id", "replica_id"):
         reason = f"node {node_id} registered without it (its agent or engine restarted)"
         if transition(Shard, shard_id, ShardState.FAILED, reason, reason=reason, progress=None):
-            failed.append(shard_id)
+            settled.append(shard_id)
             refresh_replica_state(replica_id)
-    return failed
+    return settled
 
 
 def refresh_replica_state(replica_id) -> str | None:
@@ -236,5 +329,7 @@ def refresh_replica_state(replica_id) -> str | None:
         return transition(Replica, replica.id, ReplicaState.READY, "every rank is ready",
                           reasons=[])  # fmt: skip
     if replica.state == ReplicaState.READY:
-        return transition(Replica, replica.id, ReplicaState.STARTING, "a rank is not ready")
+        # The startup clock starts again: it measures this start, not the first one.
+        return transition(Replica, replica.id, ReplicaState.STARTING, "a rank is not ready",
+                          starting_since=timezone.now())  # fmt: skip
     return None

@@ -36,6 +36,7 @@ class RunningShard(_Message):
     state: ShardState
     pid: int | None = None
     reason: str = ""
+    seq: int = Field(default=0, ge=0, description="the sequence number of this state; 0 unknown")
 
 
 class WeightFile(_Message):
@@ -83,6 +84,9 @@ class ShardStatus(_Message):
     output_tail: list[str] = Field(default_factory=list)
     pid: int | None = None
     fingerprint: str = ""
+    # Grows with every transition on the node, across agent restarts: a status queued
+    # during an outage and sent after a register must not undo what the register said.
+    seq: int = Field(default=0, ge=0, description="0 from an agent too old to number them")
 
 
 class ShardProgress(_Message):

@@ -119,9 +119,14 @@ async def test_a_fake_agent_reporting_shards_rebuilds_its_replicas():
         "models:\n  - name: gemma\n    source: /m/gemma.gguf\n    profiles:\n"
         "      - name: cpu\n        engine: llama.cpp\n"
     )
-    spec = ShardSpec(shard_id=uuid.uuid4().hex, replica_id=str(uuid.uuid4()), model="gemma",
+    from catalog.models import Profile
+    from fleet.models import replica_secret
+
+    fingerprint = await sync_to_async(lambda: Profile.objects.get().fingerprint())()
+    replica_id = str(uuid.uuid4())
+    spec = ShardSpec(shard_id=uuid.uuid4().hex, replica_id=replica_id, model="gemma",
                      source="/m/gemma.gguf", engine="llama.cpp", profile="cpu", port=20000,
-                     fingerprint="f" * 16)  # fmt: skip
+                     fingerprint=fingerprint, api_key=replica_secret(replica_id))  # fmt: skip
     ws = communicator("node01")
     await ws.connect()
     await ws.send_to(
@@ -130,6 +135,6 @@ async def test_a_fake_agent_reporting_shards_rebuilds_its_replicas():
     assert json.loads(await ws.receive_from())["type"] == "linked"
     replica = await sync_to_async(Replica.objects.get)()
     assert (str(replica.id), replica.state, replica.fingerprint) == (
-        spec.replica_id, "ready", "f" * 16,
+        spec.replica_id, "ready", fingerprint,
     )  # fmt: skip
     await ws.disconnect()

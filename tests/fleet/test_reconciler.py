@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from catalog.services import apply_catalog
-from fleet.models import Event, Node, Replica, Shard
+from fleet.models import Event, Node, Replica, Shard, replica_secret
 from fleet.node_auth import node_token
 from fleet.reconciler import reconcile
 from fleet.services import (
@@ -24,7 +24,7 @@ from protocol import messages
 from protocol.shard import ShardSpec
 from protocol.signing import BadSignature, verify
 from tests.fleet.inventories import inventory
-from tests.fleet.queues import clear_queue, queued_commands, queued_signatures
+from tests.fleet.queues import queued_commands, queued_signatures
 
 pytestmark = pytest.mark.django_db
 
@@ -41,15 +41,6 @@ models:
         gpus_per_rank: {gpus}
         memory: {memory}
 """
-
-
-@pytest.fixture
-def node_ids():
-    """Unique node ids per test: queues live in the shared Redis."""
-    ids = [f"n{uuid.uuid4().hex[:6]}-{i}" for i in range(3)]
-    yield ids
-    for node_id in ids:
-        clear_queue(node_id)
 
 
 def connect(node_id, engines=("llama.cpp",), **fields):
@@ -219,9 +210,10 @@ def test_a_restarted_control_plane_rebuilds_replicas_from_reports_without_a_seco
     apply_catalog(catalog())
     profile_fingerprint = __import__("catalog.models").models.Profile.objects.get().fingerprint()
     replica_id = str(uuid.uuid4())
+    secret = replica_secret(replica_id)  # the control plane created it
     spec = ShardSpec(shard_id=uuid.uuid4().hex, replica_id=replica_id, model="gemma",
                      source="/models/gemma.gguf", engine="llama.cpp", profile="cpu",
-                     fingerprint=profile_fingerprint, port=20000, api_key="s3cret")  # fmt: skip
+                     fingerprint=profile_fingerprint, port=20000, api_key=secret)  # fmt: skip
     register = messages.Register(
         inventory=inventory(node_ids[0]), engines_probed=True,
         engines={"llama.cpp": messages.EngineInstall()},
@@ -230,7 +222,7 @@ def test_a_restarted_control_plane_rebuilds_replicas_from_reports_without_a_seco
     register_node(node_ids[0], register)
     adopt_reported_shards(node_ids[0], register)
     replica = Replica.objects.get()
-    assert (str(replica.id), replica.state, replica.secret) == (replica_id, "ready", "s3cret")
+    assert (str(replica.id), replica.state, replica.secret) == (replica_id, "ready", secret)
     assert replica.fingerprint == profile_fingerprint
     # Registering again (a reconnect) duplicates nothing.
     adopt_reported_shards(node_ids[0], register)
@@ -245,22 +237,23 @@ def test_an_adopted_shard_whose_profile_left_is_stopped(
     spec = reported_spec(model="gone")
     register = reported(node_ids[0], spec, engines_probed=True)
     register_node(node_ids[0], register)
-    adopt_reported_shards(node_ids[0], register)
+    with django_capture_on_commit_callbacks(execute=True):
+        adopt_reported_shards(node_ids[0], register)
     run(django_capture_on_commit_callbacks)
     assert Replica.objects.get().state == "stopping"
     assert queued_commands(node_ids[0]) == [("agent.stop_shard", [spec.shard_id])]
 
 
-def test_an_agent_that_reports_no_fingerprint_reads_as_unknown(node_ids):
+def test_an_agent_that_reports_no_fingerprint_reads_as_unknown_and_is_replaced(node_ids):
     apply_catalog(catalog())
     spec = reported_spec()
+    spec = spec.model_copy(update={"api_key": replica_secret(spec.replica_id)})
     register = reported(node_ids[0], spec)
     register_node(node_ids[0], register)
     adopt_reported_shards(node_ids[0], register)
-    from fleet.selectors import model_rows
-
-    [row] = model_rows()
-    assert row["replicas"][0]["stale"] is True
+    rebuilt = Replica.objects.get()
+    assert (rebuilt.profile, rebuilt.state) == (None, "stopping")
+    assert "another version" in rebuilt.reasons[0]
 
 
 def test_drain_moves_replicas_off_the_node(node_ids, django_capture_on_commit_callbacks):
