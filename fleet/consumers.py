@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import NoReturn
 
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from fleet import leadership, services
@@ -22,6 +24,10 @@ log = logging.getLogger("llmgw.fleet.link")
 
 
 class AgentConsumer(AsyncWebsocketConsumer):
+    # No channel layer: nothing reaches an agent through it (commands go through Celery),
+    # and each subscription is one more blocking Redis read per node, whose cancellation
+    # outlived a refused link by seconds or hung its teardown.
+    channel_layer_alias = "agents-use-no-channel-layer"
     node_id: str | None = None
     registered = False
 
@@ -40,30 +46,33 @@ class AgentConsumer(AsyncWebsocketConsumer):
         authorization = headers.get(b"authorization", b"").decode(errors="replace")
         token = authorization.removeprefix("Bearer ").strip()
         node_id = verify_node_token(token) if token else None
-        leader = await database_sync_to_async(leadership.leader_for_links)()
-        if leader is not None:
-            await self._refuse(messages.CLOSE_NOT_LEADER, f"this control plane is a standby; "
-                               f"the leader is {leader}")  # fmt: skip
-        elif node_id is None:
+        # Authenticate first: who leads is not for just anyone to learn.
+        if node_id is None:
             await self._refuse(
                 messages.CLOSE_UNAUTHENTICATED,
                 f"node {claimed or '(unnamed)'} sent no valid node token; put the output of "
                 f"`llmgw_ctl node-token {claimed or 'NODE'}` in the agent's token setting",
             )
-        elif claimed and claimed != node_id:
+        if claimed and claimed != node_id:
             await self._refuse(
                 messages.CLOSE_IDENTITY_MISMATCH,
                 f"this link claims to be node {claimed!r} but its token was issued to "
                 f"{node_id!r}; give each node its own token",
             )
-        else:
-            self.node_id = node_id
+        leader = await database_sync_to_async(leadership.leader_for_links)()
+        if leader is not None:
+            await self._refuse(messages.CLOSE_NOT_LEADER, f"this control plane is a standby; "
+                               f"the leader is {leader}")  # fmt: skip
+        self.node_id = node_id
 
-    async def _refuse(self, code: int, reason: str) -> None:
+    async def _refuse(self, code: int, reason: str) -> NoReturn:
         log.warning("refused an agent link: %s", reason)
         # Daphne drops a close frame's reason, so say it in a message first.
         await self.send(json.dumps({"type": "refused", "code": code, "reason": reason}))
         await self.close(code=code)
+        # End this consumer now: nothing of a refused link may keep running until the
+        # server gets round to sending a disconnect (a leak per refused connection).
+        raise StopConsumer()
 
     async def receive(self, text_data=None, bytes_data=None) -> None:
         if self.node_id is None:

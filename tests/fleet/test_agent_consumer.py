@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -53,6 +54,15 @@ async def test_register_creates_the_node_connected():
     await ws.disconnect()
 
 
+async def consumer_ended(ws: WebsocketCommunicator, within: float = 2.0) -> bool:
+    """True once the consumer has finished by itself: a refused link leaves nothing running."""
+    for _ in range(int(within / 0.05)):
+        if ws.future.done():
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
 async def test_a_link_without_a_token_is_refused_with_the_fix():
     ws = communicator("node01", token=False)
     await ws.connect()
@@ -60,6 +70,7 @@ async def test_a_link_without_a_token_is_refused_with_the_fix():
     assert refusal["type"] == "refused"
     assert "llmgw_ctl node-token node01" in refusal["reason"]
     assert (await ws.receive_output())["type"] == "websocket.close"
+    assert await consumer_ended(ws)
     assert not await sync_to_async(Node.objects.exists)()
 
 
@@ -71,6 +82,8 @@ async def test_a_register_for_another_host_is_refused():
     assert refusal["reason"].startswith(
         "register describes host 'node02' on the link of node 'node01'"
     )
+    # The consumer ends itself: its tasks must not outlive the refused link.
+    assert await consumer_ended(ws)
     assert not await sync_to_async(Node.objects.exists)()
 
 
@@ -138,3 +151,25 @@ async def test_a_fake_agent_reporting_shards_rebuilds_its_replicas():
         spec.replica_id, "ready", fingerprint,
     )  # fmt: skip
     await ws.disconnect()
+
+
+async def test_a_standby_names_its_leader_only_to_an_authenticated_node(settings):
+    from fleet import leadership
+
+    settings.LEADER_LEASE_KEY = f"llmgw:test-lease:{id(settings)}"
+    await sync_to_async(leadership.acquire_or_renew)("wss://the-leader:8443")
+    try:
+        stranger = communicator("node01", token="node01.forged")
+        await stranger.connect()
+        refusal = json.loads(await stranger.receive_from())
+        assert refusal["code"] == messages.CLOSE_UNAUTHENTICATED
+        assert "the-leader" not in refusal["reason"]
+        assert await consumer_ended(stranger)
+
+        node = communicator("node01")
+        await node.connect()
+        refusal = json.loads(await node.receive_from())
+        assert refusal["code"] == messages.CLOSE_NOT_LEADER
+        assert "the leader is wss://the-leader:8443" in refusal["reason"]
+    finally:
+        await sync_to_async(leadership.release)("wss://the-leader:8443")
