@@ -7,9 +7,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent_worker.engines import get_adapter
+from agent_worker.supervision.shard import StatusSequence
 from agent_worker.supervisor import ShardTransition, Supervisor
 from agent_worker.weights import FetchCancelled, WeightFetchError, WeightSourceError, WeightStore
 from protocol import messages
@@ -29,6 +31,7 @@ class ShardLauncher:
         engine_paths: Callable[[], dict[str, str]],
         report: Callable[[ShardTransition], None],
         send: Callable[[messages.ShardProgress], None],
+        sequence: StatusSequence | None = None,
     ) -> None:
         self.node_id = node_id
         self.supervisor = supervisor
@@ -36,13 +39,13 @@ class ShardLauncher:
         self.engine_paths = engine_paths
         self.report = report
         self.send = send
-        self.fetching: dict[str, threading.Event] = {}
-        self.fetching_specs: dict[str, ShardSpec] = {}
+        self.sequence = sequence or StatusSequence()
+        self._downloads: dict[str, Download] = {}
         self._lock = threading.Lock()
 
     def start(self, spec: ShardSpec) -> ShardState:
         with self._lock:
-            if spec.shard_id in self.fetching:
+            if spec.shard_id in self._downloads:
                 return "fetching"
         try:
             resolved = self.weights.resolve(spec.source)
@@ -57,19 +60,18 @@ class ShardLauncher:
             return self._fetch_then_launch(spec)
         return self._launch(spec)
 
-    def downloading(self) -> list[ShardSpec]:
+    def downloading(self) -> list[Download]:
         """Shards waiting for their weights: the register must report them too."""
         with self._lock:
-            return list(self.fetching_specs.values())
+            return list(self._downloads.values())
 
     def stop(self, shard_id: str) -> bool:
-        """Cancel a download in progress; True if there was one."""
+        """Cancel a download in progress; True if there was one (its end reports the stop)."""
         with self._lock:
-            cancel = self.fetching.pop(shard_id, None)
-            self.fetching_specs.pop(shard_id, None)
-        if cancel is None:
+            download = self._downloads.pop(shard_id, None)
+        if download is None:
             return False
-        cancel.set()
+        download.cancel.set()
         return True
 
     def problems(self, spec: ShardSpec, check_file: bool) -> list[str]:
@@ -94,10 +96,10 @@ class ShardLauncher:
 
     def _fetch_then_launch(self, spec: ShardSpec) -> ShardState:
         cancel = threading.Event()
+        seq = self.sequence.next()
         with self._lock:
-            self.fetching[spec.shard_id] = cancel
-            self.fetching_specs[spec.shard_id] = spec
-        self._transition(spec, "fetching", f"fetching {spec.source}")
+            self._downloads[spec.shard_id] = Download(spec, cancel, seq)
+        self._transition(spec, "fetching", f"fetching {spec.source}", seq=seq)
         thread = threading.Thread(
             target=self._fetch, args=(spec, cancel), name=f"fetch-{spec.shard_id[:8]}", daemon=True
         )
@@ -120,20 +122,23 @@ class ShardLauncher:
             self._refuse(spec, f"fetching {spec.source} failed: {exc}")
             return
         if not self._forget(spec.shard_id):
-            return  # stopped while the download finished
+            # The stop came as the download finished: it is answered all the same.
+            self._transition(spec, "stopped", "stopped as its weights finished downloading")
+            return
         self._launch(spec.model_copy(update={"model_path": str(path)}))
 
     def _forget(self, shard_id: str) -> bool:
         with self._lock:
-            self.fetching_specs.pop(shard_id, None)
-            return self.fetching.pop(shard_id, None) is not None
+            return self._downloads.pop(shard_id, None) is not None
 
     def _refuse(self, spec: ShardSpec, reason: str) -> ShardState:
         log.error("refusing shard %s: %s", spec.shard_id, reason)
         self._transition(spec, "failed", reason)
         return "failed"
 
-    def _transition(self, spec: ShardSpec, state: ShardState, reason: str) -> None:
+    def _transition(
+        self, spec: ShardSpec, state: ShardState, reason: str, seq: int | None = None
+    ) -> None:
         self.report(
             ShardTransition(
                 shard_id=spec.shard_id,
@@ -141,5 +146,15 @@ class ShardLauncher:
                 state=state,
                 reason=reason,
                 fingerprint=spec.fingerprint,
+                seq=seq or self.sequence.next(),
             )
         )
+
+
+@dataclass(frozen=True)
+class Download:
+    """A shard whose weights are downloading, with the seq of its ``fetching`` status."""
+
+    spec: ShardSpec
+    cancel: threading.Event
+    seq: int

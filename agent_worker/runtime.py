@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 
+from agent_worker.agent_state import AgentState
 from agent_worker.config import AgentConfig
 from agent_worker.discovery import DiscoveryConfig, UsageSampler, discover, storage_dirs
 from agent_worker.discovery.nvidia import gpu_process_pids
@@ -19,9 +20,11 @@ from agent_worker.engines.probe import ProbeConfig, probe_engines
 from agent_worker.launcher import ShardLauncher
 from agent_worker.link import AgentLink, LinkCallbacks
 from agent_worker.logbuffer import LogBuffer
+from agent_worker.supervision.shard import StatusSequence
 from agent_worker.supervisor import ShardTransition, Supervisor
 from agent_worker.weights import WeightStore, fingerprint
 from protocol import messages
+from protocol.gpu_users import UnexpectedGpuUser
 from protocol.shard import ShardSpec, ShardState
 
 log = logging.getLogger("llmgw.agent")
@@ -58,9 +61,12 @@ class AgentRuntime:
             hostname=self.node_id,
             address=config.address,
         )
+        self.agent_state = AgentState(config.agent_dir / "agent-state.json")
+        self.sequence = StatusSequence(self.agent_state.begin_generation())
         self.supervisor = Supervisor(
-            config.state_dir, config.log_dir, self._on_transition, logs=self.logs
-        )
+            config.state_dir, config.log_dir, self._on_transition, logs=self.logs,
+            sequence=self.sequence,
+        )  # fmt: skip
         self.sampler = UsageSampler(storage_dirs(self.discovery_config))
         self.engines: dict[str, messages.EngineInstall] = {}
         self.engine_paths: dict[str, str] = {}
@@ -72,12 +78,14 @@ class AgentRuntime:
             heartbeat_interval=config.heartbeat_interval,
             ssl_context=self._ssl_context(),
         )
-        self.highest_epoch = 0
         self.weights = WeightStore(config.weights_dir)
         self.launcher = ShardLauncher(
             self.node_id, self.supervisor, self.weights, lambda: self.engine_paths,
-            self._on_transition, self.link.send,
+            self._on_transition, self.link.send, self.sequence,
         )  # fmt: skip
+        self.unexpected_gpu_users: list[UnexpectedGpuUser] = []
+        # The periodic prober, register and weights collection all read and write it.
+        self._weights_lock = threading.Lock()
         self._weights_fingerprint = ""
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -93,9 +101,9 @@ class AgentRuntime:
             log.info("adopted %d running shard(s) from a previous agent", len(adopted))
         # After adoption, so every engine we can describe is known: a process holding
         # GPUs that nothing can describe would have placement hand those GPUs out again.
-        killed = self.supervisor.kill_unidentified_gpu_processes(gpu_process_pids())
-        for pid in killed:
-            log.warning("killed pid %d: it held a GPU and no shard describes it", pid)
+        # Only this user's engines are killed; any other holder is reported, never touched.
+        sweep = self.supervisor.kill_unidentified_gpu_processes(gpu_process_pids())
+        self.unexpected_gpu_users = sweep.unexpected
         self._thread = threading.Thread(target=self._run_loop, name="llmgw-link", daemon=True)
         self._thread.start()
 
@@ -125,14 +133,22 @@ class AgentRuntime:
     async def _probe_periodically(self) -> None:
         while True:
             await asyncio.sleep(self.config.probe_interval)
-            before = dict(self.engines)
-            await asyncio.to_thread(self.probe_engines)
-            if self.engines != before:
-                log.info("installed engines changed: %s", ", ".join(sorted(self.engines)) or "none")
-                self.link.send(messages.Engines(engines=self.engines))
-            weights = await asyncio.to_thread(self.weights_changed)
-            if weights is not None:
-                self.link.send(weights)
+            try:
+                await self._probe_once()
+            except Exception:
+                # One bad probe (a vanished directory, a broken install) must not end them all.
+                log.exception("probing engines and weights failed; trying again in %ss",
+                              self.config.probe_interval)  # fmt: skip
+
+    async def _probe_once(self) -> None:
+        before = dict(self.engines)
+        await asyncio.to_thread(self.probe_engines)
+        if self.engines != before:
+            log.info("installed engines changed: %s", ", ".join(sorted(self.engines)) or "none")
+            self.link.send(messages.Engines(engines=self.engines))
+        weights = await asyncio.to_thread(self.weights_changed)
+        if weights is not None:
+            self.link.send(weights)
 
     # -- what the node says ----------------------------------------------------------
 
@@ -155,13 +171,14 @@ class AgentRuntime:
         inventory = discover(self.discovery_config)
         shards = [
             messages.RunningShard(
-                spec=shard.spec, state=shard.state, pid=shard.pid, reason=shard.detail
+                spec=shard.spec, state=shard.state, pid=shard.pid, reason=shard.detail,
+                seq=shard.seq,
             )
             for shard in self.supervisor.running()
-        ]
+        ]  # fmt: skip
         shards += [
-            messages.RunningShard(spec=spec, state="fetching")
-            for spec in self.launcher.downloading()
+            messages.RunningShard(spec=download.spec, state="fetching", seq=download.seq)
+            for download in self.launcher.downloading()
         ]
         return messages.Register(
             agent_version=AGENT_VERSION,
@@ -172,18 +189,25 @@ class AgentRuntime:
             shards=shards,
             problems=self.supervisor.problems,
             log_sources=self.logs.sources(),
+            unexpected_gpu_users=self.unexpected_gpu_users,
         )
 
     def weights_held(self) -> list[messages.WeightFile]:
-        held = self.weights.list_weights()
-        self._weights_fingerprint = fingerprint(held)
-        return [messages.WeightFile(**weight) for weight in held]
+        with self._weights_lock:
+            return self._list_weights()[0]
 
     def weights_changed(self) -> messages.Weights | None:
         """A weights message when what the node holds changed since it last said."""
-        before = self._weights_fingerprint
-        held = self.weights_held()
-        return None if self._weights_fingerprint == before else messages.Weights(weights=held)
+        with self._weights_lock:
+            held, before = self._list_weights()
+            changed = self._weights_fingerprint != before
+        return messages.Weights(weights=held) if changed else None
+
+    def _list_weights(self) -> tuple[list[messages.WeightFile], str]:
+        """What the node holds, and the fingerprint it replaced; call under _weights_lock."""
+        held = self.weights.list_weights()
+        before, self._weights_fingerprint = self._weights_fingerprint, fingerprint(held)
+        return [messages.WeightFile(**weight) for weight in held], before
 
     def heartbeat_message(self) -> messages.Heartbeat:
         return messages.Heartbeat(usage=self.sampler.sample(self.supervisor.pids()))
@@ -198,6 +222,7 @@ class AgentRuntime:
                 output_tail=transition.output_tail,
                 pid=transition.pid,
                 fingerprint=transition.fingerprint,
+                seq=transition.seq,
             )
         )
 
@@ -208,19 +233,28 @@ class AgentRuntime:
         known = self.supervisor.state_of(spec.shard_id)
         if known is not None:
             return known
-        if spec.epoch < self.highest_epoch:
-            # A deposed leader's command: the current leader decides what runs here.
-            log.warning(
-                "ignoring start of shard %s from epoch %d; epoch %d leads",
-                spec.shard_id, spec.epoch, self.highest_epoch,
-            )  # fmt: skip
+        if not self._from_current_leader("start", spec.shard_id, spec.epoch):
             return "pending"
-        self.highest_epoch = spec.epoch
         return self.launcher.start(spec)
 
-    def stop_shard(self, shard_id: str) -> None:
+    def stop_shard(self, shard_id: str, epoch: int = 0) -> bool:
+        """Stop a shard; False when the command came from a deposed leader and is ignored."""
+        if not self._from_current_leader("stop", shard_id, epoch):
+            return False
         if not self.launcher.stop(shard_id):
             self.supervisor.stop(shard_id)
+        return True
+
+    def _from_current_leader(self, verb: str, shard_id: str, epoch: int) -> bool:
+        # A deposed leader's command: the current leader decides what runs here. The
+        # highest epoch is kept on disk, so an agent restart does not forget it.
+        if self.agent_state.accept_epoch(epoch):
+            return True
+        log.warning(
+            "ignoring %s of shard %s from epoch %d; epoch %d leads",
+            verb, shard_id, epoch, self.agent_state.highest_epoch,
+        )  # fmt: skip
+        return False
 
     def engine_check(self, engine: str) -> dict:
         # Running an engine is only ever done on request; say so where operators look.
@@ -240,7 +274,7 @@ class AgentRuntime:
         """Delete fetched weights no model needs; what runs or downloads is always kept."""
         keep_all = set(keep)
         keep_all.update(shard.spec.source for shard in self.supervisor.running())
-        keep_all.update(spec.source for spec in self.launcher.downloading())
+        keep_all.update(download.spec.source for download in self.launcher.downloading())
         deleted = self.weights.reclaim_unused_weights(keep_all)
         for path in deleted:
             log.info("deleted unused weights %s", path)

@@ -8,20 +8,17 @@ watching and leaves them running, and the next agent's ``adopt_all`` takes them 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
-import psutil
-
 from agent_worker.engines.command import LaunchCommand
 from agent_worker.logbuffer import LogBuffer
 from agent_worker.supervision.adoption import judge
+from agent_worker.supervision.gpu_holders import GpuSweep, sweep_gpu_holders
 from agent_worker.supervision.health import port_open
 from agent_worker.supervision.logtail import LogTail
 from agent_worker.supervision.loop import ShardLoop
-from agent_worker.supervision.process import group_alive, terminate_group
 from agent_worker.supervision.shard import RunningShard, ShardRun, ShardTransition
 from agent_worker.supervision.statedir import ShardRecord, StateFileError, check_shard_id
 from protocol.shard import ShardSpec, ShardState
@@ -92,19 +89,19 @@ class Supervisor(ShardLoop):
     def stop(self, shard_id: str, grace: float = 10.0) -> None:
         """SIGTERM each process group (the engine first, then sidecars), SIGKILL after grace.
 
-        Stopping a shard this node does not know succeeds quietly.
+        A stop is always answered with the shard's final state, even for a shard this
+        node does not know (``stopped``): the control plane waits for that answer.
         """
         check_shard_id(shard_id)
         run = self._runs.get(shard_id)
         if run is None:
             run = self._known_on_disk(shard_id)
-        if run is None:
-            with self._lock:
-                if shard_id not in self._ended:  # so a start redelivered after this is ignored
-                    self._remember(ShardTransition(shard_id, "", "stopped", "stopped before start"))
+        if run is None or run.finished:
+            self._answer_stopped(shard_id)
             return
         with run.lock:
             if run.finished:
+                self._answer_stopped(shard_id)
                 return
             run.stopping = True
             try:
@@ -116,6 +113,18 @@ class Supervisor(ShardLoop):
             if killed:
                 reason += f"; {', '.join(killed)} ignored SIGTERM for {grace:g}s and got SIGKILL"
             self._finish(run, "stopped", reason, teardown=False)
+        self._drain()
+
+    def _answer_stopped(self, shard_id: str) -> None:
+        with self._lock:
+            ended = self._ended.get(shard_id)
+            if ended is None:  # remembered, so a start redelivered after this is ignored
+                seq = self._sequence.next()
+                ended = ShardTransition(
+                    shard_id, "", "stopped", "not running on this node", seq=seq
+                )
+                self._remember(ended)
+        self._queue(ended)
         self._drain()
 
     def adopt_all(self) -> list[RunningShard]:
@@ -139,35 +148,16 @@ class Supervisor(ShardLoop):
 
     def kill_unidentified_gpu_processes(
         self, gpu_pids: Iterable[int], grace: float = 5.0
-    ) -> list[int]:
-        """Kill the group of every GPU-holding pid that no shard here accounts for.
+    ) -> GpuSweep:
+        """Kill this user's engines holding GPUs that no shard here accounts for; report the rest.
 
         A process holding GPUs that nothing can describe is worse than none: placement
-        hands those GPUs out again. Call after ``adopt_all``; returns the pids killed.
+        hands those GPUs out again. Call after ``adopt_all``. Who is killed and who is
+        only reported is :func:`sweep_gpu_holders`'s to say.
         """
         ours = [proc for run in self._live_runs() for proc in run.processes]
-        known, leaders = {proc.pgid for proc in ours}, {proc.pid for proc in ours}
-        strays: dict[int, list[int]] = {}  # pgid -> the GPU pids in it
-        for pid in sorted(set(gpu_pids)):
-            if pid <= 1 or pid == os.getpid():
-                continue
-            try:
-                pgid = os.getpgid(pid)
-            except (ProcessLookupError, PermissionError):
-                continue
-            if pgid in known or pgid == os.getpgrp() or _descends_from(pid, leaders):
-                continue
-            strays.setdefault(pgid, []).append(pid)
-        killed = []
-        for pgid, pids in strays.items():
-            what = ", ".join(_describe_pid(pid) for pid in pids)
-            terminate_group(pgid, grace)
-            if group_alive(pgid):
-                log.error("could not kill process group %d (%s) holding a GPU", pgid, what)
-                continue
-            log.warning("killed process group %d (%s): it held a GPU no shard explains", pgid, what)
-            killed.extend(pids)
-        return sorted(killed)
+        pgids, leaders = {proc.pgid for proc in ours}, {proc.pid for proc in ours}
+        return sweep_gpu_holders(gpu_pids, pgids, leaders, grace)
 
     # -- what is running --------------------------------------------------------------
 
@@ -212,6 +202,7 @@ class Supervisor(ShardLoop):
         run = ShardRun(
             spec, record.serves_http, record.health_path, [], record.commands, tail, verdict.live
         )
+        run.seq = self._sequence.next()
         run.state = "starting"
         with self._lock:
             if spec.shard_id in self._runs:
@@ -251,8 +242,13 @@ class Supervisor(ShardLoop):
         reason = f"state file {path} exists but cannot be read; remove it to start this shard"
         self._queue(
             ShardTransition(
-                spec.shard_id, spec.replica_id, "failed", reason, fingerprint=spec.fingerprint
-            )
+                spec.shard_id,
+                spec.replica_id,
+                "failed",
+                reason,
+                fingerprint=spec.fingerprint,
+                seq=self._sequence.next(),
+            )  # fmt: skip
         )
         self._drain()
         return "failed"
@@ -278,18 +274,3 @@ class Supervisor(ShardLoop):
             self._queue(filled)
         self._drain()
         return state
-
-
-def _descends_from(pid: int, ancestors: set[int]) -> bool:
-    # A daemon an engine started in a session of its own (Ray's, say) is still the shard's.
-    try:
-        return any(parent.pid in ancestors for parent in psutil.Process(pid).parents())
-    except psutil.Error:
-        return False
-
-
-def _describe_pid(pid: int) -> str:
-    try:
-        return f"pid {pid}: " + " ".join(psutil.Process(pid).cmdline())[:200]
-    except psutil.Error:
-        return f"pid {pid}"

@@ -35,11 +35,10 @@ def start_shard_task(spec_json: str, deadline: float = 0, signature: str = "") -
 
 
 @shared_task(name="agent.stop_shard")
-def stop_shard_task(shard_id: str, deadline: float = 0, signature: str = "") -> str:
-    if not _checked("agent.stop_shard", [shard_id], deadline, signature):
+def stop_shard_task(shard_id: str, epoch: int = 0, deadline: float = 0, signature: str = "") -> str:
+    if not _checked("agent.stop_shard", [shard_id, epoch], deadline, signature):
         return "refused"
-    current().stop_shard(shard_id)
-    return "stopped"
+    return "stopped" if current().stop_shard(shard_id, epoch) else "ignored"
 
 
 @shared_task(name="agent.read_logs")

@@ -12,6 +12,7 @@ import time
 
 from celery.exceptions import TimeoutError as CeleryTimeout
 
+from fleet import leadership
 from fleet.node_auth import node_token
 from llmgw_site.celery import app
 from protocol.shard import ShardSpec
@@ -49,8 +50,16 @@ def send_start_shard(node_id: str, spec: ShardSpec) -> None:
     send(node_id, "agent.start_shard", [spec.model_dump_json()], START_EXPIRES)
 
 
-def send_stop_shard(node_id: str, shard_id: str) -> None:
-    send(node_id, "agent.stop_shard", [shard_id], STOP_EXPIRES)
+def send_stop_shard(node_id: str, shard_id: str, epoch: int | None = None) -> None:
+    """Tell the node to stop a shard, fenced by the leader epoch the sender acts under.
+
+    The reconciler passes its own epoch, so a deposed leader's stops are refused; other
+    senders (an operator's action, a register) act under the current lease's.
+    """
+    if epoch is None:
+        lease = leadership.current()
+        epoch = lease.epoch if lease is not None else 0
+    send(node_id, "agent.stop_shard", [shard_id, epoch], STOP_EXPIRES)
 
 
 def read_logs(node_id: str, source: str = "agent", lines: int = 200) -> dict:

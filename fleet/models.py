@@ -54,6 +54,8 @@ class Node(models.Model):
     # engine -> {"version", "path", "status"}; null means the agent never sent a list.
     engines = models.JSONField(null=True, blank=True)
     weights = models.JSONField(default=list, blank=True)
+    # GPU holders llmgw did not start and left alone (protocol UnexpectedGpuUser as JSON).
+    unexpected_gpu_users = models.JSONField(default=list, blank=True)
     # The latest heartbeat's measurements (protocol Usage as JSON), with its time.
     usage = models.JSONField(default=dict, blank=True)
     usage_at = models.DateTimeField(null=True, blank=True)
@@ -71,7 +73,18 @@ class Node(models.Model):
 
     @property
     def warnings(self) -> list[str]:
-        return list(self.inventory.get("warnings", []))
+        """What an operator should look at: the agent's own warnings, then GPU holders."""
+        return list(self.inventory.get("warnings", [])) + [
+            unexpected_gpu_user_warning(user) for user in self.unexpected_gpu_users
+        ]
+
+
+def unexpected_gpu_user_warning(user: dict) -> str:
+    return (
+        f"unexpected GPU user: pid {user.get('pid')} of {user.get('user') or 'unknown user'} "
+        f"({user.get('cmdline') or user.get('name')}); llmgw did not start it and leaves it "
+        "running, so the GPU memory it holds is not free"
+    )
 
 
 def replica_secret(replica_id: object) -> str:

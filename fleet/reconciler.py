@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from catalog.models import Profile
@@ -46,6 +47,10 @@ FAILURE_MEMORY = timedelta(minutes=30)
 FINAL_SHARD = (ShardState.FAILED, ShardState.STOPPED)
 
 
+# The key of the PostgreSQL advisory lock that makes a pass one at a time, cluster-wide.
+PASS_LOCK_KEY = 0x6C6C6D67  # "llmg"
+
+
 @dataclass
 class ReconcileReport:
     created: list[str] = field(default_factory=list)
@@ -54,9 +59,20 @@ class ReconcileReport:
     stopping: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    # Why the pass did not run (or stopped early), if it did not run whole.
+    skipped: str = ""
 
     def did_anything(self) -> bool:
-        return any(getattr(self, name) for name in self.__dataclass_fields__)
+        return any(getattr(self, name) for name in self.counted())
+
+    def counted(self) -> list[str]:
+        return [name for name in self.__dataclass_fields__ if name != "skipped"]
+
+    def summary(self) -> dict[str, object]:
+        counts: dict[str, object] = {name: len(getattr(self, name)) for name in self.counted()}
+        if self.skipped:
+            counts["skipped"] = self.skipped
+        return counts
 
 
 def reconcile(
@@ -64,37 +80,74 @@ def reconcile(
 ) -> ReconcileReport:
     """One pass: retire what must go, fail what timed out, create, place, finish stops.
 
-    ``still_leading`` is asked before starting engines: a leader that lost its lease
-    mid-pass must not send commands under an epoch that is no longer current.
+    One pass runs at a time in the whole cluster: two passes from stale snapshots would
+    place replicas on the same GPUs, and a pass that overruns is skipped, not queued.
+    ``still_leading`` is asked before every step: a leader that lost its lease mid-pass
+    must not write, or send commands under an epoch that is no longer current.
     """
     now = now or timezone.now()
     report = ReconcileReport()
-    retire_orphans(report)
-    retire_from_bad_nodes(report)
-    fail_slow_starts(now, report)
-    retire_failed(now, report)
-    scale(report)
-    if still_leading is None or still_leading():
-        place_waiting(now, epoch, report)
-    finish_stops(report)
+    with one_pass_at_a_time() as alone:
+        if not alone:
+            report.skipped = "another reconcile pass is running"
+            return report
+        steps: list[Callable[[], None]] = [
+            lambda: retire_orphans(report, epoch),
+            lambda: retire_from_bad_nodes(report, epoch),
+            lambda: fail_slow_starts(now, report),
+            lambda: retire_failed(now, report, epoch),
+            lambda: scale(report, epoch),
+            lambda: place_waiting(now, epoch, report),
+            lambda: finish_stops(report),
+        ]
+        for step in steps:
+            if still_leading is not None and not still_leading():
+                report.skipped = f"no longer the leader at epoch {epoch}"
+                log.warning("reconcile pass stopped: %s", report.skipped)
+                break
+            step()
     if report.did_anything():
-        log.info("reconciled: %s", {k: len(v) for k, v in vars(report).items() if v})
+        log.info("reconciled: %s", {k: v for k, v in report.summary().items() if v})
     return report
 
 
-def stop_replica(replica: Replica, reason: str, report: ReconcileReport | None = None) -> bool:
-    """Move a replica to stopping and tell its nodes to stop its shards."""
+@contextmanager
+def one_pass_at_a_time() -> Iterator[bool]:
+    """Hold the cluster-wide pass lock while the block runs; yield False if another has it.
+
+    A session-level advisory lock: it spans the pass's transactions, and a reconciler
+    that dies releases it with its connection.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [PASS_LOCK_KEY])
+        taken = bool(cursor.fetchone()[0])
+    try:
+        yield taken
+    finally:
+        if taken:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_KEY])
+
+
+def stop_replica(
+    replica: Replica, reason: str, report: ReconcileReport | None = None, epoch: int | None = None
+) -> bool:
+    """Move a replica to stopping and tell its nodes to stop its shards.
+
+    ``epoch`` is the leader epoch the caller acts under (the reconciler's own); None for
+    an operator's action, which acts under the current lease.
+    """
     if transition(Replica, replica.id, ReplicaState.STOPPING, reason, reasons=[reason]) is None:
         return False
     for shard in replica.shards.exclude(state__in=FINAL_SHARD).exclude(node=None):
         node_id, shard_id = shard.node_id, shard.id
-        transaction.on_commit(lambda n=node_id, s=shard_id: commands.send_stop_shard(n, s))
+        transaction.on_commit(lambda n=node_id, s=shard_id: commands.send_stop_shard(n, s, epoch))
     if report is not None:
         report.stopping.append(str(replica.id))
     return True
 
 
-def retire_orphans(report: ReconcileReport) -> None:
+def retire_orphans(report: ReconcileReport, epoch: int | None = None) -> None:
     """Stop replicas whose model or profile left the catalog: nothing routes to them."""
     in_catalog = set(Profile.objects.values_list("id", "model__name"))
     for replica in Replica.objects.filter(state__in=COUNTED):
@@ -103,10 +156,11 @@ def retire_orphans(report: ReconcileReport) -> None:
                 replica,
                 f"{replica.model_name}/{replica.profile_name} left the catalog",
                 report,
+                epoch,
             )
 
 
-def retire_from_bad_nodes(report: ReconcileReport) -> None:
+def retire_from_bad_nodes(report: ReconcileReport, epoch: int | None = None) -> None:
     """Move replicas off lost or draining nodes (a lost node's engines are still stopped)."""
     bad = {
         node.id: ("lost" if node.state == NodeState.LOST else "draining")
@@ -121,6 +175,7 @@ def retire_from_bad_nodes(report: ReconcileReport) -> None:
                     replica,
                     f"node {shard.node_id} is {bad[shard.node_id]}; placing the replica elsewhere",
                     report,
+                    epoch,
                 )
                 break
 
@@ -145,7 +200,7 @@ def fail_slow_starts(now: datetime, report: ReconcileReport) -> None:
                 report.failed.append(str(replica.id))
 
 
-def retire_failed(now: datetime, report: ReconcileReport) -> None:
+def retire_failed(now: datetime, report: ReconcileReport, epoch: int | None = None) -> None:
     """A failed replica is stopped after a backoff; scale() then creates its replacement.
 
     The backoff doubles with each failure of the same profile in the last half hour,
@@ -155,7 +210,8 @@ def retire_failed(now: datetime, report: ReconcileReport) -> None:
         delay = replacement_delay(replica, now)
         if now - replica.state_changed_at < delay:
             continue
-        stop_replica(replica, f"replacing failed replica: {'; '.join(replica.reasons)}", report)
+        reason = f"replacing failed replica: {'; '.join(replica.reasons)}"
+        stop_replica(replica, reason, report, epoch)
 
 
 def replacement_delay(replica: Replica, now: datetime) -> timedelta:
@@ -172,7 +228,7 @@ def replacement_delay(replica: Replica, now: datetime) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def scale(report: ReconcileReport) -> None:
+def scale(report: ReconcileReport, epoch: int | None = None) -> None:
     """Create replicas that are wanted; stop the surplus, least useful first."""
     for profile in Profile.objects.select_related("model"):
         live = list(
@@ -196,7 +252,8 @@ def scale(report: ReconcileReport) -> None:
                     ReplicaState.STARTING: 3, ReplicaState.READY: 4}  # fmt: skip
             surplus = sorted(live, key=lambda r: rank[r.state])[:-missing]
             for replica in surplus:
-                stop_replica(replica, f"scaled down: {profile} wants {profile.replicas}", report)
+                reason = f"scaled down: {profile} wants {profile.replicas}"
+                stop_replica(replica, reason, report, epoch)
 
 
 def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:

@@ -15,7 +15,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from fleet import notify
-from fleet.models import Node, NodeState, Shard, ShardState, replica_secret
+from fleet.models import (
+    Node,
+    NodeState,
+    Shard,
+    ShardState,
+    replica_secret,
+    unexpected_gpu_user_warning,
+)  # fmt: skip
 from fleet.transitions import record_event, transition
 from protocol import messages
 
@@ -42,12 +49,16 @@ def register_node(node_id: str, message: messages.Register, now: datetime | None
         node.inventory = inventory
         node.engines = engines
         node.weights = [weight.model_dump(mode="json") for weight in message.weights]
+        known_users = {user.get("pid") for user in node.unexpected_gpu_users}
+        node.unexpected_gpu_users = [
+            u.model_dump(mode="json") for u in message.unexpected_gpu_users
+        ]
         node.registered_at = now
         node.last_heartbeat = now
         node.save(
             update_fields=[
-                "address", "agent_version", "inventory", "engines", "weights", "registered_at",
-                "last_heartbeat",
+                "address", "agent_version", "inventory", "engines", "weights",
+                "unexpected_gpu_users", "registered_at", "last_heartbeat",
             ]
         )  # fmt: skip
         if created:
@@ -58,6 +69,9 @@ def register_node(node_id: str, message: messages.Register, now: datetime | None
             _log_new_qualifications(node, before)
         for problem in message.problems:
             record_event("node", node_id, f"agent reports: {problem}")
+        for user in node.unexpected_gpu_users:
+            if user["pid"] not in known_users:
+                record_event("node", node_id, unexpected_gpu_user_warning(user))
     node.refresh_from_db()
     return node
 

@@ -23,7 +23,7 @@ def reconcile_task() -> dict:
     report = reconcile(
         epoch=lease.epoch, still_leading=lambda: leadership.still_leading(lease.epoch)
     )
-    return {k: len(v) for k, v in vars(report).items()}
+    return report.summary()
 
 
 @shared_task(name="fleet.check_liveness")

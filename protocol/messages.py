@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from protocol.gpu_users import UnexpectedGpuUser
 from protocol.inventory import Inventory, Usage
 from protocol.shard import ShardSpec, ShardState
 
@@ -64,6 +65,9 @@ class Register(_Message):
         default_factory=list, description="e.g. a shard spec file the agent could not read"
     )
     log_sources: list[str] = Field(default_factory=list)
+    unexpected_gpu_users: list[UnexpectedGpuUser] = Field(
+        default_factory=list, description="GPU holders llmgw did not start and leaves alone"
+    )
 
 
 class Heartbeat(_Message):

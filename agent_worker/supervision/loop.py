@@ -16,7 +16,7 @@ from pathlib import Path
 from agent_worker.logbuffer import LogBuffer
 from agent_worker.supervision.health import HealthProbe, port_open
 from agent_worker.supervision.process import ShardProcess
-from agent_worker.supervision.shard import PortWait, ShardRun, ShardTransition
+from agent_worker.supervision.shard import PortWait, ShardRun, ShardTransition, StatusSequence
 from agent_worker.supervision.statedir import StateDir, check_shard_id
 from protocol.shard import ShardState
 
@@ -44,6 +44,7 @@ class ShardLoop:
         teardown_grace: float = 5.0,
         background: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        sequence: StatusSequence | None = None,
     ) -> None:
         self.logs = logs if logs is not None else LogBuffer()
         self._state = StateDir(state_dir)
@@ -56,6 +57,7 @@ class ShardLoop:
         self._teardown_grace = teardown_grace
         self._background = background
         self._clock = clock
+        self._sequence = sequence or StatusSequence()
         self._probe = HealthProbe(health_timeout)
         self._lock = threading.Lock()  # guards _runs, _ended, _problems; taken after run.lock
         self._runs: dict[str, ShardRun] = {}
@@ -143,7 +145,8 @@ class ShardLoop:
                 return True
             run.tail.note(f"started {proc.name} (pid {proc.pid})")
             if run.state == "pending":
-                self._queue(run.transition("starting", f"started {proc.name} (pid {proc.pid})"))
+                started = f"started {proc.name} (pid {proc.pid})"
+                self._queue(run.transition("starting", started, seq=self._sequence.next()))
             if command.wait_for_port is not None:
                 host, port = command.wait_for_port
                 timeout = command.wait_timeout
@@ -174,7 +177,7 @@ class ShardLoop:
                 self._state.write(run.record())
             except OSError as err:
                 log.warning("shard %s: cannot update its state file: %s", run.shard_id, err)
-        self._queue(run.transition("ready", reason))
+        self._queue(run.transition("ready", reason, seq=self._sequence.next()))
 
     def _teardown(self, run: ShardRun, grace: float) -> list[str]:
         """Stop every group of the shard, the engine first; name those that needed SIGKILL."""
@@ -198,7 +201,7 @@ class ShardLoop:
         if teardown:
             self._teardown(run, self._teardown_grace)
         run.finished = True
-        transition = run.transition(state, reason, output, exit_code)
+        transition = run.transition(state, reason, output, exit_code, seq=self._sequence.next())
         self._state.remove(run.shard_id)
         with self._lock:
             self._runs.pop(run.shard_id, None)

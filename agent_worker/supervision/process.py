@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,32 @@ CREATE_TIME_TOLERANCE = 1.0
 # while; past this we stop waiting and say so rather than hang the caller.
 KILL_WAIT = 10.0
 _POLL = 0.05
+
+# What an engine may take from the agent's environment (see engine_environment).
+_ENGINE_ENV_NAMES = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR"}
+    | {"LD_LIBRARY_PATH", "HF_HOME", "XDG_CACHE_HOME"}
+    # a hub id is fetched by the engine itself, through the site's proxy and CA bundle
+    | {"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY"}
+    | {"http_proxy", "https_proxy", "no_proxy", "all_proxy"}
+    | {"SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"}
+)
+_ENGINE_ENV_PREFIXES = (
+    "LC_",
+    "CUDA_",
+    "NCCL_",
+    "NVIDIA_",
+    "ROCM_",
+    "ROCR_",
+    "HIP_",
+    "HSA_",
+    "HF_HUB_",
+    "TRANSFORMERS_",
+    "OMP_",
+    "OPENBLAS_",
+    "MKL_",
+)
+_CREDENTIAL_WORDS = ("TOKEN", "SECRET", "PASSWORD")
 
 
 @dataclass(frozen=True)
@@ -82,7 +108,7 @@ class ShardProcess:
         Raises OSError when the executable cannot be run.
         """
         argv = list(command.argv)
-        env = {**os.environ, **command.env}
+        env = engine_environment(os.environ, command.env)
         # The engine writes to the file itself: a pipe into the agent would die with the
         # agent and take the engine down with SIGPIPE.
         with open(log_path, "ab") as out:
@@ -180,6 +206,28 @@ class ShardProcess:
             return True
         except psutil.Error:
             return False
+
+
+def engine_environment(
+    agent_env: Mapping[str, str], command_env: Mapping[str, str]
+) -> dict[str, str]:
+    """Return the environment an engine starts with: what it needs of the agent's, then its own.
+
+    The agent's environment holds the node token that signs its commands, the broker's
+    URL and, under ``llmgw up``, the control plane's database, Redis and secret key; an
+    engine runs whatever code its profile names and must see none of them. So only the
+    system's basics, GPU and collective-library knobs, model caches and thread-pool
+    settings pass, and never a name that looks like a credential. ``command_env`` (the
+    profile's env and llmgw's GPU choice) is added whole: someone set it on purpose.
+    """
+    env = {
+        name: value
+        for name, value in agent_env.items()
+        if (name in _ENGINE_ENV_NAMES or name.startswith(_ENGINE_ENV_PREFIXES))
+        and not any(word in name.upper() for word in _CREDENTIAL_WORDS)
+    }
+    env.update(command_env)
+    return env
 
 
 def identify(record: ProcessRecord) -> str | None:

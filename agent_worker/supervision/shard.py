@@ -13,6 +13,21 @@ from agent_worker.supervision.statedir import ShardRecord
 from protocol.shard import ShardSpec, ShardState
 
 FINAL_STATES: frozenset[ShardState] = frozenset({"failed", "stopped"})
+# Room for 2**32 statuses per agent generation before the next generation's numbers.
+GENERATION_SHIFT = 32
+
+
+class StatusSequence:
+    """Numbers every shard status this node sends: strictly growing, across agent restarts."""
+
+    def __init__(self, generation: int = 0) -> None:
+        self._next = (generation << GENERATION_SHIFT) + 1
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            value, self._next = self._next, self._next + 1
+            return value
 
 
 @dataclass(frozen=True)
@@ -27,6 +42,7 @@ class ShardTransition:
     pid: int | None = None
     fingerprint: str = ""
     exit_code: int | None = None
+    seq: int = 0  # the StatusSequence number of this state
 
 
 @dataclass(frozen=True)
@@ -40,6 +56,7 @@ class RunningShard:
     adopted: bool
     log_path: Path
     detail: str = ""  # the last health answer, e.g. "GET /health answered 503 Loading model"
+    seq: int = 0
 
 
 @dataclass
@@ -75,6 +92,7 @@ class ShardRun:
         self.processes: list[ShardProcess] = processes or []
         self.lock = threading.RLock()
         self.state: ShardState = "pending"
+        self.seq = 0  # of the state; written before the state, read after it (snapshot)
         self.detail = ""
         self.launching = bool(commands)
         self.waiting: PortWait | None = None
@@ -119,7 +137,11 @@ class ShardRun:
         reason: str,
         output_tail: list[str] | None = None,
         exit_code: int | None = None,
+        *,
+        seq: int,
     ) -> ShardTransition:
+        # seq first: a snapshot that sees the new state must not pair it with the old seq.
+        self.seq = seq
         self.state = state
         return self.report(reason, output_tail, exit_code)
 
@@ -135,14 +157,17 @@ class ShardRun:
             pid=self.latest_pid(),
             fingerprint=self.spec.fingerprint,
             exit_code=exit_code,
+            seq=self.seq,
         )
 
     def snapshot(self) -> RunningShard:
         # Read without the lock: running() must not wait out a health check in progress.
         processes = list(self.processes)
+        state = self.state
         return RunningShard(
             spec=self.spec,
-            state=self.state,
+            state=state,
+            seq=self.seq,
             pid=processes[-1].pid if processes else None,
             pgids=[proc.pgid for proc in processes],
             adopted=self.adopted,

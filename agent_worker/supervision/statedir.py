@@ -65,6 +65,22 @@ class ShardRecord(BaseModel):
     stopping: bool = False
 
 
+def write_atomically(target: Path, text: str) -> None:
+    """Replace ``target`` with ``text`` (mode 0600) so a reader sees the old or the new whole."""
+    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=target.parent)  # created 0600
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(text.encode())
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(target.parent)
+
+
 class StateDir:
     """The directory of shard state files."""
 
@@ -77,20 +93,7 @@ class StateDir:
 
     def write(self, record: ShardRecord) -> None:
         """Replace the shard's file atomically: a reader sees the old one or the new one."""
-        target = self.file_for(record.spec.shard_id)
-        data = record.model_dump_json(indent=1).encode()
-        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=self.path)  # created 0600
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        _fsync_dir(self.path)
+        write_atomically(self.file_for(record.spec.shard_id), record.model_dump_json(indent=1))
 
     def read(self, path: Path) -> ShardRecord:
         """Read one state file, raising StateFileError naming it if it is not one."""

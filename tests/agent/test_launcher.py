@@ -112,3 +112,37 @@ def test_an_unusable_source_is_refused(node):
     launcher, transitions, _progress, _engines = node
     assert launcher.start(spec_for("ftp://example.com/model.gguf", free_port())) == "failed"
     assert transitions[0].state == "failed"
+
+
+def test_a_stop_that_lands_as_the_download_finishes_is_answered(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "tiny.gguf").write_bytes(b"GGUF" + b"\0" * 1024)
+    handler = functools.partial(
+        http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "site")
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    transitions: list = []
+    supervisor = Supervisor(tmp_path / "state", tmp_path / "logs", transitions.append)
+    launcher = ShardLauncher("node01", supervisor, WeightStore(tmp_path / "weights"),
+                             lambda: {"llama.cpp": "/bin/true"}, transitions.append,
+                             lambda progress: None)  # fmt: skip
+    spec = spec_for(f"http://127.0.0.1:{server.server_address[1]}/tiny.gguf", free_port())
+    real_fetch = launcher.weights.fetch
+
+    def fetch_then_stop(*args, **kwargs):
+        path = real_fetch(*args, **kwargs)
+        assert launcher.stop(spec.shard_id)  # the stop arrives just as the file is whole
+        return path
+
+    launcher.weights.fetch = fetch_then_stop  # type: ignore[method-assign]
+    try:
+        assert launcher.start(spec) == "fetching"
+        states = wait_for_state(transitions, spec.shard_id, "stopped", timeout=20)
+    finally:
+        server.shutdown()
+        supervisor.shutdown()
+    assert states == ["fetching", "stopped"]
+    seqs = [t.seq for t in transitions]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs) and seqs[0] > 0
+    assert supervisor.running() == []  # nothing was launched after the stop

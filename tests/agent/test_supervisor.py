@@ -174,12 +174,20 @@ def test_unsafe_shard_ids_are_refused(harness, shard_id):
     assert harness.tagged_pids() == []
 
 
-def test_stop_of_an_unknown_shard_succeeds_quietly_and_a_late_start_is_ignored(harness):
+def test_stop_of_an_unknown_shard_is_answered_stopped_and_a_late_start_is_ignored(harness):
     sup = harness.supervisor(background=False)
     spec = harness.spec()
 
+    # The control plane waits for a stop's answer: silence would keep it stopping forever.
     sup.stop(spec.shard_id)
-    assert harness.transitions == []
+    [answer] = harness.transitions
+    assert (answer.shard_id, answer.state, answer.reason) == (
+        spec.shard_id, "stopped", "not running on this node",
+    )  # fmt: skip
+    assert answer.seq > 0
+    # Asked again, it answers again, with the same final state.
+    sup.stop(spec.shard_id)
+    assert [t.state for t in harness.transitions] == ["stopped", "stopped"]
 
     assert sup.start(spec, [harness.command(spec.port)], True, "/health") == "stopped"
     assert harness.transitions[-1].replica_id == spec.replica_id

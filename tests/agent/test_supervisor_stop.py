@@ -83,7 +83,8 @@ def test_a_child_in_a_session_of_its_own_still_belongs_to_the_shard(harness):
     child = reported_child(sup, spec.shard_id)
     wait_until(lambda: os.getpgid(child) == child, what="the child to leave the group")
 
-    assert sup.kill_unidentified_gpu_processes([child], grace=1) == []
+    sweep = sup.kill_unidentified_gpu_processes([child], grace=1)
+    assert (sweep.killed, sweep.unexpected) == ([], [])
     assert not gone(child)
 
     sup.stop(spec.shard_id, grace=1)
@@ -124,17 +125,18 @@ def test_an_engine_killed_from_outside_fails_with_the_signal(harness):
 def test_gpu_processes_no_shard_describes_are_killed(harness):
     sup = harness.supervisor()
     spec, shard = start_ready(harness, sup)
-    stray = subprocess.Popen(
-        [sys.executable, str(STUB), "--port", str(free_port()), "--tag", harness.tag],
+    stray = subprocess.Popen(  # an engine of this user, as argv[0] shows it
+        ["llama-server", str(STUB), "--port", str(free_port()), "--tag", harness.tag],
+        executable=sys.executable,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
     )
     try:
         wait_until(lambda: stray.pid in harness.tagged_pids(), what="the stray process")
 
-        killed = sup.kill_unidentified_gpu_processes([stray.pid, shard.pid, 999_999_999], grace=2)
+        sweep = sup.kill_unidentified_gpu_processes([stray.pid, shard.pid, 999_999_999], grace=2)
 
-        assert killed == [stray.pid]
+        assert (sweep.killed, sweep.unexpected) == ([stray.pid], [])
         assert stray.wait(timeout=30) is not None
         assert not gone(shard.pid)
         assert sup.running()[0].state == "ready"

@@ -150,7 +150,7 @@ def test_a_lost_nodes_replica_is_placed_elsewhere(node_ids, django_capture_on_co
     assert replacement.state == "starting"
     assert replacement.shards.get().node_id == node_ids[1]
     # The lost node is still told to stop its engine, in case it comes back.
-    assert queued_commands(node_ids[0])[-1] == ("agent.stop_shard", [first.shards.get().id])
+    assert queued_commands(node_ids[0])[-1] == ("agent.stop_shard", [first.shards.get().id, 0])
 
 
 def test_a_model_removed_from_the_catalog_is_stopped(node_ids, django_capture_on_commit_callbacks):
@@ -163,7 +163,7 @@ def test_a_model_removed_from_the_catalog_is_stopped(node_ids, django_capture_on
     replica = Replica.objects.get()
     assert replica.state == "stopping"
     assert replica.reasons == ["gemma/cpu left the catalog"]
-    assert queued_commands(node_ids[0])[-1] == ("agent.stop_shard", [shard.id])
+    assert queued_commands(node_ids[0])[-1] == ("agent.stop_shard", [shard.id, 0])
     record_shard_status(node_ids[0], messages.ShardStatus(shard_id=shard.id, state="stopped"))
     run(django_capture_on_commit_callbacks)
     assert Replica.objects.get().state == "stopped"
@@ -241,7 +241,7 @@ def test_an_adopted_shard_whose_profile_left_is_stopped(
         adopt_reported_shards(node_ids[0], register)
     run(django_capture_on_commit_callbacks)
     assert Replica.objects.get().state == "stopping"
-    assert queued_commands(node_ids[0]) == [("agent.stop_shard", [spec.shard_id])]
+    assert queued_commands(node_ids[0]) == [("agent.stop_shard", [spec.shard_id, 0])]
 
 
 def test_an_agent_that_reports_no_fingerprint_reads_as_unknown_and_is_replaced(node_ids):

@@ -158,7 +158,7 @@ def test_a_returning_node_reporting_a_stopped_replicas_shard_is_told_to_stop_it(
     clear_queue(node_ids[0])  # its stop command expired while the node was away
     with django_capture_on_commit_callbacks(execute=True):
         register_with(node_ids[0], messages.RunningShard(spec=spec, state="ready", pid=42, seq=20))
-    assert queued_commands(node_ids[0]) == [("agent.stop_shard", [shard.id])]
+    assert queued_commands(node_ids[0]) == [("agent.stop_shard", [shard.id, 0])]
     assert Replica.objects.get().state == "stopped"
     assert Replica.objects.count() == 1
 
@@ -210,7 +210,7 @@ def test_an_invented_replica_is_never_counted_or_routed(
         register_with(node_ids[0], messages.RunningShard(spec=invented, state="ready", seq=1))
     rebuilt = Replica.objects.get(id=invented.replica_id)
     assert rebuilt.profile is None and rebuilt.state == "stopping"
-    assert ("agent.stop_shard", [invented.shard_id]) in queued_commands(node_ids[0])
+    assert ("agent.stop_shard", [invented.shard_id, 0]) in queued_commands(node_ids[0])
     from fleet.routing_table import routing_snapshot
 
     [gemma] = [m for m in routing_snapshot()["models"] if m["name"] == "gemma"]
@@ -236,3 +236,18 @@ def test_a_replica_the_control_plane_created_is_rebuilt_from_its_report(
     replica = Replica.objects.get()
     assert (replica.id, replica.profile, replica.state) == (replica_id, profile, "ready")
     assert not reconcile().created  # it counts toward the profile
+
+
+def test_an_unexpected_gpu_user_is_shown_on_the_node_and_recorded_once(node_ids):
+    from fleet.models import Node
+    from protocol.gpu_users import UnexpectedGpuUser
+
+    stranger = UnexpectedGpuUser(pid=4242, user="alice", name="python", cmdline="python train.py")
+    register = messages.Register(
+        inventory=inventory(node_ids[0]), engines_probed=True, unexpected_gpu_users=[stranger]
+    )
+    register_node(node_ids[0], register)
+    register_node(node_ids[0], register)  # a reconnect says it again
+    [warning] = Node.objects.get(id=node_ids[0]).warnings
+    assert "pid 4242 of alice (python train.py)" in warning and "leaves it running" in warning
+    assert Event.objects.filter(subject=node_ids[0], reason=warning).count() == 1
