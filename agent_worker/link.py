@@ -31,6 +31,8 @@ BACKOFF_MAX = 60.0
 OPEN_TIMEOUT = 5.0
 # Messages kept while unlinked; past this the oldest go (register resends the state).
 OUTBOX_LIMIT = 10_000
+# A session this long resets the backoff; a shorter one counts as a failed round.
+STABLE_SESSION = 30.0
 # Bounded so that stopping the agent never waits on a peer that does not answer.
 CLOSE_TIMEOUT = 2.0
 
@@ -112,10 +114,11 @@ class AgentLink:
         self._outbox_ready = asyncio.Event()
         failed_rounds = 0
         while not self._stop.is_set():
-            linked_in_round = False
+            linked_for: float | None = None
             for server in self.servers:
                 if self._stop.is_set():
                     return
+                began = self._loop.time()
                 try:
                     linked = await self._session(server)
                 except Exception:
@@ -123,12 +126,18 @@ class AgentLink:
                     log.exception("link session with %s failed", server)
                     linked = False
                 if linked:
-                    linked_in_round = True
+                    linked_for = self._loop.time() - began
                     # A control plane that restarts is rejoined from the first address.
                     break
-            if linked_in_round:
+            if linked_for is not None and linked_for >= STABLE_SESSION:
                 failed_rounds = 0
                 continue
+            if self._stop.is_set():
+                return
+            if linked_for is not None:
+                # One that links and then drops at once must not be hit in a tight loop.
+                log.warning("the link lasted only %.1fs; backing off before linking again",
+                            linked_for)  # fmt: skip
             failed_rounds += 1
             delay = backoff_delay(failed_rounds)
             log.info("every control plane address failed; retrying in %.1fs", delay)

@@ -16,8 +16,9 @@ from agent_worker.link import AgentLink, LinkCallbacks, agent_url, backoff_delay
 class FakeControlPlane:
     """A websocket server that links agents (or refuses them) and records messages."""
 
-    def __init__(self, refuse: str = "") -> None:
+    def __init__(self, refuse: str = "", drop: bool = False) -> None:
         self.refuse = refuse
+        self.drop = drop  # close every link right after accepting it
         self.received: list[dict] = []
         self.links = 0
         self.server = None
@@ -32,6 +33,9 @@ class FakeControlPlane:
             return
         self.links += 1
         await ws.send(json.dumps({"type": "linked"}))
+        if self.drop:
+            await ws.close()
+            return
         async for message in ws:
             self.received.append(json.loads(message))
 
@@ -144,6 +148,21 @@ def test_a_control_plane_that_restarts_is_rejoined(no_backoff):
 
     link = asyncio.run(scenario())
     assert link.sessions == 2
+
+
+def test_a_control_plane_that_links_then_drops_is_relinked_with_growing_backoff(no_backoff):
+    async def scenario():
+        dropping = await FakeControlPlane(drop=True).start()
+        link = make_link([dropping.url])
+        task = asyncio.create_task(link.run())
+        await wait_until(lambda: dropping.links >= 4)
+        link.stop()
+        await asyncio.wait_for(task, 5)
+        await dropping.stop()
+
+    asyncio.run(scenario())
+    # Each short session is a failed round: the backoff grows instead of resetting.
+    assert no_backoff[:3] == [1, 2, 3]
 
 
 def test_stop_ends_a_linked_session_promptly():
