@@ -13,13 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from agent_worker.engines.command import LaunchCommand
+from agent_worker.engines.validation import parse_rendezvous
 from agent_worker.logbuffer import LogBuffer
 from agent_worker.supervision.adoption import judge
 from agent_worker.supervision.gpu_holders import GpuSweep, sweep_gpu_holders
 from agent_worker.supervision.health import port_open
 from agent_worker.supervision.logtail import LogTail
 from agent_worker.supervision.loop import ShardLoop
-from agent_worker.supervision.shard import RunningShard, ShardRun, ShardTransition
+from agent_worker.supervision.shard import PortWait, RunningShard, ShardRun, ShardTransition
 from agent_worker.supervision.statedir import ShardRecord, StateFileError, check_shard_id
 from protocol.shard import ShardSpec, ShardState
 
@@ -80,11 +81,23 @@ class Supervisor(ShardLoop):
             if serves_http and port_open(spec.host, spec.port, timeout=0.2):
                 self._finish(run, "failed", f"port {spec.port} on {spec.host} is already in use")
             else:
+                self._wait_for_rank0(run)
                 self._advance_launch(run)
             state = run.state
         self._watch(run)
         self._drain()
         return state
+
+    def _wait_for_rank0(self, run: ShardRun) -> None:
+        # Every engine puts the rendezvous on rank 0: a worker started before it is up
+        # has nothing to join, so its first command waits for that port to listen.
+        spec = run.spec
+        if spec.rank == 0 or not spec.rendezvous:
+            return
+        host, port = parse_rendezvous(spec.rendezvous)
+        timeout = float(spec.startup_timeout)
+        run.waiting = PortWait("rank 0's rendezvous", host, port, timeout, self._clock() + timeout)
+        run.tail.note(f"waiting for rank 0's rendezvous on {host}:{port} before starting")
 
     def stop(self, shard_id: str, grace: float = 10.0) -> None:
         """SIGTERM each process group (the engine first, then sidecars), SIGKILL after grace.

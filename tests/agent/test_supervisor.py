@@ -223,3 +223,24 @@ def test_state_file_holds_the_spec_and_each_process_as_it_starts(harness):
 
     sup.stop(spec.shard_id, grace=5)
     assert not path.exists()
+
+
+@pytest.mark.process
+def test_a_worker_rank_starts_only_once_rank_0s_rendezvous_listens(harness):
+    import socket
+
+    sup = harness.supervisor(background=False)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        rendezvous_port = probe.getsockname()[1]
+    spec = harness.spec(rank=1, world_size=2, rendezvous=f"127.0.0.1:{rendezvous_port}")
+    assert sup.start(spec, [harness.command(spec.port)], False, "/health") == "pending"
+    sup.step()
+    assert harness.tagged_pids() == [] and sup.state_of(spec.shard_id) == "pending"
+    with socket.socket() as rank0:
+        rank0.bind(("127.0.0.1", rendezvous_port))
+        rank0.listen()
+        wait_until(lambda: (sup.step(), sup.state_of(spec.shard_id) == "starting")[1],
+                   what="the worker to start")  # fmt: skip
+    assert len(harness.tagged_pids()) == 1
+    sup.stop(spec.shard_id, grace=2)
