@@ -177,6 +177,7 @@ class ShardLoop:
                 self._state.write(run.record())
             except OSError as err:
                 log.warning("shard %s: cannot update its state file: %s", run.shard_id, err)
+        log.info("shard %s ready: %s", run.shard_id, reason)
         self._queue(run.transition("ready", reason, seq=self._sequence.next()))
 
     def _teardown(self, run: ShardRun, grace: float) -> list[str]:

@@ -150,3 +150,42 @@ def router(port: int, log_dir: Path, **extra: str) -> Process:
     argv = [sys.executable, "-m", "uvicorn", "router.asgi:application", "--host", "127.0.0.1",
             "--port", str(port), "--no-access-log"]  # fmt: skip
     return Process(f"router-{port}", argv, base_env(**extra), log_dir)
+
+
+# A stand-in for llama-server and vllm: the agent finds it on PATH and launches it with
+# the adapter's real command line. Rank 0 also listens on --master-port (its rendezvous);
+# a --headless worker serves nothing and only stays alive, as vLLM's do.
+_FAKE_ENGINE = """#!{python}
+import os, socket, sys, time
+
+argv = sys.argv[1:]
+
+def flag(name, default=""):
+    return argv[argv.index(name) + 1] if name in argv else default
+
+if "--headless" in argv:
+    while True:
+        time.sleep(1)
+master = flag("--master-port")
+if master:
+    rendezvous = socket.socket()
+    rendezvous.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    rendezvous.bind(("127.0.0.1", int(master)))
+    rendezvous.listen()
+    rendezvous.set_inheritable(True)  # kept across the exec below
+stub = [{python!r}, {stub!r}, "--port", flag("--port"), "--api-key", flag("--api-key")]
+os.execv(stub[0], stub)
+"""
+
+
+def fake_engines(directory: Path) -> Path:
+    """A bin directory with fake ``llama-server`` and ``vllm``; put it first on an agent's PATH."""
+    bin_dir = directory / "fake-bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    stub = REPO / "tests" / "agent" / "stub_engine.py"
+    script = _FAKE_ENGINE.format(python=sys.executable, stub=str(stub))
+    for name in ("llama-server", "vllm"):
+        path = bin_dir / name
+        path.write_text(script)
+        path.chmod(0o755)
+    return bin_dir
