@@ -6,6 +6,7 @@ launch with the adapters' real command lines, so each case takes seconds, not a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -95,10 +96,8 @@ def kill_engines(home: Path) -> None:
     """Engines outlive agents by design; the test kills what its agents left running."""
     for state in (home / "agent" / "shards").glob("*.json"):
         for process in json.loads(state.read_text()).get("processes", []):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process["pgid"], signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 @pytest.fixture
@@ -155,8 +154,14 @@ def place_two_rank_replica(nodes: list[str]) -> Replica:
             state="starting", starting_since=timezone.now(),
         )  # fmt: skip
         shards = [
-            Shard.objects.create(id=Shard.new_id(), replica=replica, rank=rank,
-                                 node_id=node_id, gpus=[0], port=free[rank])  # fmt: skip
+            Shard.objects.create(
+                id=Shard.new_id(),
+                replica=replica,
+                rank=rank,
+                node_id=node_id,
+                gpus=[0],
+                port=free[rank],
+            )  # fmt: skip
             for rank, node_id in enumerate(nodes)
         ]
         rendezvous = f"127.0.0.1:{free[2]}"
