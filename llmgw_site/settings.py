@@ -10,10 +10,10 @@ import dj_database_url
 
 from llmgw_site import embedded
 from llmgw_site.env import env_bool, env_int, env_list, env_str, llmgw_home
+from llmgw_site.secret_files import ensure_private_dir, read_or_create_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-LLMGW_HOME = llmgw_home()
-LLMGW_HOME.mkdir(parents=True, exist_ok=True)
+LLMGW_HOME = ensure_private_dir(llmgw_home())  # secrets, sockets and data: the owner's alone
 
 
 def _secret_key() -> str:
@@ -21,11 +21,7 @@ def _secret_key() -> str:
     configured = env_str("SECRET_KEY")
     if configured:
         return configured
-    path = LLMGW_HOME / "secret_key"
-    if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    return read_or_create_secret(LLMGW_HOME / "secret_key", lambda: secrets.token_urlsafe(50))
 
 
 SECRET_KEY = _secret_key()

@@ -21,6 +21,7 @@ from pathlib import Path
 from llmgw_site import embedded
 from llmgw_site.demo import DEMO_MODEL, demo_catalog
 from llmgw_site.env import env_int, env_str, llmgw_home
+from llmgw_site.secret_files import ensure_private_dir, write_secret_file
 
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = str(REPO / "manage.py")
@@ -82,38 +83,40 @@ def agent_token(python: str, env: dict[str, str]) -> str:
 
 
 def ensure_admin(python: str, env: dict[str, str], home: Path) -> None:
-    """Create the admin user once; its password is written to a file only root can read."""
+    """Create the admin user once; its password is written to a file only its owner can read."""
     password_file = home / "admin-password"
-    if password_file.exists():
+    password = secrets.token_urlsafe(16)
+    # The file first: a password set on the user but never saved would lock the admin out.
+    if not write_secret_file(password_file, password + "\n"):
         print(f"admin password: {password_file}", flush=True)
         return
-    password = secrets.token_urlsafe(16)
     script = (
         "from django.contrib.auth import get_user_model; U = get_user_model()\n"
         "u, created = U.objects.get_or_create(username='admin', defaults={'is_staff': True, "
         "'is_superuser': True})\n"
         "u.set_password(__import__('os').environ['LLMGW_ADMIN_PASSWORD']); u.save()\n"
     )
-    subprocess.run(
-        [python, MANAGE, "shell", "-c", script],
-        env={**env, "LLMGW_ADMIN_PASSWORD": password},
-        check=True,
-    )
-    password_file.write_text(password + "\n")
-    password_file.chmod(0o600)
+    try:
+        subprocess.run(
+            [python, MANAGE, "shell", "-c", script],
+            env={**env, "LLMGW_ADMIN_PASSWORD": password},
+            check=True,
+        )
+    except BaseException:
+        password_file.unlink()  # not the admin's password: the next `llmgw up` tries again
+        raise
     print(f"created user 'admin'; its password is in {password_file}", flush=True)
 
 
 def ensure_api_key(python: str, env: dict[str, str], home: Path) -> Path:
-    """A /v1 key for trying things out, created once and kept where only root reads it."""
+    """A /v1 key for trying things out, created once and kept where only its owner reads it."""
     key_file = home / "api-key"
     if not key_file.exists():
         created = subprocess.run(
             [python, MANAGE, "llmgw_ctl", "keys", "create", "llmgw-up"],
             env=env, check=True, capture_output=True, text=True,
         )  # fmt: skip
-        key_file.write_text(created.stdout.splitlines()[0] + "\n")
-        key_file.chmod(0o600)
+        write_secret_file(key_file, created.stdout.splitlines()[0] + "\n")
     return key_file
 
 
@@ -134,8 +137,7 @@ def apply_demo(python: str, env: dict[str, str], home: Path) -> None:
 
 
 def run(argv: list[str] | None = None) -> int:
-    home = llmgw_home()
-    home.mkdir(parents=True, exist_ok=True)
+    home = ensure_private_dir(llmgw_home())
     python = sys.executable
     env = prepare_environment(home)
     started_postgres = not os.environ.get("DATABASE_URL")

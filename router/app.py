@@ -9,6 +9,7 @@ so clients get the most useful error first: 401 (key), 413 (size), 400 (JSON, mo
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -419,7 +420,9 @@ class Router:
 
     async def scrape(self, scope: dict, send) -> None:
         token = self.config.metrics_token
-        if token and header(scope, b"authorization") != f"Bearer {token}".encode():
+        sent = header(scope, b"authorization") or b""
+        # Constant time: a byte-by-byte compare would tell a prober how much it got right.
+        if token and not hmac.compare_digest(sent, f"Bearer {token}".encode()):
             raise RouterError(
                 401, "/metrics needs `Authorization: Bearer <LLMGW_METRICS_TOKEN>`.",
                 "invalid_request_error", "invalid_metrics_token",
