@@ -220,6 +220,11 @@ def test_agent_restarted_during_an_outage_does_not_take_a_ready_replica_back(clu
              "the replica to be ready")  # fmt: skip
     replica = Replica.objects.get(model_name="tiny")
     [shard] = replica.shards.all()
+    # The agent runs with the node token, the broker, the database: its engine sees none.
+    engine_env = psutil.Process(shard.pid).environ()
+    leaked = [name for name in engine_env if name.startswith(("LLMGW_", "CELERY", "DJANGO"))]
+    leaked += [name for name in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY") if name in engine_env]
+    assert not leaked and engine_env["PATH"] == c.path
 
     # The outage: the control plane goes down, and the agent restarts while it is down.
     web.kill()
