@@ -18,28 +18,15 @@ from channels.db import database_sync_to_async
 from channels.testing import HttpCommunicator
 from django.conf import settings
 from django.db import connections
-from django.test import Client
 
 from fleet import commands
 from fleet.models import Node
 from tests.factories import make_node
+from tests.pages.asgi_client import application, session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 SILENT = "silent01"
-
-
-def application():
-    from llmgw_site.asgi import application
-
-    return application
-
-
-@database_sync_to_async
-def session_cookie(user) -> str:
-    client = Client()
-    client.force_login(user)
-    return client.cookies["sessionid"].value
 
 
 @pytest.fixture

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.test import Client
 
 from fleet import notify
 from fleet.models import Node, NodeState
 from fleet.transitions import transition
+from tests.pages.asgi_client import application, session_cookie
 from tests.pages.rows import heartbeating_node, stale_replica_on
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -20,19 +20,6 @@ ROUTES = [
     "/ws/pages/nodes/node01/logs/",
     "/ws/pages/models/gemma/",
 ]
-
-
-def application():
-    from llmgw_site.asgi import application
-
-    return application
-
-
-@database_sync_to_async
-def session_cookie(user) -> str:
-    client = Client()
-    client.force_login(user)
-    return client.cookies["sessionid"].value
 
 
 @database_sync_to_async

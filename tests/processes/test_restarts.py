@@ -137,6 +137,21 @@ models:
 """
 
 
+def serving_one_replica(c: Cluster, tmp_path: Path) -> tuple[Process, str, Process, Replica, Shard]:
+    """A control plane, its reconciler and one agent serving one placed llama.cpp replica."""
+    model = tmp_path / "tiny.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))
+    web = c.start_control_plane()
+    c.start_reconciler()
+    node_id, worker = c.new_node()
+    wait_for(lambda: connected(node_id), 60, "the agent")
+    apply_catalog(one_gpu_catalog("tiny", "llama.cpp", str(model)))
+    wait_for(lambda: Replica.objects.filter(model_name="tiny", state="ready").exists(), 60,
+             "the replica to be ready")  # fmt: skip
+    replica = Replica.objects.get(model_name="tiny")
+    return web, node_id, worker, replica, replica.shards.get()
+
+
 def place_two_rank_replica(nodes: list[str]) -> Replica:
     """A 2-rank vLLM replica as the reconciler would create it, started on two agents.
 
@@ -208,18 +223,8 @@ def test_control_plane_restarted_while_an_adopted_two_rank_replica_settles(clust
 
 def test_agent_restarted_during_an_outage_does_not_take_a_ready_replica_back(cluster, tmp_path):
     """Statuses queued while unlinked are older than the register that follows them."""
-    model = tmp_path / "tiny.gguf"
-    model.write_bytes(b"GGUF" + bytes(64))
     c = cluster()
-    web = c.start_control_plane()
-    c.start_reconciler()
-    node_id, worker = c.new_node()
-    wait_for(lambda: connected(node_id), 60, "the agent")
-    apply_catalog(one_gpu_catalog("tiny", "llama.cpp", str(model)))
-    wait_for(lambda: Replica.objects.filter(model_name="tiny", state="ready").exists(), 60,
-             "the replica to be ready")  # fmt: skip
-    replica = Replica.objects.get(model_name="tiny")
-    [shard] = replica.shards.all()
+    web, node_id, worker, replica, shard = serving_one_replica(c, tmp_path)
     # The agent runs with the node token, the broker, the database: its engine sees none.
     engine_env = psutil.Process(shard.pid).environ()
     leaked = [name for name in engine_env if name.startswith(("LLMGW_", "CELERY", "DJANGO"))]
@@ -247,18 +252,8 @@ def test_agent_restarted_during_an_outage_does_not_take_a_ready_replica_back(clu
 
 
 def test_a_lost_node_returning_with_shards_of_stopped_replicas_stops_them(cluster, tmp_path):
-    model = tmp_path / "tiny.gguf"
-    model.write_bytes(b"GGUF" + bytes(64))
     c = cluster(LLMGW_NODE_UNREACHABLE_AFTER="2", LLMGW_NODE_LOST_AFTER="4")
-    c.start_control_plane()
-    c.start_reconciler()
-    node_id, worker = c.new_node()
-    wait_for(lambda: connected(node_id), 60, "the agent")
-    apply_catalog(one_gpu_catalog("tiny", "llama.cpp", str(model)))
-    wait_for(lambda: Replica.objects.filter(model_name="tiny", state="ready").exists(), 60,
-             "the replica to be ready")  # fmt: skip
-    replica = Replica.objects.get(model_name="tiny")
-    [shard] = replica.shards.all()
+    _web, node_id, worker, replica, shard = serving_one_replica(c, tmp_path)
     assert psutil.pid_exists(shard.pid)
 
     worker.kill()  # the node goes silent; its engine keeps running
