@@ -210,15 +210,14 @@ def _adopt_reported_shard(node_id: str, running: messages.RunningShard) -> str |
         ):
             _stop_reported(node_id, shard.id, f"replica {replica.id} is {replica.state}")
             return None
-        if _is_stale(shard, running.seq):
-            pass
-        elif shard.state != running.state:
+        stale = _is_stale(shard, running.seq)
+        if not stale and shard.state != running.state:
             fields: dict[str, object] = {"pid": running.pid}
             if running.seq:
                 fields["status_seq"] = running.seq
             transition(Shard, shard.id, running.state, f"node {node_id} reports "
                        f"{running.state}", **fields)  # fmt: skip
-        elif running.seq > shard.status_seq:
+        elif not stale and running.seq > shard.status_seq:
             Shard.objects.filter(id=shard.id).update(status_seq=running.seq)
         refresh_replica_state(replica.id)
         return None
