@@ -1,4 +1,5 @@
-"""The ``llmgw`` command: ``llmgw up`` starts everything; anything else goes to manage.py."""
+"""The ``llmgw`` command: ``llmgw up`` starts everything, ``llmgw supervise`` keeps one
+process running; anything else goes to manage.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ def main() -> None:
         from llmgw_site.up import run
 
         sys.exit(run(args[1:]))
+    if args[:1] == ["supervise"]:
+        from llmgw_site.supervise import supervise_main
+
+        sys.exit(supervise_main(args[1:]))
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(["llmgw", *args])

@@ -24,6 +24,8 @@ import warnings
 from pathlib import Path
 from urllib.parse import quote
 
+import psutil
+
 from llmgw_site.secret_files import (
     POSTGRES_DIR,
     POSTGRES_SYSTEM_USER,
@@ -31,6 +33,7 @@ from llmgw_site.secret_files import (
     ensure_private_dir,
     read_or_create_secret,
 )
+from llmgw_site.supervise import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -100,14 +103,29 @@ def _ready_postmaster(pgdata: Path):
         info = pgserver.utils.PostmasterInfo.read_from_pgdata(pgdata)
     except (OSError, ValueError, AssertionError):  # a file the server is still writing
         return None
-    if info is None or not info.is_running() or info.status != "ready":
+    if info is None or not pid_alive(info.pid) or info.status != "ready":
         return None
     return info
+
+
+def read_pid(pid_file: Path) -> int | None:
+    """The pid on a server's pid file's first line, or None without a readable one."""
+    try:
+        return int(pid_file.read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return None
 
 
 def _start_postgres(pgdata: Path) -> None:
     pgserver = _import_pgserver()
     pgdata.mkdir(parents=True, exist_ok=True)
+    lock = pgdata / "postmaster.pid"
+    pid = read_pid(lock)
+    if pid is not None and not pid_alive(pid) and psutil.pid_exists(pid):
+        # A killed postmaster nobody reaped: PostgreSQL (and pgserver) take the zombie
+        # for a running server and refuse to start. Its backends exit on its death.
+        log.warning("removing %s of postmaster %s, which is dead", lock, pid)
+        lock.unlink(missing_ok=True)
     # A handle of its own each time, not get_server's cache: that would hand back a
     # handle to a server stopped since, without starting it. cleanup_mode=None: the server
     # outlives this process, so a second terminal never stops the database out from

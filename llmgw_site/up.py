@@ -1,13 +1,14 @@
-"""``llmgw up``: every process of DESIGN.md on one machine, stopped together on Ctrl-C.
+"""``llmgw up``: every process of DESIGN.md on one machine, kept running until Ctrl-C.
 
 Embedded PostgreSQL and Redis start first when DATABASE_URL / REDIS_URL are unset;
 the children get the URLs in their environment, so they share them instead of each
-looking for its own.
+looking for its own. A child that dies is restarted (``supervise.py``); the engines
+keep serving meanwhile, and stop only when `llmgw up` itself is stopped.
 """
 
 from __future__ import annotations
 
-import contextlib
+import json
 import os
 import secrets
 import signal
@@ -15,42 +16,49 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from agent_worker.supervision.statedir import write_atomically
 from llmgw_site import embedded
 from llmgw_site.demo import DEMO_MODEL, demo_catalog
 from llmgw_site.env import env_int, env_str, llmgw_home
-from llmgw_site.secret_files import ensure_private_dir, write_secret_file
+from llmgw_site.secret_files import POSTGRES_DIR, ensure_private_dir, write_secret_file
+from llmgw_site.supervise import (
+    Child,
+    LogEcho,
+    ProcessChild,
+    ServiceChild,
+    Supervisor,
+    become_subreaper,
+    reap_orphans,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = str(REPO / "manage.py")
 
 # Long enough for Celery's warm shutdown to finish a task; then SIGKILL.
 STOP_GRACE_SECONDS = 10
+# Under the home: each child's pid while `llmgw up` runs.
+UP_STATE_FILE = "up.json"
 
 
-@dataclass
-class Child:
-    name: str
-    argv: list[str]
-    process: subprocess.Popen | None = None
-
-
-def planned_children(python: str, control_port: int, router_port: int) -> list[Child]:
+def planned_children(
+    python: str, control_port: int, router_port: int
+) -> list[tuple[str, list[str]]]:
+    """The commands of DESIGN.md's processes, by name, in the order they start."""
     node = socket.gethostname()
     return [
-        Child("control-plane", [python, "-m", "daphne", "-b", "127.0.0.1", "-p",
-                                str(control_port), "llmgw_site.asgi:application"]),
+        ("control-plane", [python, "-m", "daphne", "-b", "127.0.0.1", "-p",
+                           str(control_port), "llmgw_site.asgi:application"]),
         # uvicorn (uvloop, httptools): bench/router_overhead.py measured it ahead of daphne.
-        Child("router", [python, "-m", "uvicorn", "router.asgi:application", "--host",
-                         "127.0.0.1", "--port", str(router_port), "--no-access-log"]),
-        Child("reconciler", [python, "-m", "celery", "-A", "llmgw_site", "worker", "-B", "-Q",
-                             "control", "--pool", "threads", "--concurrency", "4",
-                             "--loglevel", "INFO", "-n", f"control@{node}",
-                             "--schedule", str(llmgw_home() / "celerybeat-schedule")]),
-        Child("agent", [python, "-m", "celery", "-A", "agent_worker", "worker", "-Q",
-                        f"node-{node}", "--loglevel", "INFO", "-n", f"agent@{node}"]),
+        ("router", [python, "-m", "uvicorn", "router.asgi:application", "--host",
+                    "127.0.0.1", "--port", str(router_port), "--no-access-log"]),
+        ("reconciler", [python, "-m", "celery", "-A", "llmgw_site", "worker", "-B", "-Q",
+                        "control", "--pool", "threads", "--concurrency", "4",
+                        "--loglevel", "INFO", "-n", f"control@{node}",
+                        "--schedule", str(llmgw_home() / "celerybeat-schedule")]),
+        ("agent", [python, "-m", "celery", "-A", "agent_worker", "worker", "-Q",
+                   f"node-{node}", "--loglevel", "INFO", "-n", f"agent@{node}"]),
     ]  # fmt: skip
 
 
@@ -140,8 +148,10 @@ def run(argv: list[str] | None = None) -> int:
     home = ensure_private_dir(llmgw_home())
     python = sys.executable
     env = prepare_environment(home)
-    started_postgres = not os.environ.get("DATABASE_URL")
-    started_redis = not os.environ.get("REDIS_URL")
+    logs = home / "logs"
+    logs.mkdir(exist_ok=True)
+    # Only the services this home embeds are ours to restart (and to stop at the end).
+    services = embedded_services(home)
     subprocess.run([python, MANAGE, "migrate", "--no-input", "-v", "0"], env=env, check=True)
     ensure_admin(python, env, home)
     env.setdefault("LLMGW_AGENT_TOKEN", agent_token(python, env))
@@ -150,9 +160,13 @@ def run(argv: list[str] | None = None) -> int:
 
     control_port = env_int("LLMGW_PORT", 8000)
     router_port = env_int("LLMGW_ROUTER_PORT", 8080)
-    children = planned_children(python, control_port, router_port)
-    logs = home / "logs"
-    logs.mkdir(exist_ok=True)
+    processes = [
+        ProcessChild(name, command, logs / f"{name}.log", env, REPO)
+        for name, command in planned_children(python, control_port, router_port)
+    ]
+    supervisor = Supervisor([*services, *processes])
+    supervisor.on_change = lambda: write_up_state(home, supervisor)
+    echo = LogEcho([child.log_path for child in processes])
     stopping = False
 
     def request_stop(signum, _frame) -> None:
@@ -161,15 +175,18 @@ def run(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
+    # Daemonized servers and the engines of a dead agent become ours to reap.
+    become_subreaper()
+
+    def our_children() -> set[int]:
+        return {pid for child in processes if (pid := child.pid()) is not None}
+
     try:
-        for child in children:
-            # Own process group: a terminal's Ctrl-C reaches us alone, and we stop
-            # the children in order instead of all at once.
-            child.process = subprocess.Popen(child.argv, env=env, cwd=REPO, start_new_session=True)
-            print(f"started {child.name} (pid {child.process.pid})", flush=True)
+        supervisor.start_all()
         print(
             f"llmgw is up: control plane http://127.0.0.1:{control_port}/  "
             f"router http://127.0.0.1:{router_port}/v1  (Ctrl-C stops everything)\n"
+            f"logs: {logs}\n"
             f"try: curl http://127.0.0.1:{router_port}/v1/chat/completions "
             f'-H "Authorization: Bearer $(cat {key_file})" -H "Content-Type: application/json" '
             f'-d \'{{"model": "{DEMO_MODEL}", "messages": '
@@ -177,38 +194,50 @@ def run(argv: list[str] | None = None) -> int:
             flush=True,
         )
         while not stopping:
-            for child in children:
-                if child.process and child.process.poll() is not None:
-                    print(
-                        f"{child.name} exited with {child.process.returncode}; stopping", flush=True
-                    )
-                    stopping = True
+            supervisor.check()
+            echo.pump()
+            reap_orphans(our_children)
             time.sleep(0.2)
     finally:
-        stop_children(children)
+        # Engines stop only here: on Ctrl-C or SIGTERM of `llmgw up` itself.
+        supervisor.stop_all(STOP_GRACE_SECONDS, lambda c: isinstance(c, ProcessChild))
+        echo.pump()
         if env_str("LLMGW_KEEP_ENGINES", "0") != "1":
             stop_local_engines(Path(env["LLMGW_AGENT_DIR"]))
-        if started_redis:
-            embedded.stop_redis(home)
-        if started_postgres:
-            embedded.stop_postgres(home)
+        supervisor.stop_all(STOP_GRACE_SECONDS, lambda c: isinstance(c, ServiceChild))
+        (home / UP_STATE_FILE).unlink(missing_ok=True)
         print("llmgw stopped", flush=True)
     return 0
 
 
-def stop_children(children: list[Child]) -> None:
-    """SIGTERM every child's group (agent first, so it stops taking work), then SIGKILL."""
-    running = [c for c in reversed(children) if c.process and c.process.poll() is None]
-    for child in running:
-        _signal_group(child.process, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
-    for child in running:
-        try:
-            child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            print(f"{child.name} did not stop in {STOP_GRACE_SECONDS}s; killing it", flush=True)
-        _signal_group(child.process, signal.SIGKILL)
-        child.process.wait()
+def embedded_services(home: Path) -> list[Child]:
+    """The embedded PostgreSQL and Redis, when DATABASE_URL / REDIS_URL did not name others."""
+    services: list[Child] = []
+    if not os.environ.get("DATABASE_URL"):
+        pgdata = home / POSTGRES_DIR
+        services.append(
+            ServiceChild(
+                "postgres", lambda: embedded.postgres_url(home),
+                lambda: embedded.read_pid(pgdata / "postmaster.pid"),
+                lambda: embedded.stop_postgres(home), pgdata / "log",
+            )
+        )  # fmt: skip
+    if not os.environ.get("REDIS_URL"):
+        redis_dir = home / "redis"
+        services.append(
+            ServiceChild(
+                "redis", lambda: embedded.redis_url(home),
+                lambda: embedded.read_pid(redis_dir / "redis.pid"),
+                lambda: embedded.stop_redis(home), redis_dir / "redis.log",
+            )
+        )  # fmt: skip
+    return services
+
+
+def write_up_state(home: Path, supervisor: Supervisor) -> None:
+    """Which pid each child has now, for an operator (and the fault tests) to find it."""
+    state = {"pid": os.getpid(), "children": supervisor.pids()}
+    write_atomically(home / UP_STATE_FILE, json.dumps(state, indent=2) + "\n")
 
 
 def stop_local_engines(agent_dir: Path) -> None:
@@ -225,8 +254,3 @@ def stop_local_engines(agent_dir: Path) -> None:
             supervisor.stop(shard.spec.shard_id, grace=STOP_GRACE_SECONDS)
     finally:
         supervisor.shutdown()
-
-
-def _signal_group(process: subprocess.Popen, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signum)
