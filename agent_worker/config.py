@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from protocol.units import format_size, parse_size
+
 DEFAULT_CONFIG = Path("/etc/llmgw/agent.yaml")
 DEFAULT_WEIGHTS_DIR = Path("/var/lib/llmgw-weights")
 DEFAULT_AGENT_DIR = Path("/var/lib/llmgw-agent")
+# 50 MiB x 5 old files: at most 300 MiB of disk per engine, far more than a page shows.
+DEFAULT_LOG_MAX_BYTES = 50 * 1024 * 1024
+DEFAULT_LOG_KEEP = 5
+# Below this a busy engine's log would be copied over and over, every check.
+MIN_LOG_MAX_BYTES = 1024 * 1024
+MAX_LOG_KEEP = 100
 
 
 class AgentConfigError(ValueError):
@@ -41,6 +50,10 @@ class AgentConfig:
     sglang_python: str = "python3"
     heartbeat_interval: float = 5.0
     probe_interval: float = 60.0
+    log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
+    log_keep: int = DEFAULT_LOG_KEEP
+    # Often enough that a log overshoots its limit by little, seldom enough to cost nothing.
+    log_check_interval: float = 15.0
 
     @property
     def state_dir(self) -> Path:
@@ -96,6 +109,7 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
     if isinstance(install_dirs, str):
         install_dirs = [d for d in install_dirs.split(os.pathsep) if d]
     agent_dir = Path(environ.get("LLMGW_AGENT_DIR") or data.get("agent_dir") or DEFAULT_AGENT_DIR)
+    log_max_bytes, log_keep = log_rotation_from(environ, data, path)
     return AgentConfig(
         servers=servers,
         broker=broker_url(environ, data),
@@ -113,7 +127,64 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
         fabrics={str(k): [str(a) for a in v] for k, v in fabrics.items()},
         sglang_python=data.get("sglang_python", "python3"),
         heartbeat_interval=float(environ.get("LLMGW_HEARTBEAT_INTERVAL") or 5.0),
+        log_max_bytes=log_max_bytes,
+        log_keep=log_keep,
     )
+
+
+def log_rotation_from(
+    environ: Mapping[str, str], data: dict[str, Any] | None = None, path: Path | None = None
+) -> tuple[int, int]:
+    """Return (max bytes, old files kept) for log rotation: ``LLMGW_LOG_MAX_BYTES`` and
+    ``LLMGW_LOG_KEEP``, else ``log_max_bytes:`` / ``log_keep:`` in the agent file."""
+    data = data or {}
+    max_bytes = _setting(environ, data, path, "LLMGW_LOG_MAX_BYTES", "log_max_bytes")
+    keep = _setting(environ, data, path, "LLMGW_LOG_KEEP", "log_keep")
+    return (
+        DEFAULT_LOG_MAX_BYTES if max_bytes is None else _log_max_bytes(*max_bytes),
+        DEFAULT_LOG_KEEP if keep is None else _log_keep(*keep),
+    )
+
+
+def _setting(
+    environ: Mapping[str, str], data: dict[str, Any], path: Path | None, env_name: str, key: str
+) -> tuple[str, Any] | None:
+    """The value set for a knob and how to name it in an error; the environment wins."""
+    if environ.get(env_name):
+        return env_name, environ[env_name]
+    if data.get(key) is not None:
+        return (f"{path}: {key}" if path else key), data[key]
+    return None
+
+
+def _log_max_bytes(name: str, value: Any) -> int:
+    default = format_size(DEFAULT_LOG_MAX_BYTES)
+    try:
+        size = parse_size(value if isinstance(value, int) else str(value))
+    except ValueError:
+        raise AgentConfigError(
+            f"{name}={value!r} is not a size: write bytes or a size with its unit, "
+            f"e.g. {default} (the default) or 200MiB"
+        ) from None
+    if size < MIN_LOG_MAX_BYTES:
+        raise AgentConfigError(
+            f"{name}={value!r} is under {format_size(MIN_LOG_MAX_BYTES)}; a log rotated that "
+            f"often is copied all the time: set 1MiB or more, e.g. {default} (the default)"
+        )
+    return size
+
+
+def _log_keep(name: str, value: Any) -> int:
+    try:
+        keep = int(str(value).strip())
+    except ValueError:
+        keep = -1
+    if isinstance(value, bool) or not 0 <= keep <= MAX_LOG_KEEP:
+        raise AgentConfigError(
+            f"{name}={value!r} is not a whole number from 0 to {MAX_LOG_KEEP}: it is how many "
+            f"old log files to keep, e.g. {DEFAULT_LOG_KEEP} (the default; 0 keeps none)"
+        )
+    return keep
 
 
 def broker_url(environ: dict[str, str] | None = None, data: dict[str, Any] | None = None) -> str:

@@ -1,8 +1,9 @@
 """The last lines of every log on this node, kept in memory so the admin page can show them.
 
 Sources are the agent itself ("agent") and every shard by id. Each keeps its last
-``max_lines`` lines; the files on disk stay the record, this is what a `read_logs`
-command answers from without touching the disk.
+``max_lines`` lines. The agent's own log lives only here; a shard's files on disk stay
+its record (``read_logs`` answers from them, across their rotation), and this is where a
+failed shard's last words are taken from.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from agent_worker.engines import get_adapter
 from agent_worker.engines.probe import ProbeConfig, probe_engines
 from agent_worker.launcher import ShardLauncher
 from agent_worker.link import AgentLink, LinkCallbacks
-from agent_worker.logbuffer import LogBuffer
+from agent_worker.logbuffer import AGENT_SOURCE, LogBuffer
 from agent_worker.supervision.shard import StatusSequence
 from agent_worker.supervisor import ShardTransition, Supervisor
 from agent_worker.weights import WeightStore, fingerprint
@@ -125,10 +125,12 @@ class AgentRuntime:
 
     async def _main(self) -> None:
         prober = asyncio.create_task(self._probe_periodically())
+        log_checker = asyncio.create_task(self._rotate_logs_periodically())
         try:
             await self.link.run()
         finally:
             prober.cancel()
+            log_checker.cancel()
 
     async def _probe_periodically(self) -> None:
         while True:
@@ -139,6 +141,23 @@ class AgentRuntime:
                 # One bad probe (a vanished directory, a broken install) must not end them all.
                 log.exception("probing engines and weights failed; trying again in %ss",
                               self.config.probe_interval)  # fmt: skip
+
+    async def _rotate_logs_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.log_check_interval)
+            try:
+                # In a thread: copying 50 MiB must not hold up a heartbeat.
+                rotated = await asyncio.to_thread(self.rotate_logs)
+            except Exception:
+                log.exception("rotating log files failed; trying again in %ss",
+                              self.config.log_check_interval)  # fmt: skip
+                continue
+            for shard_id in rotated:
+                log.info("rotated the log of shard %s", shard_id)
+
+    def rotate_logs(self) -> list[str]:
+        """Rotate every engine log past its limit; the agent's own log is only in memory."""
+        return self.supervisor.rotate_logs(self.config.log_max_bytes, self.config.log_keep)
 
     async def _probe_once(self) -> None:
         before = dict(self.engines)
@@ -284,6 +303,12 @@ class AgentRuntime:
         return [str(path) for path in deleted]
 
     def read_logs(self, source: str, lines: int) -> list[str]:
+        """The last lines of ``source``: a shard's from its files on disk, across their
+        rotation and from before an agent restart; the agent's own from memory."""
+        if source != AGENT_SOURCE:
+            found = self.supervisor.read_log(source, lines, self.config.log_keep)
+            if found is not None:
+                return found
         return self.logs.read(source, lines)
 
     def _ssl_context(self) -> ssl.SSLContext | None:

@@ -23,8 +23,14 @@ from pathlib import Path
 
 import psutil
 
-# How many output lines a child that is given up on is reported with.
+from agent_worker.supervision.logrotate import last_lines, rotate_if_large
+
+# How many output lines a child that is given up on is reported with, read across this
+# many rotated files at most.
 LAST_LINES = 20
+LOG_KEEP_READ = 2
+# How often log files are checked against LLMGW_LOG_MAX_BYTES.
+ROTATE_EVERY = 10.0
 
 
 @dataclass(frozen=True)
@@ -220,7 +226,7 @@ class Supervisor:
         if len(entry.failures) >= policy.give_up_after:
             entry.given_up = True
             entry.restart_at = None
-            last = last_lines(entry.child.log_path, LAST_LINES)
+            last = last_lines(entry.child.log_path, LAST_LINES, keep=LOG_KEEP_READ)
             self.say(
                 f"{entry.name} {reason}; it failed {len(entry.failures)} times within "
                 f"{policy.give_up_window:.0f}s, so it stays down while the rest keeps serving "
@@ -271,16 +277,13 @@ def signal_group(pid: int, signum: int) -> None:
         os.killpg(pid, signum)
 
 
-def last_lines(path: Path, count: int) -> list[str]:
-    """The last ``count`` lines of a log file (its end only: logs can be large)."""
-    try:
-        with path.open("rb") as file:
-            file.seek(0, os.SEEK_END)
-            file.seek(max(0, file.tell() - 64 * 1024))
-            tail = file.read().decode(errors="replace")
-    except OSError:
-        return []
-    return tail.splitlines()[-count:]
+def rotate_logs(children: list[Child], max_bytes: int, keep: int) -> None:
+    """Keep each child's log file in bounds (copy, then truncate: the child holds it open)."""
+    for child in children:
+        try:
+            rotate_if_large(child.log_path, max_bytes, keep)
+        except OSError as exc:
+            print(f"could not rotate {child.log_path}: {exc}", flush=True)
 
 
 class LogEcho:
@@ -365,6 +368,7 @@ def supervise_main(argv: list[str]) -> int:
     """
     import argparse
 
+    from agent_worker.config import log_rotation_from
     from llmgw_site.env import llmgw_home
 
     if "--" not in argv:
@@ -393,11 +397,16 @@ def supervise_main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     become_subreaper()
+    max_bytes, keep = log_rotation_from(os.environ)
     supervisor.start_all()
+    next_rotation = 0.0
     while not stopping:
         supervisor.check()
         echo.pump()
         reap_orphans(lambda: {pid} if (pid := child.pid()) else set())
+        if time.monotonic() >= next_rotation:
+            rotate_logs([child], max_bytes, keep)
+            next_rotation = time.monotonic() + ROTATE_EVERY
         time.sleep(0.2)
     supervisor.stop_all(grace=10)
     echo.pump()

@@ -18,12 +18,14 @@ import sys
 import time
 from pathlib import Path
 
+from agent_worker.config import log_rotation_from
 from agent_worker.supervision.statedir import write_atomically
 from llmgw_site import embedded
 from llmgw_site.demo import DEMO_MODEL, demo_catalog
 from llmgw_site.env import env_int, env_str, llmgw_home
 from llmgw_site.secret_files import POSTGRES_DIR, ensure_private_dir, write_secret_file
 from llmgw_site.supervise import (
+    ROTATE_EVERY,
     Child,
     LogEcho,
     ProcessChild,
@@ -31,6 +33,7 @@ from llmgw_site.supervise import (
     Supervisor,
     become_subreaper,
     reap_orphans,
+    rotate_logs,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -145,6 +148,8 @@ def apply_demo(python: str, env: dict[str, str], home: Path) -> None:
 
 
 def run(argv: list[str] | None = None) -> int:
+    # First: the embedded servers daemonize, and must be ours to reap when they die.
+    become_subreaper()
     home = ensure_private_dir(llmgw_home())
     python = sys.executable
     env = prepare_environment(home)
@@ -175,12 +180,12 @@ def run(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
-    # Daemonized servers and the engines of a dead agent become ours to reap.
-    become_subreaper()
+    max_bytes, keep = log_rotation_from(env)
 
     def our_children() -> set[int]:
         return {pid for child in processes if (pid := child.pid()) is not None}
 
+    next_rotation = 0.0
     try:
         supervisor.start_all()
         print(
@@ -197,6 +202,9 @@ def run(argv: list[str] | None = None) -> int:
             supervisor.check()
             echo.pump()
             reap_orphans(our_children)
+            if time.monotonic() >= next_rotation:
+                rotate_logs(processes, max_bytes, keep)
+                next_rotation = time.monotonic() + ROTATE_EVERY
             time.sleep(0.2)
     finally:
         # Engines stop only here: on Ctrl-C or SIGTERM of `llmgw up` itself.

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from agent_worker.logbuffer import LogBuffer
 from agent_worker.supervision.health import HealthProbe, port_open
+from agent_worker.supervision.logrotate import rotate_if_large
+from agent_worker.supervision.logtail import read_log_lines
 from agent_worker.supervision.process import ShardProcess
 from agent_worker.supervision.shard import PortWait, ShardRun, ShardTransition, StatusSequence
 from agent_worker.supervision.statedir import StateDir, check_shard_id
@@ -74,6 +76,28 @@ class ShardLoop:
             did = self._step_run(run) or did
         self._drain()
         return did
+
+    def rotate_logs(self, max_bytes: int, keep: int) -> list[str]:
+        """Rotate the log of every live shard that grew past ``max_bytes``; name those rotated.
+
+        Copy and truncate (``logrotate``): the engine keeps its descriptor, and its tail
+        picks up what the rotation took before it was read.
+        """
+        rotated = []
+        for run in self._live_runs():
+            if rotate_if_large(run.tail.path, max_bytes, keep):
+                rotated.append(run.shard_id)
+        return rotated
+
+    def read_log(self, shard_id: str, lines: int, keep: int) -> list[str] | None:
+        """The last lines of a shard's log files; None when there is no such file here."""
+        try:
+            path = self._log_path(shard_id)
+        except ValueError:  # not a shard id: nothing on disk is named by it
+            return None
+        if not path.exists():
+            return None
+        return read_log_lines(path, lines, keep)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop watching. Engines keep running for the next agent to adopt."""

@@ -244,3 +244,26 @@ def test_llmgw_supervise_restarts_its_command_and_stops_on_sigterm(tmp_path):
     assert f"restarted sleeper (pid {second.pid})" in output
     assert f"sleeper | up {second.pid}" in output  # its output, echoed
     assert not pid_alive(second.pid)
+
+
+def test_a_childs_log_is_rotated_while_it_keeps_writing_to_it(tmp_path):
+    from llmgw_site.supervise import rotate_logs
+
+    script = (
+        "import sys, time\n"
+        "sys.stdout.write('x' * 2_000_000 + '\\n'); sys.stdout.flush()\n"
+        "time.sleep(1); print('after rotation', flush=True); time.sleep(300)\n"
+    )
+    child = ProcessChild("chatty", [sys.executable, "-c", script], tmp_path / "chatty.log",
+                         dict(os.environ), tmp_path)  # fmt: skip
+    child.start()
+    try:
+        wait_for(lambda: child.log_path.stat().st_size > 2_000_000, 10, "the first output")
+        rotate_logs([child], max_bytes=1024 * 1024, keep=2)
+        rotated = tmp_path / "chatty.log.1"
+        assert rotated.stat().st_size > 2_000_000
+        wait_for(lambda: b"after rotation" in child.log_path.read_bytes(), 10, "more output")
+        # The child's own descriptor writes at the new end: no hole of NUL bytes before it.
+        assert child.log_path.read_bytes() == b"after rotation\n"
+    finally:
+        child.stop(grace=1)

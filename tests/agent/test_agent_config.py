@@ -1,0 +1,51 @@
+"""The agent's settings: log rotation limits from the environment or agent.yaml."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_worker.config import AgentConfigError, load_config
+
+SERVER = {"LLMGW_AGENT_SERVERS": "ws://127.0.0.1:8000"}
+
+
+def config(tmp_path, yaml_text: str = "", **environ: str):
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml_text)
+    return load_config(path, {**SERVER, **environ})
+
+
+def test_logs_rotate_at_50_mib_keeping_5_by_default(tmp_path):
+    loaded = config(tmp_path)
+    assert (loaded.log_max_bytes, loaded.log_keep) == (50 * 1024 * 1024, 5)
+
+
+def test_log_limits_come_from_the_environment_over_the_file(tmp_path):
+    loaded = config(tmp_path, "log_max_bytes: 10MiB\nlog_keep: 2\n", LLMGW_LOG_MAX_BYTES="200MiB")
+    assert (loaded.log_max_bytes, loaded.log_keep) == (200 * 1024 * 1024, 2)
+    loaded = config(tmp_path, LLMGW_LOG_MAX_BYTES="2097152", LLMGW_LOG_KEEP="0")
+    assert (loaded.log_max_bytes, loaded.log_keep) == (2 * 1024 * 1024, 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("LLMGW_LOG_MAX_BYTES", "lots", "LLMGW_LOG_MAX_BYTES='lots' is not a size"),
+        ("LLMGW_LOG_MAX_BYTES", "10KiB", "LLMGW_LOG_MAX_BYTES='10KiB' is under 1MiB"),
+        ("LLMGW_LOG_KEEP", "five", "LLMGW_LOG_KEEP='five' is not a whole number"),
+        ("LLMGW_LOG_KEEP", "-1", "LLMGW_LOG_KEEP='-1' is not a whole number from 0"),
+        ("LLMGW_LOG_KEEP", "1000", "LLMGW_LOG_KEEP='1000' is not a whole number from 0"),
+    ],
+    ids=["size-word", "size-too-small", "keep-word", "keep-negative", "keep-too-many"],
+)
+def test_a_bad_log_limit_names_the_variable_and_the_fix(tmp_path, name, value, says):
+    with pytest.raises(AgentConfigError) as refused:
+        config(tmp_path, **{name: value})
+    assert says in str(refused.value)
+    assert "e.g." in str(refused.value)
+
+
+def test_a_bad_log_limit_in_the_file_names_the_key_and_the_file(tmp_path):
+    with pytest.raises(AgentConfigError) as refused:
+        config(tmp_path, "log_keep: many\n")
+    assert f"{tmp_path / 'agent.yaml'}: log_keep='many'" in str(refused.value)
