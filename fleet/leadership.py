@@ -21,11 +21,17 @@ log = logging.getLogger("llmgw.leadership")
 
 LEASE_SECONDS = 15
 
-# Take the lease if free, or extend it if we hold it; answer holder and epoch.
+# Take the lease if free, or extend it if we hold it; answer holder and epoch. A new
+# epoch is above ARGV[3], the highest the database knows was granted.
 _ACQUIRE = """
 local holder = redis.call('GET', KEYS[1])
 if holder == false then
     local epoch = redis.call('INCR', KEYS[2])
+    local floor = tonumber(ARGV[3])
+    if epoch <= floor then
+        epoch = floor + 1
+        redis.call('SET', KEYS[2], epoch)
+    end
     redis.call('SET', KEYS[1], ARGV[1] .. '|' .. epoch, 'PX', ARGV[2])
     return {ARGV[1] .. '|' .. epoch, 1}
 end
@@ -68,13 +74,31 @@ def acquire_or_renew(me: str | None = None, conn: redis.Redis | None = None) -> 
     me = me or identity()
     conn = conn or client()
     lease_key, epoch_key = _keys()
-    raw, fresh = conn.eval(_ACQUIRE, 2, lease_key, epoch_key, me, LEASE_SECONDS * 1000)
+    floor = _highest_granted(lease_key)
+    raw, fresh = conn.eval(_ACQUIRE, 2, lease_key, epoch_key, me, LEASE_SECONDS * 1000, floor)
     holder, _, epoch = raw.decode().rpartition("|")
     lease = Lease(holder=holder, epoch=int(epoch), acquired_now=bool(fresh))
+    if lease.holder == me and lease.epoch > floor:
+        _record_granted(lease_key, lease.epoch)
     if lease.acquired_now:
         log.warning("%s is now the leader (epoch %d)", me, lease.epoch)
         conn.set(f"{lease_key}:since:{lease.epoch}", str(time.time()), ex=3600)
     return lease
+
+
+def _highest_granted(lease_key: str) -> int:
+    from fleet.models import LeaderEpoch
+
+    row = LeaderEpoch.objects.filter(lease_key=lease_key).values_list("highest", flat=True)
+    return row.first() or 0
+
+
+def _record_granted(lease_key: str, epoch: int) -> None:
+    """Remember ``epoch`` before acting under it (on every renewal until it is written)."""
+    from fleet.models import LeaderEpoch
+
+    LeaderEpoch.objects.get_or_create(lease_key=lease_key)
+    LeaderEpoch.objects.filter(lease_key=lease_key, highest__lt=epoch).update(highest=epoch)
 
 
 def current(conn: redis.Redis | None = None) -> Lease | None:

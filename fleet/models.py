@@ -123,6 +123,9 @@ class Replica(models.Model):
     state_changed_at = models.DateTimeField(auto_now_add=True)
     # When the replica began starting; a download in progress does not reset it.
     starting_since = models.DateTimeField(null=True, blank=True)
+    # When a rolling restart took it out of the routing table to finish its requests;
+    # it stays ready (its engines still answer) until the drain is over and it is stopped.
+    draining_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["model_name", "created_at"]
@@ -181,3 +184,18 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.subject}: {self.from_state} -> {self.to_state}"
+
+
+class LeaderEpoch(models.Model):
+    """The highest leader epoch granted under a lease key, kept where a restart keeps it.
+
+    The lease lives in Redis, which forgets everything when it restarts; an epoch that
+    began again at 1 would be older than what every agent has seen, and they would
+    ignore the new leader's commands for good.
+    """
+
+    lease_key = models.CharField(max_length=200, primary_key=True)
+    highest = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.lease_key}: epoch {self.highest}"
