@@ -64,6 +64,9 @@ class Model(models.Model):
     source = models.CharField(max_length=1024)
     sha256 = models.CharField(max_length=64, blank=True)
     description = models.TextField(blank=True)
+    # An operator's hold on replacing stale replicas (llmgw_ctl rollout pause); never in
+    # the catalog file, so applying the file cannot lift it.
+    rollout_paused = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["name"]
@@ -93,6 +96,12 @@ class Profile(models.Model):
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
     startup_timeout = models.PositiveIntegerField(default=600, help_text="seconds")
+    # A rolling restart runs at most replicas + surge and keeps replicas - unavailable ready.
+    rollout_surge = models.PositiveIntegerField(default=1)
+    rollout_unavailable = models.PositiveIntegerField(default=0)
+    drain_timeout = models.PositiveIntegerField(
+        default=30, help_text="seconds a replica being replaced may finish its requests"
+    )
 
     class Meta:
         constraints = [
@@ -103,8 +112,13 @@ class Profile(models.Model):
     def __str__(self) -> str:
         return f"{self.model.name}/{self.name}"
 
+    @property
+    def rollout(self) -> dict[str, int]:
+        """The ``rollout:`` block as the catalog file writes it."""
+        return {"surge": self.rollout_surge, "unavailable": self.rollout_unavailable}
+
     def fingerprint(self) -> str:
-        """Hash what changes the running engine; replicas, pool or timeouts do not."""
+        """Hash what changes the running engine; replicas, pool, timeouts or rollout do not."""
         return profile_fingerprint(self.model, self)
 
 

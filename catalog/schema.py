@@ -79,6 +79,23 @@ class NamedEntry(_Strict):
     _name = field_validator("name")(_check_name)
 
 
+class RolloutEntry(_Strict):
+    """How a profile's stale replicas are replaced: new ones beside, or old ones first."""
+
+    surge: int = Field(default=1, ge=0)
+    unavailable: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def can_replace(self) -> RolloutEntry:
+        if not self.surge and not self.unavailable:
+            raise ValueError(
+                "surge and unavailable are both 0, so no replica could ever be replaced; set "
+                "surge: 1 to start each new replica beside the old ones, or unavailable: 1 to "
+                "replace them in place"
+            )
+        return self
+
+
 class ProfileEntry(_Strict):
     name: str
     engine: str
@@ -97,6 +114,8 @@ class ProfileEntry(_Strict):
     args: list[str] = []
     env: dict[str, str] = {}
     startup_timeout: Duration = 600
+    rollout: RolloutEntry = Field(default_factory=RolloutEntry)
+    drain_timeout: Duration = 30
 
     _name = field_validator("name")(_check_name)
 

@@ -60,13 +60,16 @@ class ProfileSerializer(serializers.ModelSerializer):
     gpu_memory = serializers.JSONField(required=False, help_text="bytes, or a size like 40GiB")
     disk = serializers.JSONField(required=False, help_text="bytes, or a size like 20GiB")
     startup_timeout = serializers.JSONField(required=False, help_text="seconds, or like 10m")
+    rollout = serializers.JSONField(required=False, help_text='{"surge": 1, "unavailable": 0}')
+    drain_timeout = serializers.JSONField(required=False, help_text="seconds, or like 30s")
 
     class Meta:
         model = Profile
         fields = [
             "id", "model", "name", "engine", "engine_version", "replicas", "gpus_per_rank",
             "tensor_parallel", "nodes", "memory", "gpu_memory", "disk", "context", "pool",
-            "launch_mode", "strategy", "args", "env", "startup_timeout", "fingerprint",
+            "launch_mode", "strategy", "args", "env", "startup_timeout", "rollout",
+            "drain_timeout", "fingerprint",
         ]  # fmt: skip
 
     def validate(self, attrs):
@@ -80,6 +83,8 @@ class ProfileSerializer(serializers.ModelSerializer):
             }
         current.update(attrs)
         validated = _validate_with(ProfileEntry, current)
+        rollout = validated.pop("rollout")
+        validated.update(rollout_surge=rollout["surge"], rollout_unavailable=rollout["unavailable"])
         validated["model"] = model
         return validated
 

@@ -12,7 +12,14 @@ from typing import Any
 from django.db import transaction
 
 from catalog.models import Engine, Fabric, Model, Pool, Profile
-from catalog.schema import CatalogError, CatalogFile, ModelEntry, ProfileEntry, parse_catalog
+from catalog.schema import (
+    CatalogError,
+    CatalogFile,
+    ModelEntry,
+    ProfileEntry,
+    RolloutEntry,
+    parse_catalog,
+)
 from fleet.routing_table import publish_routing_change
 from fleet.transitions import record_event
 from protocol.units import format_duration, format_size
@@ -20,10 +27,13 @@ from protocol.units import format_duration, format_size
 PROFILE_FIELDS = (
     "engine", "engine_version", "replicas", "gpus_per_rank", "tensor_parallel", "nodes",
     "memory", "gpu_memory", "disk", "context", "pool", "launch_mode", "strategy", "args",
-    "env", "startup_timeout",
+    "env", "startup_timeout", "drain_timeout",
 )  # fmt: skip
+# The file's ``rollout:`` block is two columns of the profile row.
+ROLLOUT_COLUMNS = {"rollout_surge": "surge", "rollout_unavailable": "unavailable"}
 MODEL_FIELDS = ("source", "sha256", "aliases", "description")
 SIZE_FIELDS = {"memory", "gpu_memory", "disk"}
+DURATION_FIELDS = {"startup_timeout", "drain_timeout"}
 
 
 @dataclass
@@ -159,9 +169,10 @@ def _plan(catalog: CatalogFile, *, prune: bool) -> list[Change]:
             if profile is None:
                 changes.append(Change("create", "profile", name))
                 continue
-            differ = _differences(
-                profile, {field: getattr(profile_entry, field) for field in PROFILE_FIELDS}
-            )
+            differ = {
+                _label(name): values
+                for name, values in _differences(profile, _profile_values(profile_entry)).items()
+            }
             if differ:
                 changes.append(Change("update", "profile", name, differ))
         # A model's profiles are its whole description: a profile the file drops is gone.
@@ -169,6 +180,18 @@ def _plan(catalog: CatalogFile, *, prune: bool) -> list[Change]:
     if prune:
         changes += [Change("delete", "model", name) for name in existing_models]
     return changes
+
+
+def _profile_values(entry: ProfileEntry) -> dict[str, Any]:
+    """The profile row's columns as the file's entry sets them."""
+    values = {name: getattr(entry, name) for name in PROFILE_FIELDS}
+    values.update({column: getattr(entry.rollout, key) for column, key in ROLLOUT_COLUMNS.items()})
+    return values
+
+
+def _label(column: str) -> str:
+    """A column as the file names it (``rollout.surge``), for the plan a person reads."""
+    return f"rollout.{ROLLOUT_COLUMNS[column]}" if column in ROLLOUT_COLUMNS else column
 
 
 def _differences(row: Any, wanted: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -219,7 +242,7 @@ def _make(change: Change, catalog: CatalogFile) -> None:
         Profile.objects.update_or_create(
             model=Model.objects.get(name=model_name),
             name=profile_name,
-            defaults={name: getattr(entry, name) for name in PROFILE_FIELDS},
+            defaults=_profile_values(entry),
         )
 
 
@@ -267,9 +290,11 @@ def export_catalog() -> dict[str, Any]:
                     continue
                 if name in SIZE_FIELDS:
                     value = format_size(value)
-                elif name == "startup_timeout":
+                elif name in DURATION_FIELDS:
                     value = format_duration(value)
                 item[name] = value
+            if profile.rollout != RolloutEntry().model_dump():
+                item["rollout"] = profile.rollout
             profiles.append(item)
         if profiles:
             entry["profiles"] = profiles

@@ -1,4 +1,4 @@
-"""Verbs an operator runs from the pages: drain a node, restart a replica, scale a profile.
+"""Verbs an operator runs: drain a node, restart a replica, scale a profile, pause a rollout.
 
 Each changes one thing, records an event naming who asked, and (through
 ``record_event`` / ``transition``) tells the open pages once the change commits.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from catalog.models import Profile
+from catalog.models import Model, Profile
 from fleet.models import Node, Replica
 from fleet.transitions import record_event
 
@@ -73,3 +73,27 @@ def scale_profile(profile_id: int, replicas: int, by=None) -> int | None:
                 f"scaled from {previous} to {replicas} replicas by {_who(by)}",
             )
     return previous
+
+
+def pause_rollout(model_name: str, by=None) -> bool:
+    """Stop replacing ``model_name``'s stale replicas until resumed; False if already paused.
+
+    A drain already begun still ends (that replica serves nothing any more); nothing new
+    is started or drained. Held in the database, so applying the catalog never lifts it.
+    """
+    return _set_rollout_paused(model_name, True, f"rollout paused by {_who(by)}")
+
+
+def resume_rollout(model_name: str, by=None) -> bool:
+    """Let ``model_name``'s rolling restarts go on; False if they were not paused."""
+    return _set_rollout_paused(model_name, False, f"rollout resumed by {_who(by)}")
+
+
+def _set_rollout_paused(model_name: str, paused: bool, why: str) -> bool:
+    with transaction.atomic():
+        changed = Model.objects.filter(name=model_name, rollout_paused=not paused).update(
+            rollout_paused=paused
+        )
+        if changed:
+            record_event("catalog", model_name, why)
+    return bool(changed)

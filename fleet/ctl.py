@@ -5,11 +5,13 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from catalog.models import Model
 from fleet import commands
-from fleet.actions import drain_node, undrain_node
+from fleet.actions import drain_node, pause_rollout, resume_rollout, undrain_node
 from fleet.models import Node, Replica
 from fleet.node_auth import node_token
 from fleet.reconciler import COUNTED
+from fleet.rollout import rollout_status
 from fleet.selectors import live_replicas, model_rows, progress_line
 from llmgw_site.tables import render_json, render_table
 from protocol.units import human_size
@@ -41,6 +43,20 @@ def add_parsers(subparsers) -> None:
     status = subparsers.add_parser("status", help="models, replicas and why any cannot run")
     status.add_argument("--json", action="store_true")
     status.set_defaults(handler=status_command)
+
+    rollout = subparsers.add_parser("rollout", help="rolling restarts of stale profiles")
+    actions = rollout.add_subparsers(dest="rollout_action", required=True, metavar="ACTION")
+    progress = actions.add_parser("status", help="how far each profile's rollout has come")
+    progress.add_argument("model")
+    progress.add_argument("--json", action="store_true")
+    progress.set_defaults(handler=rollout_status_command)
+    for action, verb, text in (
+        ("pause", pause_rollout, "start no new replica and drain no old one until resumed"),
+        ("resume", resume_rollout, "let a paused rollout go on"),
+    ):
+        parser = actions.add_parser(action, help=text)
+        parser.add_argument("model")
+        parser.set_defaults(handler=rollout_switch_command, verb=verb, action=action)
 
 
 def drain_command(options, out) -> None:
@@ -183,3 +199,47 @@ def status_command(options, out) -> None:
     if replicas:
         out.write("")
         out.write(_replicas_text(replicas))
+
+
+def _known_model(name: str) -> str:
+    if not Model.objects.filter(name=name).exists():
+        known = ", ".join(Model.objects.values_list("name", flat=True)) or "none"
+        raise CommandError(f"no model {name!r} (models: {known})")
+    return name
+
+
+def rollout_switch_command(options, out) -> None:
+    name = _known_model(options["model"])
+    changed = options["verb"](name)
+    done = "paused" if options["action"] == "pause" else "resumed"
+    if changed:
+        out.write(f"rollout of {name} {done}")
+    else:
+        out.write(f"rollout of {name} was {'already paused' if done == 'paused' else 'not paused'}")
+
+
+def rollout_status_command(options, out) -> None:
+    rows = rollout_status(_known_model(options["model"]))
+    if options["json"]:
+        out.write(render_json(rows))
+        return
+    headers = ["PROFILE", "WANTED", "UP-TO-DATE", "STALE", "DRAINING", "PAUSED", "SURGE",
+               "UNAVAILABLE", "DRAIN"]  # fmt: skip
+    table = [
+        [r["profile"], r["wanted"], r["up_to_date_ready"], r["stale"], r["draining"],
+         "yes" if r["paused"] else "no", r["surge"], r["unavailable"], f"{r['drain_timeout']}s"]
+        for r in rows
+    ]  # fmt: skip
+    out.write(render_table(headers, table))
+    for row in rows:
+        if row["waiting"]:
+            out.write(f"{row['profile']}: {row['waiting']}")
+        for replica in row["replicas"]:
+            line = f"  {row['profile']} {replica['id'][:8]} {replica['state']}"
+            line += " up to date" if replica["up_to_date"] else " stale"
+            if replica["draining_since"] is not None:
+                carried = replica.get("in_flight")
+                line += f", draining since {_ago(replica['draining_since'])}, " + (
+                    "in flight unknown" if carried is None else f"{carried} in flight"
+                )
+            out.write(line)

@@ -59,6 +59,7 @@ class ReconcileReport:
     stopping: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    draining: list[str] = field(default_factory=list)
     # Why the pass did not run (or stopped early), if it did not run whole.
     skipped: str = ""
 
@@ -78,13 +79,16 @@ class ReconcileReport:
 def reconcile(
     now: datetime | None = None, epoch: int = 0, still_leading: Callable[[], bool] | None = None
 ) -> ReconcileReport:
-    """One pass: retire what must go, fail what timed out, create, place, finish stops.
+    """One pass: retire what must go, fail what timed out, roll stale profiles, create,
+    place, finish stops.
 
     One pass runs at a time in the whole cluster: two passes from stale snapshots would
     place replicas on the same GPUs, and a pass that overruns is skipped, not queued.
     ``still_leading`` is asked before every step: a leader that lost its lease mid-pass
     must not write, or send commands under an epoch that is no longer current.
     """
+    from fleet.rollout import roll_stale  # it builds on this module's verbs
+
     now = now or timezone.now()
     report = ReconcileReport()
     with one_pass_at_a_time() as alone:
@@ -96,6 +100,7 @@ def reconcile(
             lambda: retire_from_bad_nodes(report, epoch),
             lambda: fail_slow_starts(now, report),
             lambda: retire_failed(now, report, epoch),
+            lambda: roll_stale(now, report, epoch),
             lambda: scale(report, epoch),
             lambda: place_waiting(now, epoch, report),
             lambda: finish_stops(report),
@@ -228,29 +233,46 @@ def replacement_delay(replica: Replica, now: datetime) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+def create_replica(profile: Profile, why: str, report: ReconcileReport) -> Replica:
+    """A new replica of ``profile`` with its current settings, waiting to be placed."""
+    replica_id = uuid.uuid4()
+    replica = Replica.objects.create(
+        id=replica_id,
+        model_name=profile.model.name,
+        profile_name=profile.name,
+        profile=profile,
+        fingerprint=profile.fingerprint(),
+        secret=replica_secret(replica_id),
+    )
+    record_event("replica", str(replica.id), why, to_state="placing")
+    report.created.append(str(replica.id))
+    return replica
+
+
 def scale(report: ReconcileReport, epoch: int | None = None) -> None:
-    """Create replicas that are wanted; stop the surplus, least useful first."""
+    """Create replicas that are wanted; stop the surplus, least useful first.
+
+    During a rolling restart the stale replicas are the surplus, and ``roll_stale``
+    retires them after a drain: only up-to-date replicas beyond the wanted count go here,
+    never the new ones a rollout is waiting for.
+    """
     for profile in Profile.objects.select_related("model"):
         live = list(
             Replica.objects.filter(profile=profile, state__in=COUNTED).order_by("-created_at")
         )
         missing = profile.replicas - len(live)
         for _ in range(missing):
-            replica_id = uuid.uuid4()
-            replica = Replica.objects.create(
-                id=replica_id,
-                model_name=profile.model.name,
-                profile_name=profile.name,
-                profile=profile,
-                fingerprint=profile.fingerprint(),
-                secret=replica_secret(replica_id),
-            )
-            record_event("replica", str(replica.id), f"wanted by {profile}", to_state="placing")
-            report.created.append(str(replica.id))
+            create_replica(profile, f"wanted by {profile}", report)
         if missing < 0:
+            fingerprint = profile.fingerprint()
+            up_to_date = [
+                r for r in live if r.fingerprint == fingerprint and r.draining_since is None
+            ]
+            if len(up_to_date) < len(live):
+                live, missing = up_to_date, profile.replicas - len(up_to_date)
             rank = {ReplicaState.FAILED: 0, ReplicaState.UNPLACEABLE: 1, ReplicaState.PLACING: 2,
                     ReplicaState.STARTING: 3, ReplicaState.READY: 4}  # fmt: skip
-            surplus = sorted(live, key=lambda r: rank[r.state])[:-missing]
+            surplus = sorted(live, key=lambda r: rank[r.state])[: max(0, -missing)]
             for replica in surplus:
                 reason = f"scaled down: {profile} wants {profile.replicas}"
                 stop_replica(replica, reason, report, epoch)

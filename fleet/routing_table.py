@@ -3,12 +3,15 @@
 Routers keep the routing table and the API keys in memory and reload both when a
 message arrives on ``ROUTING_CHANNEL`` (a replica became ready or went away, a key was
 created or revoked), with a periodic full reload as the safety net for a lost message.
+The other way, each router writes what it routes and carries under ``INFLIGHT_KEY_PREFIX``
+(``router/inflight.py``), so a rolling restart knows when a drained replica is idle.
 Importing this module needs no configured Django: the router imports the channel name
 in its static mode too, and models are imported inside the functions that read them.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -17,6 +20,11 @@ from llmgw_site.redis_clients import redis_client
 logger = logging.getLogger(__name__)
 
 ROUTING_CHANNEL = "llmgw:routing"
+# One key per router process: JSON {"at": unix time, "routed": [replica ids in its table],
+# "inflight": {replica id: requests in flight}}; it expires when the router stops writing.
+INFLIGHT_KEY_PREFIX = "llmgw:inflight:"
+INFLIGHT_REPORT_SECONDS = 1.0
+INFLIGHT_REPORT_TTL = 5
 
 
 def publish_routing_change(kind: str = "replicas") -> None:
@@ -29,6 +37,34 @@ def publish_routing_change(kind: str = "replicas") -> None:
         redis_client().publish(ROUTING_CHANNEL, kind)
     except Exception as exc:
         logger.warning("could not tell routers about a %s change: %s", kind, exc)
+
+
+def read_inflight_reports() -> list[dict[str, Any]] | None:
+    """Every live router's latest report; None when Redis cannot be read (nothing is known)."""
+    try:
+        client = redis_client()
+        keys = list(client.scan_iter(match=INFLIGHT_KEY_PREFIX + "*", count=100))
+        values = client.mget(keys) if keys else []
+    except Exception as exc:
+        logger.warning("could not read the routers' in-flight reports: %s", exc)
+        return None
+    reports = []
+    for key, value in zip(keys, values, strict=True):
+        if value is None:
+            continue  # expired between the scan and the read
+        try:
+            report = json.loads(value)
+            reports.append(
+                {
+                    "router": key.decode().removeprefix(INFLIGHT_KEY_PREFIX),
+                    "at": float(report["at"]),
+                    "routed": [str(r) for r in report.get("routed", [])],
+                    "inflight": {str(k): int(v) for k, v in report.get("inflight", {}).items()},
+                }
+            )
+        except (ValueError, KeyError, TypeError, AttributeError):
+            logger.warning("ignoring a malformed in-flight report under %s", key)
+    return reports
 
 
 def routing_snapshot() -> dict[str, Any]:
@@ -55,10 +91,18 @@ def routing_snapshot() -> dict[str, Any]:
     for replica in replicas:
         # A replica whose model left the catalog still serves until it is stopped.
         entry = models.setdefault(replica.model_name, _entry(replica.model_name, [], 0))
-        entry["states"][replica.state] = entry["states"].get(replica.state, 0) + 1
+        draining = replica.state == ReplicaState.READY and replica.draining_since is not None
+        state = "draining" if draining else replica.state
+        entry["states"][state] = entry["states"].get(state, 0) + 1
         if replica.state == ReplicaState.UNPLACEABLE:
             entry["reasons"].extend(str(reason) for reason in replica.reasons or [])
         if replica.state != ReplicaState.READY:
+            continue
+        if draining:
+            # Being replaced: it finishes what it carries, and takes nothing new.
+            entry["reasons"].append(
+                f"replica {str(replica.id)[:8]} is draining before it is replaced"
+            )
             continue
         rank0 = next(iter(replica.shards.all()), None)
         url = _endpoint_url(rank0)

@@ -69,10 +69,22 @@ class AiohttpUpstream:
     async def post(
         self, base_url: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
     ) -> AiohttpResponse:
+        return await self.request("POST", base_url, path, body, headers)
+
+    async def get(
+        self, base_url: str, path: str, headers: list[tuple[bytes, bytes]]
+    ) -> AiohttpResponse:
+        return await self.request("GET", base_url, path, b"", headers)
+
+    async def request(
+        self, method: str, base_url: str, path: str, body: bytes,
+        headers: list[tuple[bytes, bytes]],
+    ) -> AiohttpResponse:  # fmt: skip
         assert self._session is not None
         url = base_url + path
         try:
-            response = await self._session.post(
+            response = await self._session.request(
+                method,
                 url,
                 data=body,
                 headers=[(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers],

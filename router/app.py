@@ -21,6 +21,8 @@ from router.auth import Caller, KeyCache
 from router.balancer import Balancer
 from router.config import RouterConfig
 from router.errors import RouterError
+from router.health_probe import SavedTableProbe
+from router.inflight import report_inflight
 from router.metrics import RouterMetrics
 from router.relay import WATCH_AFTER_SECONDS, Exchange, relay, rewrite_body, start_watching
 from router.responses import header, model_entry, send_error, send_json
@@ -63,24 +65,57 @@ class Router:
             connections=config.upstream_connections,
         )
         self.refresher = Refresher(source, self.install, config.refresh_seconds)
+        self.probe = SavedTableProbe(
+            self.upstream, self._use, config.probe_seconds, config.probe_timeout
+        )
+        self.metrics.table_age.set_function(self._table_age)
         self._started = False
         self._start_lock: asyncio.Lock | None = None
         self._tasks: list[asyncio.Task] = []
+        self._probing: asyncio.Task | None = None
 
     # -- life cycle -------------------------------------------------------------------
 
     def install(self, snapshot: Snapshot) -> None:
         """Swap in a freshly loaded table and key set."""
         table_data, keys = snapshot
-        table = RoutingTable.from_snapshot(table_data)
-        self.table = table
+        if self._probing is not None:  # the database answers: its table replaces the saved one
+            self._probing.cancel()
+            self._probing = None
+            logger.warning("the database answers again; serving its routing table")
         self.keys.replace(keys)
+        self._use(RoutingTable.from_snapshot(table_data, source=self.source.mode))
+
+    def _use(self, table: RoutingTable) -> None:
+        self.table = table
         self.balancer.forget_except(
             {e.replica for route in table.routes.values() for e in route.endpoints}
         )
         self.metrics.table_models.set(len(table.routes))
         self.metrics.table_loaded.set(table.loaded_at)
+        self.metrics.table_from_saved.set(1 if table.source == "saved" else 0)
         self.metrics.keys.set(len(self.keys))
+
+    def _table_age(self) -> float:
+        loaded_at = self.table.loaded_at
+        return time.time() - loaded_at if loaded_at else float("nan")
+
+    async def _serve_saved_table(self) -> None:
+        """The database did not answer at start: serve the table it gave last, to the
+        engines that still answer, until a reload from the database replaces it."""
+        table_file = self.source.table_file
+        saved = await asyncio.to_thread(table_file.read) if table_file is not None else None
+        if saved is None:
+            return
+        table = RoutingTable.from_snapshot(saved.table, loaded_at=saved.loaded_at, source="saved")
+        logger.warning(
+            "the database does not answer (%s); serving the routing table saved in %s, "
+            "loaded %.0f s ago", self.refresher.last_error, table_file.path,
+            time.time() - saved.loaded_at,
+        )  # fmt: skip
+        self.keys.replace(saved.keys)
+        self._use(await self.probe.check(table))  # the first round before the first request
+        self._probing = asyncio.create_task(self.probe.run(table))
 
     async def start(self) -> None:
         """Load the table and start the background tasks; once, on the first need."""
@@ -90,17 +125,20 @@ class Router:
             if self._started:
                 return
             await self.upstream.start()
-            await self.refresher.reload()  # a failure is retried by the refresh loop
+            if not await self.refresher.reload():  # retried by the refresh loop
+                await self._serve_saved_table()
             self._tasks.append(asyncio.create_task(self.refresher.run()))
             if self.source.notifies:
                 self._tasks.append(asyncio.create_task(self.refresher.listen()))
+                self._tasks.append(asyncio.create_task(report_inflight(self)))
             self._tasks.append(asyncio.create_task(self._write_accounting()))
             self._started = True
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *([self._probing] if self._probing else [])]:
             task.cancel()
         self._tasks.clear()
+        self._probing = None
         await self._flush_accounting()
         await self.upstream.close()
         self._started = False
@@ -407,9 +445,12 @@ class Router:
     async def health(self, send) -> None:
         table = self.table
         loaded = table.loaded_at > 0
+        # A saved table still serves (200), but what it says may be out of date.
+        status = ("degraded" if table.source == "saved" else "ok") if loaded else "loading"
         body = {
-            "status": "ok" if loaded else "loading",
+            "status": status,
             "mode": self.source.mode,
+            "table_source": table.source if loaded else None,
             "models": len(table.routes),
             "routable_models": sum(1 for r in table.routes.values() if r.endpoints),
             "table_age_seconds": round(time.time() - table.loaded_at, 3) if loaded else None,

@@ -9,7 +9,8 @@ protocol, so the router then starts on its first request).
 With ``LLMGW_ROUTER_STATIC=path.yaml`` the router serves the models that file names and
 touches no database; the file is checked here, so a bad one stops the server at once
 with the problem named. Otherwise it reads replicas and keys from the database and
-listens for changes on Redis.
+listens for changes on Redis, keeping its last table in ``LLMGW_ROUTER_TABLE_FILE`` to
+start from when the database is down.
 
 Under uvicorn the lifespan protocol starts the router before the first request and
 flushes accounting at shutdown; under daphne, accounting is flushed at interpreter exit.
@@ -20,9 +21,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+from pathlib import Path
 
 from router.app import Router
 from router.config import RouterConfig
+from router.saved_table import TableFile
 from router.sources import DatabaseSource, StaticSource
 from router.table import load_static
 
@@ -34,7 +37,7 @@ def build_router(config: RouterConfig | None = None) -> Router:
     if config.static_path:
         load_static(config.static_path)  # refuse a bad file now, not on the first request
         return Router(config, StaticSource(config.static_path))
-    source = DatabaseSource()
+    source = DatabaseSource(TableFile(Path(config.table_file)) if config.table_file else None)
     router = Router(config, source)
 
     def flush_at_exit() -> None:

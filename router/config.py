@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from llmgw_site.env import env_int, env_str
+from llmgw_site.env import env_int, env_str, llmgw_home
 
 
 def env_float(name: str, default: float) -> float:
@@ -43,6 +43,15 @@ class RouterConfig:
     client: str = "lean"
     # When set, /metrics asks for `Authorization: Bearer <token>` (same knob as the control plane).
     metrics_token: str = ""
+    # The last table loaded from the database, served when a router starts while the
+    # database is down; from_env defaults it to $LLMGW_HOME/router/routing-table.json,
+    # and "" keeps none.
+    table_file: str = ""
+    # Serving that saved table, engines are health-checked this often: often enough that
+    # a dead one is out within seconds, while a /health costs an engine next to nothing.
+    probe_seconds: float = 2.0
+    # A /health that takes longer than this counts as no answer.
+    probe_timeout: float = 2.0
 
     @classmethod
     def from_env(cls) -> RouterConfig:
@@ -63,4 +72,9 @@ class RouterConfig:
             ),
             metrics_token=env_str("LLMGW_METRICS_TOKEN"),
             client=env_str("LLMGW_ROUTER_CLIENT", cls.client),
+            table_file=env_str(
+                "LLMGW_ROUTER_TABLE_FILE", str(llmgw_home() / "router" / "routing-table.json")
+            ),
+            probe_seconds=env_float("LLMGW_ROUTER_PROBE_SECONDS", cls.probe_seconds),
+            probe_timeout=env_float("LLMGW_ROUTER_PROBE_TIMEOUT", cls.probe_timeout),
         )

@@ -26,6 +26,16 @@ def error_body(message: str, type_: str, code: str | None) -> bytes:
     ).encode()
 
 
+def stream_error_event(message: str) -> bytes:
+    """How a stream that already began ends on a failure: an error event, then [DONE].
+
+    vLLM and SGLang end theirs the same way, and the openai SDK raises ``APIError`` on an
+    event holding ``error``, so a cut answer is never mistaken for a whole one.
+    """
+    body = error_body(message, "upstream_error", "upstream_stream_broken")
+    return b"data: " + body + b"\n\ndata: [DONE]\n\n"
+
+
 def missing_key() -> RouterError:
     return RouterError(
         401,

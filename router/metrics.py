@@ -72,6 +72,16 @@ class RouterMetrics:
             "llmgw_router_table_loaded_timestamp_seconds",
             "When the routing table was last loaded", registry=r,
         )  # fmt: skip
+        self.table_age = Gauge(
+            "llmgw_router_table_age_seconds",
+            "Seconds since the routing table was loaded (a saved table: since the database "
+            "last gave it)", registry=r,
+        )  # fmt: skip
+        self.table_from_saved = Gauge(
+            "llmgw_router_table_from_saved",
+            "1 while the router serves its saved table because the database did not answer",
+            registry=r,
+        )  # fmt: skip
         self.keys = Gauge("llmgw_router_api_keys", "API keys the router accepts", registry=r)
         self._children: dict[tuple, object] = {}
 

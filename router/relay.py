@@ -126,10 +126,18 @@ async def _relay_stream(
                 first = False
         tail = scanner.flush() if drop_usage_only else b""
     except UpstreamBroken as exc:
-        # After the first byte a failure is the client's to see: the stream ends early.
+        # After the first byte a failure is the client's to see, in words: a stream that
+        # just stopped would read as a whole answer to many clients.
         logger.warning("stream from an engine of %s broke: %s", model, exc)
         metrics.upstream_error(model, replica, "broken_stream")
-        tail, whole = b"", False
+        tail = errors.stream_error_event(
+            f"An engine of {model} broke off its answer after it began: {exc}; the answer "
+            "is incomplete, send the request again."
+        )
+        if scanner.mid_event and not drop_usage_only:
+            # Part of an event went out as it came: end it, or the error joins its data.
+            tail = b"\n\n" + tail
+        whole = False
     exchange.finishing = True
     await send({"type": "http.response.body", "body": tail, "more_body": False})
     return whole, scanner.tokens

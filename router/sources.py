@@ -6,6 +6,9 @@ the control plane, and reads happen only off the request path (start-up, a pub/s
 notification, every ``refresh_seconds``), where the ORM's cost does not matter. One
 thread keeps one persistent connection and keeps the sync-only ORM off the event loop.
 
+After each load ``DatabaseSource`` keeps the table on disk (saved_table.py), on the same
+thread, so a router started while the database is down has something to serve.
+
 ``StaticSource`` reads a YAML file (router-only mode) and needs no database or Redis;
 the periodic refresh re-reads it, so an edited file is picked up within seconds.
 """
@@ -16,12 +19,14 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleet.routing_table import ROUTING_CHANNEL
 from router.accounting import Usage
+from router.saved_table import TableFile
 from router.table import load_static
 
 logger = logging.getLogger(__name__)
@@ -35,6 +40,7 @@ RETRY_SECONDS = 1.0
 class StaticSource:
     mode = "static"
     notifies = False
+    table_file: TableFile | None = None  # the file is the table: nothing to keep
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -53,7 +59,8 @@ class DatabaseSource:
     mode = "database"
     notifies = True
 
-    def __init__(self) -> None:
+    def __init__(self, table_file: TableFile | None = None) -> None:
+        self.table_file = table_file
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="router-db")
         self._django_ready = False
         self.redis_url = ""
@@ -81,7 +88,10 @@ class DatabaseSource:
         from fleet.routing_table import routing_snapshot
 
         close_old_connections()  # a connection the database dropped is replaced, not reused
-        return routing_snapshot(), active_keys()
+        table, keys = routing_snapshot(), active_keys()
+        if self.table_file is not None:
+            self.table_file.save(table, keys, loaded_at=time.time())
+        return table, keys
 
     async def load(self) -> Snapshot:
         return await self._run(self._load)

@@ -9,7 +9,7 @@ never sees half a table.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,9 @@ class ModelRoute:
     wanted: int = 0
     states: dict[str, int] = field(default_factory=dict)
     reasons: tuple[str, ...] = ()
+    # Serving from the saved table: the endpoints left out because their engines did not
+    # answer a health check, each as a sentence.
+    unanswered: tuple[str, ...] = ()
 
     @property
     def names(self) -> frozenset[str]:
@@ -58,6 +61,12 @@ class ModelRoute:
         states = self.states
         counts = ", ".join(f"{n} {s}" for s, n in sorted(states.items()) if s != "ready")
         head = f"No ready replica of {self.name}"
+        if self.unanswered:
+            return (
+                f"{head}: the router is serving from its saved routing table (the database "
+                f"does not answer) and {'; '.join(self.unanswered)}.",
+                RETRY_STARTING,
+            )
         if states.get("starting"):
             return f"{head}: {counts}; starting engines are usually seconds away.", RETRY_STARTING
         if states.get("placing"):
@@ -88,9 +97,15 @@ class RoutingTable:
     routes: dict[str, ModelRoute] = field(default_factory=dict)
     by_name: dict[str, ModelRoute] = field(default_factory=dict)
     loaded_at: float = 0.0  # time.time() of the load; 0 for the empty table
+    # "database", "static" or "saved" (the database's last table, read from disk).
+    source: str = ""
 
     @classmethod
-    def from_snapshot(cls, snapshot: dict[str, Any]) -> RoutingTable:
+    def from_snapshot(
+        cls, snapshot: dict[str, Any], *, loaded_at: float | None = None,
+        source: str = "database",
+    ) -> RoutingTable:  # fmt: skip
+        """Build a table; ``loaded_at`` is now unless the snapshot was loaded earlier."""
         routes: dict[str, ModelRoute] = {}
         for entry in snapshot.get("models", []):
             endpoints = tuple(
@@ -109,17 +124,40 @@ class RoutingTable:
                 states=dict(entry.get("states", {"ready": len(endpoints)})),
                 reasons=tuple(entry.get("reasons", [])),
             )
-        by_name: dict[str, ModelRoute] = {}
-        # Aliases first, so a model's own name wins over another model's alias.
-        for route in routes.values():
-            for alias in route.aliases:
-                by_name.setdefault(alias, route)
-        for route in routes.values():
-            by_name[route.name] = route
-        return cls(routes=routes, by_name=by_name, loaded_at=time.time())
+        return cls(
+            routes=routes, by_name=_by_name(routes),
+            loaded_at=time.time() if loaded_at is None else loaded_at, source=source,
+        )  # fmt: skip
+
+    def leaving_out(self, unanswered: dict[str, str]) -> RoutingTable:
+        """This table without the endpoints of ``unanswered`` (replica -> why not)."""
+        routes: dict[str, ModelRoute] = {}
+        for name, route in self.routes.items():
+            out = [e for e in route.endpoints if e.replica in unanswered]
+            routes[name] = route if not out else replace(
+                route,
+                endpoints=tuple(e for e in route.endpoints if e.replica not in unanswered),
+                unanswered=tuple(
+                    f"the engine at {e.url} (replica {e.replica[:8]}) did not answer its "
+                    f"health check: {unanswered[e.replica]}"
+                    for e in out
+                ),
+            )  # fmt: skip
+        return replace(self, routes=routes, by_name=_by_name(routes))
 
     def known_names(self) -> list[str]:
         return sorted(self.routes)
+
+
+def _by_name(routes: dict[str, ModelRoute]) -> dict[str, ModelRoute]:
+    by_name: dict[str, ModelRoute] = {}
+    # Aliases first, so a model's own name wins over another model's alias.
+    for route in routes.values():
+        for alias in route.aliases:
+            by_name.setdefault(alias, route)
+    for route in routes.values():
+        by_name[route.name] = route
+    return by_name
 
 
 class StaticEndpoint(BaseModel):

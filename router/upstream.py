@@ -227,13 +227,15 @@ class _Connection(asyncio.Protocol):
 
     # -- requests ------------------------------------------------------------------------
 
-    async def request(self, target: _Target, path: bytes, body: bytes, headers: bytes) -> Response:
+    async def request(
+        self, method: bytes, target: _Target, path: bytes, body: bytes, headers: bytes
+    ) -> Response:
         response = self.response = Response(self)
         self.parser = httptools.HttpResponseParser(self)
         self.framed = self.keep_alive = False
         self.headers_done = self.loop.create_future()
-        head = b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s\r\n" % (
-            path, target.host_header, len(body), headers,
+        head = b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s\r\n" % (
+            method, path, target.host_header, len(body), headers,
         )  # fmt: skip
         self.transport.writelines((head, body))
         self.last_read = self.loop.time()
@@ -332,7 +334,16 @@ class Upstream:
     async def post(
         self, base_url: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
     ) -> Response:
-        """POST and return once the status and headers are in; the body is still to read.
+        return await self.request(b"POST", base_url, path, body, headers)
+
+    async def get(self, base_url: str, path: str, headers: list[tuple[bytes, bytes]]) -> Response:
+        return await self.request(b"GET", base_url, path, b"", headers)
+
+    async def request(
+        self, method: bytes, base_url: str, path: str, body: bytes,
+        headers: list[tuple[bytes, bytes]],
+    ) -> Response:  # fmt: skip
+        """Send and return once the status and headers are in; the body is still to read.
 
         Raises UpstreamUnreachable when no answer began, so the caller may try another
         replica. ``close()`` the response when done with it: that returns the connection
@@ -358,7 +369,7 @@ class Upstream:
                 raise
             try:
                 return await connection.request(
-                    target, (target.prefix + path).encode(), body, encoded
+                    method, target, (target.prefix + path).encode(), body, encoded
                 )
             except ConnectionError:
                 if reused and not fresh:

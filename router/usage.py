@@ -107,6 +107,11 @@ class EventScanner:
         kept.append(data[done:end])
         return b"".join(kept)
 
+    @property
+    def mid_event(self) -> bool:
+        """Whether the bytes fed so far end inside an event."""
+        return bool(self._partial)
+
     def flush(self) -> bytes:
         """What is left when the stream ends: an unterminated last event, passed on as is."""
         rest, self._partial = self._partial, b""

@@ -30,6 +30,9 @@ DOES_NOT_MATTER = [
     ("profile", "pool", "cpu"),
     ("profile", "strategy", "spread"),
     ("profile", "startup_timeout", 1200),
+    ("profile", "rollout_surge", 2),
+    ("profile", "rollout_unavailable", 1),
+    ("profile", "drain_timeout", 120),
     ("model", "aliases", ["g"]),
     ("model", "description", "a small model"),
 ]

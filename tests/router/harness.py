@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -136,6 +137,7 @@ class Harness:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.processes: list[Process] = []
+        self.forwarders: list[TcpForwarder] = []
 
     def engine(self, name: str, api_key: str = "", *flags: str) -> FakeEngine:
         log = self.root / f"engine-{name}.log"
@@ -165,6 +167,9 @@ class Harness:
         return path
 
     def router(self, env: dict[str, str], server: str = "uvicorn") -> RouterProcess:
+        # A table file of the test's own: one saved under the shared home by another test
+        # would otherwise be served by a router whose database is down.
+        env = {"LLMGW_ROUTER_TABLE_FILE": str(self.root / "routing-table.json"), **env}
         for _attempt in range(3):  # a port taken between choosing it and binding it
             port = free_port()
             argv = [sys.executable] + [a.format(port=port) for a in ROUTER_SERVERS[server]]
@@ -188,6 +193,62 @@ class Harness:
         for process in reversed(self.processes):
             process.stop()
         self.processes.clear()
+        for forwarder in self.forwarders:
+            forwarder.close()
+        self.forwarders.clear()
+
+    def forwarder(self, port: int, target: str | tuple[str, int]) -> TcpForwarder:
+        """Start forwarding connections on ``port`` to ``target`` (a unix socket path, or
+        host and port): a service that comes back at an address its clients already know."""
+        forwarder = TcpForwarder(port, target)
+        self.forwarders.append(forwarder)
+        return forwarder
+
+
+class TcpForwarder:
+    """Accepts on 127.0.0.1:port and pipes each connection to ``target``, in threads."""
+
+    def __init__(self, port: int, target: str | tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", port))
+        self.closed = False
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                client, _address = self.listener.accept()
+            except OSError:
+                return
+            family = socket.AF_UNIX if isinstance(self.target, str) else socket.AF_INET
+            upstream = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                upstream.connect(self.target)
+            except OSError:
+                client.close()
+                upstream.close()
+                continue
+            self.sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        self.listener.close()
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
 
 
 def sse_events(lines: list[str]) -> list[Any]:

@@ -6,11 +6,12 @@ import json
 import socket
 
 import httpx
+import openai
 import pytest
 
 from router.balancer import _rendezvous
 from tests.router.conftest import FULL_KEY, LIMITED_KEY, MAX_BODY
-from tests.router.harness import free_port, wait_until
+from tests.router.harness import free_port, sse_events, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -263,8 +264,11 @@ def test_health_and_metrics(shared):
     post(f"{shared.url}/v1/chat/completions", {"model": "solo", **CHAT})
     health = httpx.get(f"{shared.url}/health", timeout=30).json()
     assert health["status"] == "ok" and health["mode"] == "static"
+    assert health["table_source"] == "static" and health["table_age_seconds"] >= 0
     metrics = httpx.get(f"{shared.url}/metrics", timeout=30).text
     for name in (
+        "llmgw_router_table_from_saved 0.0",
+        "llmgw_router_table_age_seconds ",
         'llmgw_router_requests_total{code="200",model="solo"}',
         "llmgw_router_request_seconds_bucket",
         "llmgw_router_time_to_first_byte_seconds_bucket",
@@ -339,22 +343,64 @@ def test_no_replica_answering_at_all_is_502(harness):
     assert "No replica of m answered" in assert_error(response, 502, "upstream_unreachable")
 
 
-def test_a_failure_after_the_first_byte_is_not_retried(harness):
+def assert_stream_error(rest: list[str], words: str) -> None:
+    """The stream ended as vLLM and SGLang end theirs on a failure: an error event, [DONE]."""
+    *_, error, done = sse_events(rest)
+    assert done == "[DONE]"
+    assert set(error) == {"error"}
+    assert error["error"]["type"] == "upstream_error"
+    assert error["error"]["code"] == "upstream_stream_broken"
+    assert "broke off its answer" in error["error"]["message"]
+    assert words in error["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "usage", [False, True], ids=["client-asked-no-usage", "client-asked-usage"]
+)
+def test_an_engine_dying_after_the_first_byte_ends_the_stream_with_an_error_event(harness, usage):
     a, b = harness.engine("A"), harness.engine("B")
     router = own_router(harness, [a.url, b.url])
     a.control(gate=True, chunks=3)
     session = session_homed_on(a.url, [a.url, b.url])
+    body = {"model": "m", "stream": True, **CHAT}
+    if usage:  # the router relays bytes as they come; otherwise it cuts events to drop one
+        body["stream_options"] = {"include_usage": True}
     with httpx.stream(
-        "POST", f"{router.url}/v1/chat/completions",
-        json={"model": "m", "stream": True, **CHAT}, headers={"x-session-id": session},
-        timeout=30,
+        "POST", f"{router.url}/v1/chat/completions", json=body,
+        headers={"x-session-id": session}, timeout=30,
     ) as response:  # fmt: skip
         lines = response.iter_lines()
         next_data(lines)
         a.process.stop()  # the engine dies mid-answer
-        rest = [line for line in lines if line.startswith("data: ")]
-    assert "data: [DONE]" not in rest
-    assert b.requests() == []
+        rest = list(lines)
+    assert_stream_error(rest, "closed the connection mid-answer")
+    assert b.requests() == []  # not retried: the client already has part of an answer
+
+
+def test_an_engine_falling_silent_mid_stream_ends_it_with_an_error_event(harness):
+    engine = harness.engine("A")
+    router = own_router(harness, [engine.url], LLMGW_ROUTER_READ_TIMEOUT="1")
+    engine.control(gate=True, chunks=3)  # sends its first chunk, then waits forever
+    with httpx.stream(
+        "POST", f"{router.url}/v1/chat/completions",
+        json={"model": "m", "stream": True, **CHAT}, timeout=30,
+    ) as response:  # fmt: skip
+        lines = response.iter_lines()
+        next_data(lines)
+        rest = list(lines)
+    assert_stream_error(rest, "no byte from the engine in 1 s")
+    wait_until(lambda: engine.requests()[0]["cancelled"], what="the router to hang up on it")
+
+
+def test_the_openai_sdk_raises_on_a_stream_cut_midway(harness):
+    engine = harness.engine("A")
+    router = own_router(harness, [engine.url], LLMGW_ROUTER_READ_TIMEOUT="1")
+    engine.control(gate=True, chunks=3)
+    client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(model="m", stream=True, **CHAT)
+    assert next(stream).choices[0].delta.content == "tok0 "
+    with pytest.raises(openai.APIError, match="broke off its answer"):
+        next(stream)
 
 
 def test_a_replica_failing_repeatedly_is_taken_out(harness):

@@ -63,6 +63,36 @@ def test_unavailable_says_why_and_when_to_retry(entry, words, retry_after):
     assert retry == retry_after
 
 
+def test_a_table_keeps_when_and_from_where_it_was_loaded():
+    table = RoutingTable.from_snapshot({"models": []}, loaded_at=1_700_000_000.0, source="saved")
+    assert (table.loaded_at, table.source) == (1_700_000_000.0, "saved")
+    assert RoutingTable.from_snapshot({"models": []}).source == "database"
+
+
+def test_leaving_out_unanswering_endpoints_keeps_the_others_and_says_why():
+    endpoints = [
+        {"replica": "r-up", "url": "http://10.0.0.1:9000"},
+        {"replica": "r-down", "url": "http://10.0.0.2:9000"},
+    ]
+    table = RoutingTable.from_snapshot(
+        {"models": [{"name": "pair", "aliases": ["p"], "endpoints": endpoints},
+                    {"name": "solo", "endpoints": endpoints[1:]}]},
+        loaded_at=1_700_000_000.0, source="saved",
+    )  # fmt: skip
+    left = table.leaving_out({"r-down": "cannot connect to http://10.0.0.2:9000: refused"})
+    assert (left.loaded_at, left.source) == (table.loaded_at, "saved")
+    assert left.by_name["p"].replica_ids() == ["r-up"]
+    assert left.by_name["pair"] is left.routes["pair"]
+    solo = left.routes["solo"]
+    assert solo.endpoints == ()
+    message, retry = solo.unavailable()
+    assert "serving from its saved routing table" in message
+    assert "http://10.0.0.2:9000 (replica r-down) did not answer its health check" in message
+    assert "refused" in message
+    assert retry == RETRY_STARTING
+    assert table.routes["solo"].replica_ids() == ["r-down"]  # the table itself is unchanged
+
+
 def write(tmp_path, text: str):
     path = tmp_path / "static.yaml"
     path.write_text(text)

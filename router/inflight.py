@@ -1,0 +1,74 @@
+"""Tell the control plane what this router routes and what it still carries, every second.
+
+A rolling restart takes a replica out of the routing table and stops it once no router
+carries a request to it any more; only the routers know that. Each router process
+writes one small JSON value to Redis (``INFLIGHT_KEY_PREFIX`` + its id) with a short
+expiry, so a router that stops also stops counting. Off the request path: the report is
+built from the balancer's counters, which requests keep anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any, Protocol
+
+from fleet.routing_table import INFLIGHT_KEY_PREFIX, INFLIGHT_REPORT_SECONDS, INFLIGHT_REPORT_TTL
+from router.balancer import Balancer
+from router.table import RoutingTable
+
+logger = logging.getLogger(__name__)
+
+
+class _Reporting(Protocol):
+    table: RoutingTable
+    balancer: Balancer
+    source: Any  # its redis_url is known once the database source has loaded
+
+
+def inflight_report(table: RoutingTable, balancer: Balancer, now: float) -> dict[str, Any]:
+    """What a router says: the replicas its table routes, and those carrying requests."""
+    routed = sorted({e.replica for route in table.routes.values() for e in route.endpoints})
+    inflight = {r: balancer.inflight(r) for r in list(balancer.health) if balancer.inflight(r)}
+    return {"at": now, "routed": routed, "inflight": inflight}
+
+
+def router_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+async def report_inflight(router: _Reporting, interval: float = INFLIGHT_REPORT_SECONDS) -> None:
+    """Write this router's report every ``interval`` seconds until cancelled."""
+    import redis.asyncio as aioredis
+
+    key = INFLIGHT_KEY_PREFIX + router_id()
+    client = None
+    complained = False
+    try:
+        while True:
+            url = getattr(router.source, "redis_url", "")
+            if url and client is None:
+                client = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+            if client is not None:
+                body = json.dumps(inflight_report(router.table, router.balancer, time.time()))
+                try:
+                    await client.set(key, body, ex=INFLIGHT_REPORT_TTL)
+                    complained = False
+                except Exception as exc:
+                    # A drain then waits its whole drain_timeout; requests are not affected.
+                    if not complained:
+                        logger.warning("in-flight report not written (retrying): %s", exc)
+                        complained = True
+            await asyncio.sleep(interval)
+    finally:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(client.delete(key))
+            with contextlib.suppress(Exception):
+                await client.aclose()
