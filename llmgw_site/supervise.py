@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -359,6 +359,41 @@ def reap_orphans(ours: Callable[[], set[int]]) -> int:
     return reaped
 
 
+class StopRequest:
+    """SIGINT or SIGTERM asks the loop to stop at its next tick, so children stop in order."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGINT, self._request)
+        signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, _signum, _frame) -> None:
+        self.requested = True
+
+
+def serve(
+    supervisor: Supervisor, processes: list[ProcessChild], echo: LogEcho, stop: StopRequest,
+    environ: Mapping[str, str],
+) -> None:  # fmt: skip
+    """Until a stop is asked for: restart what died, echo output, reap orphans, rotate logs."""
+    from agent_worker.config import log_rotation_from
+
+    max_bytes, keep = log_rotation_from(environ)
+    next_rotation = 0.0
+
+    def ours() -> set[int]:
+        return {pid for child in processes if (pid := child.pid()) is not None}
+
+    while not stop.requested:
+        supervisor.check()
+        echo.pump()
+        reap_orphans(ours)
+        if time.monotonic() >= next_rotation:
+            rotate_logs(processes, max_bytes, keep)
+            next_rotation = time.monotonic() + ROTATE_EVERY
+        time.sleep(0.2)
+
+
 def supervise_main(argv: list[str]) -> int:
     """``llmgw supervise NAME [--log FILE] -- COMMAND...``: one process, the same rules.
 
@@ -368,7 +403,6 @@ def supervise_main(argv: list[str]) -> int:
     """
     import argparse
 
-    from agent_worker.config import log_rotation_from
     from llmgw_site.env import llmgw_home
 
     if "--" not in argv:
@@ -388,26 +422,10 @@ def supervise_main(argv: list[str]) -> int:
     child = ProcessChild(options.name, command, log_path, dict(os.environ), Path.cwd())
     supervisor = Supervisor([child], owner="llmgw supervise")
     echo = LogEcho([log_path])
-    stopping = False
-
-    def request_stop(_signum, _frame) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    stop = StopRequest()
     become_subreaper()
-    max_bytes, keep = log_rotation_from(os.environ)
     supervisor.start_all()
-    next_rotation = 0.0
-    while not stopping:
-        supervisor.check()
-        echo.pump()
-        reap_orphans(lambda: {pid} if (pid := child.pid()) else set())
-        if time.monotonic() >= next_rotation:
-            rotate_logs([child], max_bytes, keep)
-            next_rotation = time.monotonic() + ROTATE_EVERY
-        time.sleep(0.2)
+    serve(supervisor, [child], echo, stop, os.environ)
     supervisor.stop_all(grace=10)
     echo.pump()
     return 0

@@ -11,29 +11,25 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from agent_worker.config import log_rotation_from
 from agent_worker.supervision.statedir import write_atomically
 from llmgw_site import embedded
 from llmgw_site.demo import DEMO_MODEL, demo_catalog
 from llmgw_site.env import env_int, env_str, llmgw_home
 from llmgw_site.secret_files import POSTGRES_DIR, ensure_private_dir, write_secret_file
 from llmgw_site.supervise import (
-    ROTATE_EVERY,
     Child,
     LogEcho,
     ProcessChild,
     ServiceChild,
+    StopRequest,
     Supervisor,
     become_subreaper,
-    reap_orphans,
-    rotate_logs,
+    serve,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,20 +168,7 @@ def run(argv: list[str] | None = None) -> int:
     supervisor = Supervisor([*services, *processes])
     supervisor.on_change = lambda: write_up_state(home, supervisor)
     echo = LogEcho([child.log_path for child in processes])
-    stopping = False
-
-    def request_stop(signum, _frame) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
-    max_bytes, keep = log_rotation_from(env)
-
-    def our_children() -> set[int]:
-        return {pid for child in processes if (pid := child.pid()) is not None}
-
-    next_rotation = 0.0
+    stop = StopRequest()
     try:
         supervisor.start_all()
         print(
@@ -198,14 +181,7 @@ def run(argv: list[str] | None = None) -> int:
             f'[{{"role": "user", "content": "Hello!"}}]}}\'',
             flush=True,
         )
-        while not stopping:
-            supervisor.check()
-            echo.pump()
-            reap_orphans(our_children)
-            if time.monotonic() >= next_rotation:
-                rotate_logs(processes, max_bytes, keep)
-                next_rotation = time.monotonic() + ROTATE_EVERY
-            time.sleep(0.2)
+        serve(supervisor, processes, echo, stop, env)
     finally:
         # Engines stop only here: on Ctrl-C or SIGTERM of `llmgw up` itself.
         supervisor.stop_all(STOP_GRACE_SECONDS, lambda c: isinstance(c, ProcessChild))
