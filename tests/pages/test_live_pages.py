@@ -200,9 +200,9 @@ def test_a_reader_sees_no_action_buttons(browser, processes, tmp_path, screensho
 
     reader = signed_in_page(browser, base, "rita")
     for path, name, shows in (
-        ("/", "cluster-reader", "stale: restart to apply"),
+        ("/", "cluster-reader", "stale: a rolling restart replaces it"),
         ("/nodes/node01/", "node-reader", "downloading: 3.1 of 15.2 GB, 41 MB/s"),
-        ("/models/gemma/", "model-reader", "stale: restart to apply"),
+        ("/models/gemma/", "model-reader", "stale: a rolling restart replaces it"),
     ):
         open_live(reader, path)
         expect(reader.locator("main")).to_contain_text(shows)

@@ -160,7 +160,7 @@ def test_the_cluster_page_shows_nodes_and_models_as_operators_need_them(fleet, r
     assert "no AVX2: llama.cpp runs slowly" in html
     assert "fabric ib0: adapter mlx5_0 is DOWN" in html
     assert "1 / 2" in html  # ready / wanted
-    assert "stale: restart to apply" in html
+    assert "stale: a rolling restart replaces it" in html
     assert "downloading: 3.1 of 15.2 GB, 41 MB/s" in html
     assert "node01: needs 80 GB of GPU memory, has 68 GB free" in html
     assert 'href="/models/gemma/#replica-' in html
@@ -219,3 +219,15 @@ def test_a_model_that_left_the_catalog_still_shows_its_replicas(fleet, reader):
     html = signed_in(reader).get("/models/gemma/").content.decode()
     assert "no longer in the catalog" in html
     assert f'id="replica-{fleet["stale"].id}"' in html
+
+
+def test_a_draining_replica_says_so_on_the_model_page(fleet, reader):
+    from django.utils import timezone
+
+    from fleet.models import Replica
+
+    replica = Replica.objects.filter(model_name="gemma").first()
+    Replica.objects.filter(id=replica.id).update(draining_since=timezone.now())
+    html = signed_in(reader).get("/models/gemma/").content.decode()
+    assert "draining: finishing its requests" in html
+    assert html.count("draining: finishing its requests") == 1
