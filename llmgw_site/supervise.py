@@ -335,10 +335,10 @@ def become_subreaper() -> bool:
     zombie that looks alive to anyone who checks its pid, and is never restarted.
     """
     import ctypes
-    import ctypes.util
 
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The process's own symbols, libc's among them: find_library would run a subprocess.
+        libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False

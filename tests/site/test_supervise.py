@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -226,14 +227,21 @@ def test_llmgw_supervise_restarts_its_command_and_stops_on_sigterm(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     try:
-        first = wait_for(lambda: psutil.Process(supervisor.pid).children(), 30, "the command")[0]
-        wait_for(lambda: f"up {first.pid}" in log.read_text(), 30, "the command's output")
+
+        def commands() -> list[psutil.Process]:
+            found = []
+            for child in psutil.Process(supervisor.pid).children():
+                with contextlib.suppress(psutil.Error):
+                    if script in " ".join(child.cmdline()) and child.status() != "zombie":
+                        found.append(child)
+            return found
+
+        first = wait_for(commands, 30, "the command")[0]
+        wait_for(lambda: log.exists() and f"up {first.pid}" in log.read_text(), 30,
+                 "the command's output")  # fmt: skip
         first.kill()
-        second = wait_for(
-            lambda: [c for c in psutil.Process(supervisor.pid).children() if c.pid != first.pid
-                     and c.status() != psutil.STATUS_ZOMBIE],
-            30, "the command to be restarted",
-        )[0]  # fmt: skip
+        second = wait_for(lambda: [c for c in commands() if c.pid != first.pid], 30,
+                          "the command to be restarted")[0]  # fmt: skip
         supervisor.send_signal(signal.SIGTERM)
         output, _ = supervisor.communicate(timeout=30)
     finally:
