@@ -44,6 +44,8 @@ COUNTED = (ReplicaState.PLACING, ReplicaState.UNPLACEABLE, ReplicaState.STARTING
 BASE_REPLACEMENT_DELAY = 5
 MAX_REPLACEMENT_DELAY = 300
 FAILURE_MEMORY = timedelta(minutes=30)
+# A replica ready this long before it failed was serving, not crash-looping.
+SETTLED = timedelta(seconds=60)
 FINAL_SHARD = (ShardState.FAILED, ShardState.STOPPED)
 
 
@@ -220,15 +222,31 @@ def retire_failed(now: datetime, report: ReconcileReport, epoch: int | None = No
 
 
 def replacement_delay(replica: Replica, now: datetime) -> timedelta:
+    """How long a failed replica waits for its replacement: doubling with each failure of
+    its profile in the last half hour that looks like a crash loop.
+
+    A replica that served for a while before its engine died (killed, out of memory) is
+    not a loop: counting it would make a fleet that loses engines now and then wait
+    minutes for every replacement.
+    """
     siblings = Replica.objects.filter(
         model_name=replica.model_name, profile_name=replica.profile_name
     ).values_list("id", flat=True)
-    failures = Event.objects.filter(
-        kind="replica",
-        to_state=ReplicaState.FAILED,
-        at__gte=now - FAILURE_MEMORY,
+    failed = Event.objects.filter(
+        kind="replica", to_state=ReplicaState.FAILED, at__gte=now - FAILURE_MEMORY,
         subject__in=[str(pk) for pk in siblings],
-    ).count()
+    ).values_list("subject", "at")  # fmt: skip
+    failed = list(failed)
+    readies: dict[str, list[datetime]] = {}
+    for subject, at in Event.objects.filter(
+        kind="replica", to_state=ReplicaState.READY, subject__in={s for s, _at in failed}
+    ).values_list("subject", "at"):
+        readies.setdefault(subject, []).append(at)
+    failures = 0
+    for subject, at in failed:
+        ready_at = max((r for r in readies.get(subject, []) if r <= at), default=None)
+        if ready_at is None or at - ready_at < SETTLED:
+            failures += 1
     seconds = min(MAX_REPLACEMENT_DELAY, BASE_REPLACEMENT_DELAY * 2 ** max(0, failures - 1))
     return timedelta(seconds=seconds)
 

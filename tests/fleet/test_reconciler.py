@@ -12,7 +12,7 @@ from django.utils import timezone
 from catalog.services import apply_catalog
 from fleet.models import Event, Node, Replica, Shard, replica_secret
 from fleet.node_auth import node_token
-from fleet.reconciler import reconcile
+from fleet.reconciler import reconcile, replacement_delay
 from fleet.services import (
     adopt_reported_shards,
     forget_unreported_shards,
@@ -23,6 +23,7 @@ from fleet.transitions import transition
 from protocol import messages
 from protocol.shard import ShardSpec
 from protocol.signing import BadSignature, verify
+from tests.factories import make_profile, make_replica
 from tests.fleet.inventories import inventory
 from tests.fleet.queues import queued_commands, queued_signatures
 
@@ -287,3 +288,28 @@ def test_a_node_that_registers_without_its_shards_fails_them_but_not_pending_one
     assert Replica.objects.get(id=running.replica_id).state == "failed"
     # The other start command may still be in the node's queue: left to its timeout.
     assert Shard.objects.get(id=queued.id).state == "pending"
+
+
+def _replica_events(replica, *moments):
+    """Give ``replica`` events (to_state, seconds ago), as its transitions would have."""
+    for to_state, seconds_ago in moments:
+        event = Event.objects.create(kind="replica", subject=str(replica.id), to_state=to_state)
+        Event.objects.filter(id=event.id).update(at=timezone.now() - timedelta(seconds=seconds_ago))
+
+
+def test_failures_right_after_start_double_the_replacement_delay():
+    profile = make_profile()
+    replicas = [make_replica(profile) for _ in range(3)]
+    _replica_events(replicas[0], ("failed", 300))  # never ready
+    _replica_events(replicas[1], ("ready", 200), ("failed", 190))  # ready 10 s
+    _replica_events(replicas[2], ("failed", 100))
+    assert replacement_delay(replicas[2], timezone.now()) == timedelta(seconds=20)
+
+
+def test_an_engine_that_served_a_while_before_dying_is_replaced_without_a_growing_delay():
+    profile = make_profile()
+    replicas = [make_replica(profile) for _ in range(5)]
+    for n, replica in enumerate(replicas):
+        # Each served ten minutes (one of them through a restart) before its engine died.
+        _replica_events(replica, ("ready", 2400 - n * 60), ("ready", 900), ("failed", 300 - n))
+    assert replacement_delay(replicas[-1], timezone.now()) == timedelta(seconds=5)
