@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import shutil
 import signal
 import socket
@@ -383,6 +382,13 @@ class Row:
         }
 
 
+def _started(pid: int) -> float:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return 0.0
+
+
 def inject(system: System, fault: str, stop_seconds: float) -> tuple[float, str | None]:
     """Do the fault; return (when recovery is measured from, the shard killed on purpose)."""
     if fault in PROCESS_FAULTS:
@@ -392,7 +398,9 @@ def inject(system: System, fault: str, stop_seconds: float) -> tuple[float, str 
                  f"{fault} to be restarted")  # fmt: skip
         return time.monotonic(), None
     if fault == "engine":
-        shard_id, pid = random.choice(sorted(system.engines().items()))
+        # The engine that has served longest: one that died a moment after it started would
+        # be a crash loop, which the reconciler rightly answers with a growing backoff.
+        shard_id, pid = min(system.engines().items(), key=lambda item: _started(item[1]))
         os.kill(pid, signal.SIGKILL)
         return time.monotonic(), shard_id
     if fault == "agent-stop":
