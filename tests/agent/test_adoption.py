@@ -9,17 +9,10 @@ import sys
 
 import psutil
 import pytest
-from stub_engine import STUB, Harness, free_port, gone, wait_until
+from stub_engine import STUB, free_port, gone, wait_until
 
 from agent_worker.supervision.process import ShardProcess, identify
 from agent_worker.supervision.statedir import ProcessRecord, ShardRecord, StateDir
-
-
-@pytest.fixture
-def harness(tmp_path):
-    h = Harness(tmp_path)
-    yield h
-    h.cleanup()
 
 
 def left_running(harness, *flags, serves_http=True):

@@ -15,20 +15,13 @@ import sys
 
 import psutil
 import pytest
-from stub_engine import STUB, Harness, gone, wait_until
+from stub_engine import STUB, gone, wait_until
 
 from agent_worker.engines.command import LaunchCommand
 from agent_worker.supervision.gpu_holders import looks_like_engine
 from protocol.gpu_users import UnexpectedGpuUser
 
 AGENT_USER = pwd.getpwuid(os.getuid()).pw_name
-
-
-@pytest.fixture
-def harness(tmp_path):
-    h = Harness(tmp_path)
-    yield h
-    h.cleanup()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from stub_engine import Harness, wait_until
+from stub_engine import wait_until
 
 from agent_worker.config import AgentConfig
 from agent_worker.engines.command import LaunchCommand
@@ -229,13 +229,6 @@ def test_read_logs_of_a_redrawn_progress_line_shows_its_last_state(tmp_path):
         assert runtime.read_logs("shard-1", 5) == ["100%", "bad byte \ufffd"]
     finally:
         runtime.stop()
-
-
-@pytest.fixture
-def harness(tmp_path):
-    h = Harness(tmp_path)
-    yield h
-    h.cleanup()
 
 
 @pytest.mark.process

@@ -6,17 +6,10 @@ import json
 import socket
 
 import pytest
-from stub_engine import Harness, free_port, gone, wait_until
+from stub_engine import free_port, gone, wait_until
 
 from agent_worker.engines.command import LaunchCommand
 from agent_worker.supervisor import Supervisor
-
-
-@pytest.fixture
-def harness(tmp_path):
-    h = Harness(tmp_path)
-    yield h
-    h.cleanup()
 
 
 @pytest.mark.process

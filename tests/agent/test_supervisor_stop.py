@@ -8,14 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from stub_engine import STUB, Harness, free_port, gone, wait_until
-
-
-@pytest.fixture
-def harness(tmp_path):
-    h = Harness(tmp_path)
-    yield h
-    h.cleanup()
+from stub_engine import STUB, free_port, gone, wait_until
 
 
 def start_ready(harness, sup, *flags, sidecar=False):
