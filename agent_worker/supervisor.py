@@ -8,6 +8,7 @@ watching and leaves them running, and the next agent's ``adopt_all`` takes them 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 from agent_worker.engines.command import LaunchCommand
 from agent_worker.engines.validation import parse_rendezvous
 from agent_worker.logbuffer import LogBuffer
-from agent_worker.supervision.adoption import judge
+from agent_worker.supervision.adoption import Verdict, judge
 from agent_worker.supervision.gpu_holders import GpuSweep, sweep_gpu_holders
 from agent_worker.supervision.health import port_open
 from agent_worker.supervision.logtail import LogTail
@@ -216,7 +217,11 @@ class Supervisor(ShardLoop):
             spec, record.serves_http, record.health_path, [], record.commands, tail, verdict.live
         )
         run.seq = self._sequence.next()
-        run.state = "starting"
+        # Health-checked before anyone hears of it: a ready engine reported as starting
+        # would leave every router until the next check, so an agent restart would be an
+        # outage of what it serves.
+        answered = self._answers_at_adoption(spec, record, verdict) if verdict.adoptable else ""
+        run.state = "ready" if answered else "starting"
         with self._lock:
             if spec.shard_id in self._runs:
                 return None
@@ -231,9 +236,23 @@ class Supervisor(ShardLoop):
                 pids = ", ".join(str(proc.pid) for proc in run.processes)
                 run.tail.note(f"adopted pid {pids}; earlier output is in {tail.path}")
                 run.alive_since = run.next_health_at = self._clock()
-                self._queue(run.report(f"adopted pid {run.latest_pid()} after an agent restart"))
+                adopted = f"adopted pid {run.latest_pid()} after an agent restart"
+                self._queue(run.report(f"{adopted}; {answered}" if answered else adopted))
         self._watch(run)
         return run
+
+    def _answers_at_adoption(self, spec: ShardSpec, record: ShardRecord, verdict: Verdict) -> str:
+        """Why an adopted shard is ready now, or "" when its health checks must decide."""
+        if not record.serves_http:
+            started = max(proc.record.create_time for proc in verdict.live)
+            alive = time.time() - started
+            return (
+                f"alive for {alive:.0f}s (a worker rank serves no HTTP)"
+                if alive >= self._settle
+                else ""
+            )
+        ready, said = self._probe.check(spec.host, spec.port, record.health_path, spec.api_key)
+        return said if ready else ""
 
     def _known(self, shard_id: str) -> ShardRun | ShardTransition | None:
         with self._lock:

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -78,6 +79,38 @@ def test_new_agent_adopts_the_running_engine_and_can_stop_it(harness):
     assert harness.transitions[-1].state == "stopped"
     assert gone(pid)
     assert not (harness.root / "state" / f"{spec.shard_id}.json").exists()
+
+
+@pytest.mark.process
+def test_an_adopted_engine_that_answers_at_once_is_ready_without_going_back_to_starting(harness):
+    # A ready engine reported as starting takes its replica out of every router until the
+    # next health check: an agent restart would be an outage of every model it serves.
+    first = harness.supervisor()
+    spec = harness.spec()
+    first.start(spec, [harness.command(spec.port)], True, "/health")
+    pid = harness.wait_for(spec.shard_id, "ready").pid
+    first.shutdown()
+    harness.transitions.clear()
+    second = harness.supervisor()
+
+    adopted = second.adopt_all()
+
+    assert [(s.state, s.pid, s.adopted) for s in adopted] == [("ready", pid, True)]
+    assert harness.states(spec.shard_id) == ["ready"]
+    reason = harness.transitions[0].reason
+    assert f"adopted pid {pid} after an agent restart" in reason and "200" in reason
+
+
+@pytest.mark.process
+def test_an_adopted_worker_rank_alive_long_enough_is_ready_at_once(harness):
+    spec, pid = left_running(harness, serves_http=False)
+    time.sleep(1.2)  # longer than the settle time below
+    second = harness.supervisor(settle=1.0)
+
+    adopted = second.adopt_all()
+
+    assert [(s.state, s.pid) for s in adopted] == [("ready", pid)]
+    assert harness.states(spec.shard_id) == ["ready"]
 
 
 @pytest.mark.process
