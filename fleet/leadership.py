@@ -20,6 +20,8 @@ from llmgw_site.redis_clients import redis_client
 log = logging.getLogger("llmgw.leadership")
 
 LEASE_SECONDS = 15
+# Outlives any grace it gives; a control plane that stopped for good leaves no key behind.
+LINKS_SINCE_TTL = 24 * 3600
 
 # Take the lease if free, or extend it if we hold it; answer holder and epoch. A new
 # epoch is above ARGV[3], the highest the database knows was granted.
@@ -123,7 +125,35 @@ def release(me: str | None = None, conn: redis.Redis | None = None) -> None:
 
 
 def leader_since(epoch: int, conn: redis.Redis | None = None) -> float | None:
-    raw = (conn or client()).get(f"{_keys()[0]}:since:{epoch}")
+    return _float((conn or client()).get(f"{_keys()[0]}:since:{epoch}"))
+
+
+def record_links_opened(at: float | None = None, me: str | None = None) -> None:
+    """Say when this control plane began taking agent links (once, as it starts).
+
+    Never raises: without Redis there is no lease either, and the next leader's grace
+    covers the silence.
+    """
+    key = f"{_keys()[0]}:links-since:{me or identity()}"
+    try:
+        client().set(key, str(time.time() if at is None else at), ex=LINKS_SINCE_TTL)
+    except redis.RedisError as exc:
+        log.warning("could not record when this control plane began taking links: %s", exc)
+
+
+def listening_since(lease: Lease) -> float | None:
+    """Since when the nodes could be heard without a break: the later of when this
+    epoch's leader took the lease and when its control plane began taking links."""
+    conn = client()
+    times = [
+        leader_since(lease.epoch, conn),
+        _float(conn.get(f"{_keys()[0]}:links-since:{lease.holder}")),
+    ]
+    known = [at for at in times if at is not None]
+    return max(known) if known else None
+
+
+def _float(raw: bytes | None) -> float | None:
     return float(raw) if raw else None
 
 

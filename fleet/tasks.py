@@ -31,9 +31,9 @@ def check_liveness_task() -> dict:
     lease = leadership.acquire_or_renew()
     if lease.holder != leadership.identity():
         return {"leader": lease.holder}
-    # After a failover, give every node a grace period before declaring it lost:
-    # their heartbeats went to the old leader, so their silence says nothing.
-    since = leadership.leader_since(lease.epoch)
+    # After a failover or a restart of the control plane taking the links, give every
+    # node a grace period before declaring it lost: nobody could hear its heartbeats.
+    since = leadership.listening_since(lease)
     grace_until = None
     if since is not None:
         grace_until = datetime.fromtimestamp(since, UTC) + timedelta(

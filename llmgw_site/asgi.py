@@ -13,6 +13,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from fleet import leadership  # noqa: E402
 from fleet.routing import websocket_urlpatterns  # noqa: E402
 
 if settings.SERVE_STATIC:
@@ -25,6 +26,10 @@ application = ProtocolTypeRouter(
         "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
     }
 )
+
+# Nodes silent while this process was down were not heard by anyone: liveness gives them
+# a full NODE_LOST_AFTER from now to reconnect.
+leadership.record_links_opened()
 
 # Everything imported so far lives as long as the process: keep it out of the
 # collector's full passes, which past ~10,000 agent sockets take over a second.

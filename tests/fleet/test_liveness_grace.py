@@ -1,0 +1,75 @@
+"""Silence says nothing while nobody could hear it: after a failover or a restart of the
+control plane that takes the agents' links, every node gets a full NODE_LOST_AFTER."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from fleet import leadership
+from fleet.models import Node, NodeState
+from fleet.tasks import check_liveness_task
+from tests.factories import make_node
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def lease_key(settings):
+    settings.LEADER_LEASE_KEY = f"llmgw:test-lease:{uuid.uuid4().hex[:8]}"
+    settings.NODE_LOST_AFTER = 60
+    yield settings.LEADER_LEASE_KEY
+    conn = leadership.client()
+    conn.delete(*conn.keys(settings.LEADER_LEASE_KEY + "*"))
+
+
+def leading_for(seconds: float) -> None:
+    """This control plane has held the lease for ``seconds``."""
+    lease = leadership.acquire_or_renew()
+    since = f"{settings_key()}:since:{lease.epoch}"
+    leadership.client().set(since, str(time.time() - seconds))
+
+
+def settings_key() -> str:
+    from django.conf import settings
+
+    return settings.LEADER_LEASE_KEY
+
+
+def silent_node(seconds: float) -> str:
+    heard = timezone.now() - timedelta(seconds=seconds)
+    make_node("node01", state=NodeState.UNREACHABLE, registered_at=heard, last_heartbeat=heard)
+    return "node01"
+
+
+def test_a_node_silent_since_before_the_link_server_restarted_is_not_lost_yet(lease_key):
+    leading_for(3600)
+    node = silent_node(90)
+    leadership.record_links_opened(at=time.time() - 10)  # daphne came back 10 s ago
+
+    report = check_liveness_task()
+
+    assert report["lost"] == []
+    assert Node.objects.get(id=node).state == NodeState.UNREACHABLE
+
+
+def test_once_the_link_server_has_been_up_a_full_lost_after_the_node_is_lost(lease_key):
+    leading_for(3600)
+    node = silent_node(90)
+    leadership.record_links_opened(at=time.time() - 61)
+
+    report = check_liveness_task()
+
+    assert report["lost"] == [node]
+
+
+def test_links_opened_by_another_control_plane_give_no_grace(lease_key):
+    leading_for(3600)
+    node = silent_node(90)
+    leadership.record_links_opened(at=time.time() - 10, me="ws://standby:8000")
+
+    assert check_liveness_task()["lost"] == [node]
