@@ -9,7 +9,7 @@ model with 2 replicas, and a second control plane with its own reconciler stands
 fault is injected --injections times:
 
   agent, control-plane, reconciler, router, redis, postgres   kill -9 of that process
-  engine                                                      kill -9 of one engine
+  engine                    kill -9 of the engine that has served longest (past a minute)
   agent-stop                SIGSTOP of the agent for --stop-seconds, then SIGCONT
   failover                  the leading reconciler paused past its lease: the standby
                             control plane takes over, then the old one resumes
@@ -401,6 +401,11 @@ def inject(system: System, fault: str, stop_seconds: float) -> tuple[float, str 
         # The engine that has served longest: one that died a moment after it started would
         # be a crash loop, which the reconciler rightly answers with a growing backoff.
         shard_id, pid = min(system.engines().items(), key=lambda item: _started(item[1]))
+        # A healthy engine that dies: one that has served past the reconciler's settling
+        # time (its death does not grow the profile's replacement backoff).
+        from fleet.reconciler import SETTLED
+
+        time.sleep(max(0.0, _started(pid) + SETTLED.total_seconds() + 5 - time.time()))
         os.kill(pid, signal.SIGKILL)
         return time.monotonic(), shard_id
     if fault == "agent-stop":
