@@ -237,6 +237,8 @@ class Supervisor(ShardLoop):
                 run.tail.note(f"adopted pid {pids}; earlier output is in {tail.path}")
                 run.alive_since = run.next_health_at = self._clock()
                 adopted = f"adopted pid {run.latest_pid()} after an agent restart"
+                if answered:
+                    log.info("shard %s ready: %s; %s", run.shard_id, adopted, answered)
                 self._queue(run.report(f"{adopted}; {answered}" if answered else adopted))
         self._watch(run)
         return run

@@ -187,8 +187,10 @@ def place_two_rank_replica(nodes: list[str]) -> Replica:
     return replica
 
 
-def test_control_plane_restarted_while_an_adopted_two_rank_replica_settles(cluster):
-    """The history's "finish adopting": no replica failed, no engine restarted."""
+def test_control_plane_restarted_as_both_agents_of_a_two_rank_replica_adopt_it(cluster):
+    """The history's "finish adopting": no replica failed, no engine restarted, and the
+    replica never left ready (both ranks answer at adoption: rank 0 its health check, the
+    worker by having lived past its settling time)."""
     c = cluster()
     web = c.start_control_plane()
     c.start_reconciler()
@@ -206,15 +208,19 @@ def test_control_plane_restarted_while_an_adopted_two_rank_replica_settles(clust
     agent_b.kill()
     c.start_agent(node_a)
     c.start_agent(node_b)
-    wait_for(lambda: Event.objects.filter(subject=str(replica.id), at__gt=since,
-                                          to_state="starting").exists(), 60,
-             "the adopted worker to take the replica back to starting")  # fmt: skip
-    # The control plane restarts while the worker rank is still settling.
+    wait_for(lambda: registered_after(node_a, since) and registered_after(node_b, since), 60,
+             "both new agents to register")  # fmt: skip
+    # The control plane restarts while the new agents' reports are landing.
+    again = timezone.now()
     web.kill()
     web = c.start_control_plane()
-    wait_for(lambda: Replica.objects.get(id=replica.id).state == "ready", 90,
-             "the replica to be ready again")  # fmt: skip
-    assert not Event.objects.filter(subject=str(replica.id), to_state="failed").exists()
+    wait_for(lambda: registered_after(node_a, again) and registered_after(node_b, again), 60,
+             "both agents to register with the new control plane")  # fmt: skip
+    assert Replica.objects.get(id=replica.id).state == "ready"
+    left = Event.objects.filter(at__gt=since, from_state="ready")
+    assert not left.filter(subject__in=[str(replica.id), *engines]).exists(), list(
+        left.values_list("subject", "reason")
+    )
     assert {s.id: s.pid for s in Shard.objects.filter(replica=replica)} == engines
     assert all(psutil.pid_exists(pid) for pid in engines.values())
     assert Shard.objects.filter(replica=replica).count() == 2
