@@ -32,7 +32,7 @@ from fleet.models import (
 from fleet.services import refresh_replica_state
 from fleet.shard_specs import allocate_port, shard_spec
 from fleet.snapshot import node_snapshots, placement_request
-from fleet.transitions import record_event, transition
+from fleet.transitions import record_event, record_news, transition
 from placement import place_batch
 
 log = logging.getLogger("llmgw.reconciler")
@@ -99,7 +99,7 @@ def reconcile(
             return report
         steps: list[Callable[[], None]] = [
             lambda: retire_orphans(report, epoch),
-            lambda: retire_from_bad_nodes(report, epoch),
+            lambda: retire_from_bad_nodes(report, epoch, now),
             lambda: fail_slow_starts(now, report),
             lambda: retire_failed(now, report, epoch),
             lambda: roll_stale(now, report, epoch),
@@ -167,24 +167,48 @@ def retire_orphans(report: ReconcileReport, epoch: int | None = None) -> None:
             )
 
 
-def retire_from_bad_nodes(report: ReconcileReport, epoch: int | None = None) -> None:
-    """Move replicas off lost or draining nodes (a lost node's engines are still stopped)."""
+def retire_from_bad_nodes(
+    report: ReconcileReport, epoch: int | None = None, now: datetime | None = None
+) -> None:
+    """Move replicas off lost or draining nodes (a lost node's engines are still stopped).
+
+    A lost node's replica moves only if another node can take it now: its engines are
+    not assumed dead, and stopping one with nowhere else to go would only turn a silent
+    agent into a restarted engine once it is back.
+    """
     bad = {
         node.id: ("lost" if node.state == NodeState.LOST else "draining")
         for node in Node.objects.filter(state=NodeState.LOST) | Node.objects.filter(draining=True)
     }
     if not bad:
         return
-    for replica in Replica.objects.filter(state__in=COUNTED).prefetch_related("shards"):
-        for shard in replica.shards.all():
-            if shard.node_id in bad:
-                stop_replica(
-                    replica,
-                    f"node {shard.node_id} is {bad[shard.node_id]}; placing the replica elsewhere",
-                    report,
-                    epoch,
-                )
-                break
+    moving: list[tuple[Replica, str]] = []
+    counted = Replica.objects.filter(state__in=COUNTED).select_related("profile__model")
+    for replica in counted.prefetch_related("shards"):
+        node_id = next((s.node_id for s in replica.shards.all() if s.node_id in bad), None)
+        if node_id is not None:
+            moving.append((replica, node_id))
+    lost = [(r, n) for r, n in moving if bad[n] == "lost" and r.profile is not None]
+    decisions = place_batch(
+        [placement_request(str(r.id), r.profile) for r, _n in lost],
+        node_snapshots(now or timezone.now()),
+    ) if lost else []  # fmt: skip
+    nowhere = {
+        replica.id: decision.summary
+        for (replica, _n), decision in zip(lost, decisions, strict=True)
+        if not decision.placed
+    }
+    for replica, node_id in moving:
+        if replica.id in nowhere:
+            kept = f"node {node_id} is lost; kept, since no other node can take it"
+            record_news("replica", str(replica.id), f"{kept}: {nowhere[replica.id]}")
+            continue
+        stop_replica(
+            replica,
+            f"node {node_id} is {bad[node_id]}; placing the replica elsewhere",
+            report,
+            epoch,
+        )
 
 
 def fail_slow_starts(now: datetime, report: ReconcileReport) -> None:

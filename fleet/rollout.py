@@ -20,10 +20,10 @@ from typing import Any
 from django.db import transaction
 
 from catalog.models import Profile
-from fleet.models import Event, Replica, ReplicaState
+from fleet.models import Replica, ReplicaState
 from fleet.reconciler import COUNTED, ReconcileReport, create_replica, stop_replica
 from fleet.routing_table import publish_routing_change, read_inflight_reports
-from fleet.transitions import record_event
+from fleet.transitions import record_event, record_news
 
 # Routers reload within a second of the notification and report every second; a drain
 # shorter than this could miss a router that has not reported since it reloaded.
@@ -115,9 +115,10 @@ def roll_stale(now: datetime, report: ReconcileReport, epoch: int | None = None)
             _drain(rollout, now, report)
             waiting = rollout.waiting()
             if waiting:
-                _say_once(str(rollout.profile), waiting)
+                record_news("catalog", str(rollout.profile), waiting)
         if stopped and not rollout.rolling:
-            _say_once(
+            record_news(
+                "catalog",
                 str(rollout.profile),
                 f"rollout finished: every replica of {rollout.profile} runs its current "
                 f"settings (fingerprint {rollout.fingerprint})",
@@ -227,13 +228,6 @@ def start_drain(replica: Replica, now: datetime, profile: Profile, report: Recon
     replica.draining_since = now
     report.draining.append(str(replica.id))
     return True
-
-
-def _say_once(subject: str, reason: str) -> None:
-    """Record a rollout's news unless it is already the last thing said about the profile."""
-    last = Event.objects.filter(subject=subject).order_by("-at", "-id").first()
-    if last is None or last.reason != reason:
-        record_event("catalog", subject, reason)
 
 
 def rollout_status(model_name: str) -> list[dict[str, Any]]:

@@ -126,3 +126,12 @@ def record_event(
     )
     notify.fleet_changed_on_commit(kind, subject)
     return event
+
+
+def record_news(kind: str, subject: str, reason: str) -> Event | None:
+    """Record ``reason`` unless it is already the last thing said about ``subject``, so a
+    condition that every pass finds again is said once, not every two seconds."""
+    last = Event.objects.filter(subject=subject).order_by("-at", "-id").first()
+    if last is not None and last.reason == reason:
+        return None
+    return record_event(kind, subject, reason)

@@ -154,6 +154,34 @@ def test_a_lost_nodes_replica_is_placed_elsewhere(node_ids, django_capture_on_co
     assert queued_commands(node_ids[0])[-1] == ("agent.stop_shard", [first.shards.get().id, 0])
 
 
+def test_a_lost_nodes_replica_with_nowhere_else_to_go_is_kept(
+    node_ids, django_capture_on_commit_callbacks
+):
+    # Stopping it would only turn a silent agent into a restarted engine once it is back.
+    connect(node_ids[0])
+    apply_catalog(catalog())
+    run(django_capture_on_commit_callbacks)
+    first = Replica.objects.get()
+    shard = first.shards.get()
+    transition(Node, node_ids[0], "lost", "no heartbeat for 61s")
+    sent = len(queued_commands(node_ids[0]))
+
+    run(django_capture_on_commit_callbacks)
+    run(django_capture_on_commit_callbacks)
+
+    assert Replica.objects.get() == first and Replica.objects.get().state == "starting"
+    assert len(queued_commands(node_ids[0])) == sent  # no stop
+    said = Event.objects.filter(
+        subject=str(first.id), reason__startswith=f"node {node_ids[0]} is lost"
+    )
+    assert [e.reason.split(":")[0] for e in said] == [
+        f"node {node_ids[0]} is lost; kept, since no other node can take it"
+    ]
+    assert shard.id in Shard.objects.filter(state__in=["pending", "starting"]).values_list(
+        "id", flat=True
+    )
+
+
 def test_a_model_removed_from_the_catalog_is_stopped(node_ids, django_capture_on_commit_callbacks):
     connect(node_ids[0])
     apply_catalog(catalog())

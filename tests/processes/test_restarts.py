@@ -263,11 +263,15 @@ def test_a_lost_node_returning_with_shards_of_stopped_replicas_stops_them(cluste
     c = cluster(LLMGW_NODE_UNREACHABLE_AFTER="2", LLMGW_NODE_LOST_AFTER="4")
     _web, node_id, worker, replica, shard = serving_one_replica(c, tmp_path)
     assert psutil.pid_exists(shard.pid)
+    other, _other_agent = c.new_node()  # somewhere for the replica to go
+    wait_for(lambda: connected(other), 60, "the second agent")
 
     worker.kill()  # the node goes silent; its engine keeps running
     wait_for(lambda: Node.objects.get(id=node_id).state == "lost", 60, "the node to be lost")
     wait_for(lambda: Replica.objects.get(id=replica.id).state == "stopped", 60,
              "its replica to be moved off it")  # fmt: skip
+    wait_for(lambda: Shard.objects.filter(node_id=other, replica__model_name="tiny").exists(),
+             60, "its replacement to be placed on the other node")  # fmt: skip
     clear_queue(node_id)  # the node stays away until its stop command has expired
     c.start_agent(node_id)
     wait_for(lambda: not psutil.pid_exists(shard.pid), 60,
