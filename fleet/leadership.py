@@ -134,9 +134,12 @@ def record_links_opened(at: float | None = None, me: str | None = None) -> None:
     Never raises: without Redis there is no lease either, and the next leader's grace
     covers the silence.
     """
-    key = f"{_keys()[0]}:links-since:{me or identity()}"
     try:
-        client().set(key, str(time.time() if at is None else at), ex=LINKS_SINCE_TTL)
+        client().set(
+            _links_since_key(me or identity()),
+            str(time.time() if at is None else at),
+            ex=LINKS_SINCE_TTL,
+        )
     except redis.RedisError as exc:
         log.warning("could not record when this control plane began taking links: %s", exc)
 
@@ -147,10 +150,14 @@ def listening_since(lease: Lease) -> float | None:
     conn = client()
     times = [
         leader_since(lease.epoch, conn),
-        _float(conn.get(f"{_keys()[0]}:links-since:{lease.holder}")),
+        _float(conn.get(_links_since_key(lease.holder))),
     ]
     known = [at for at in times if at is not None]
     return max(known) if known else None
+
+
+def _links_since_key(holder: str) -> str:
+    return f"{_keys()[0]}:links-since:{holder}"
 
 
 def _float(raw: bytes | None) -> float | None:

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -104,8 +103,12 @@ def test_an_adopted_engine_that_answers_at_once_is_ready_without_going_back_to_s
 @pytest.mark.process
 def test_an_adopted_worker_rank_alive_long_enough_is_ready_at_once(harness):
     spec, pid = left_running(harness, serves_http=False)
-    time.sleep(1.2)  # longer than the settle time below
-    second = harness.supervisor(settle=1.0)
+    # Younger than an hour's settle time: its staying alive must decide.
+    young = harness.supervisor(settle=3600.0)
+    assert [s.state for s in young.adopt_all()] == ["starting"]
+    young.shutdown()
+    harness.transitions.clear()
+    second = harness.supervisor(settle=0.0)
 
     adopted = second.adopt_all()
 

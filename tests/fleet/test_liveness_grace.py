@@ -27,17 +27,10 @@ def lease_key(settings):
     conn.delete(*conn.keys(settings.LEADER_LEASE_KEY + "*"))
 
 
-def leading_for(seconds: float) -> None:
+def leading_for(lease_key: str, seconds: float) -> None:
     """This control plane has held the lease for ``seconds``."""
     lease = leadership.acquire_or_renew()
-    since = f"{settings_key()}:since:{lease.epoch}"
-    leadership.client().set(since, str(time.time() - seconds))
-
-
-def settings_key() -> str:
-    from django.conf import settings
-
-    return settings.LEADER_LEASE_KEY
+    leadership.client().set(f"{lease_key}:since:{lease.epoch}", str(time.time() - seconds))
 
 
 def silent_node(seconds: float) -> str:
@@ -47,7 +40,7 @@ def silent_node(seconds: float) -> str:
 
 
 def test_a_node_silent_since_before_the_link_server_restarted_is_not_lost_yet(lease_key):
-    leading_for(3600)
+    leading_for(lease_key, 3600)
     node = silent_node(90)
     leadership.record_links_opened(at=time.time() - 10)  # daphne came back 10 s ago
 
@@ -58,7 +51,7 @@ def test_a_node_silent_since_before_the_link_server_restarted_is_not_lost_yet(le
 
 
 def test_once_the_link_server_has_been_up_a_full_lost_after_the_node_is_lost(lease_key):
-    leading_for(3600)
+    leading_for(lease_key, 3600)
     node = silent_node(90)
     leadership.record_links_opened(at=time.time() - 61)
 
@@ -68,7 +61,7 @@ def test_once_the_link_server_has_been_up_a_full_lost_after_the_node_is_lost(lea
 
 
 def test_links_opened_by_another_control_plane_give_no_grace(lease_key):
-    leading_for(3600)
+    leading_for(lease_key, 3600)
     node = silent_node(90)
     leadership.record_links_opened(at=time.time() - 10, me="ws://standby:8000")
 
