@@ -3,6 +3,9 @@ FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY llmgw_site llmgw_site
+COPY llmgw_cli llmgw_cli
+COPY core core
+COPY audit audit
 COPY catalog catalog
 COPY fleet fleet
 COPY placement placement

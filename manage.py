@@ -7,6 +7,9 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+    from llmgw_cli.embedded import configure_services
+
+    configure_services()
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

@@ -46,7 +46,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from llmgw_site.demo import DEMO_MODEL, smollm2_path  # noqa: E402
+from llmgw_cli.demo import DEMO_MODEL, smollm2_path  # noqa: E402
 
 PROCESS_FAULTS = ["agent", "control-plane", "reconciler", "router", "redis", "postgres"]
 FAULTS = [*PROCESS_FAULTS, "engine", "agent-stop", "failover"]
@@ -183,7 +183,7 @@ class System:
         """Start everything; return an API key once the model answers on every replica."""
         log = (self.workdir / "up.log").open("wb")
         self.up = subprocess.Popen(
-            [sys.executable, "-m", "llmgw_site.cli", "up"], cwd=REPO, env=self.env, stdout=log,
+            [sys.executable, "-m", "llmgw_cli.cli", "up"], cwd=REPO, env=self.env, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         key_file = self.home / "api-key"
@@ -196,7 +196,7 @@ class System:
 
     def _connect_database(self) -> None:
         """Read the database as the control plane does (the embedded one, found running)."""
-        from llmgw_site import embedded
+        from llmgw_cli import embedded
 
         os.environ["DATABASE_URL"] = embedded.postgres_url(self.home)
         os.environ["REDIS_URL"] = embedded.redis_url(self.home)
@@ -218,7 +218,7 @@ class System:
         commands = {
             "standby-control-plane": [python, "-m", "daphne", "-b", "127.0.0.1", "-p",
                                       str(self.standby_port), "llmgw_site.asgi:application"],
-            "standby-reconciler": [python, "-m", "celery", "-A", "llmgw_site", "worker", "-B",
+            "standby-reconciler": [python, "-m", "celery", "-A", "llmgw_cli", "worker", "-B",
                                    "-Q", "control", "--pool", "threads", "--loglevel", "INFO",
                                    "-n", "standby@%h", "--schedule",
                                    str(self.workdir / "standby-beat-schedule")],
@@ -321,7 +321,7 @@ class System:
 
 
 def demo_catalog_with(replicas: int) -> str:
-    from llmgw_site.demo import demo_catalog
+    from llmgw_cli.demo import demo_catalog
 
     text = demo_catalog(threads=1)
     if text is None:

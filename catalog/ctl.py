@@ -11,9 +11,9 @@ from django.core.management.base import CommandError
 from catalog.models import Model
 from catalog.schema import CatalogError
 from catalog.services import apply_catalog, delete_entry, export_catalog
+from core.tables import render_json, render_table
 from fleet.models import ReplicaState
 from fleet.selectors import model_rows
-from llmgw_site.tables import render_json, render_table
 
 
 def add_parsers(subparsers) -> None:

@@ -6,7 +6,7 @@ from django.core.management.base import CommandError
 
 from catalog.keys import ApiKeyRefused, create_key, revoke_key
 from catalog.models import ApiKey
-from llmgw_site.tables import render_json, render_table
+from core.tables import render_json, render_table
 
 
 def add_parsers(subparsers) -> None:

@@ -6,6 +6,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from catalog.models import Model
+from core.tables import render_json, render_table
 from fleet import commands
 from fleet.actions import drain_node, pause_rollout, resume_rollout, undrain_node
 from fleet.models import Node, Replica
@@ -13,7 +14,6 @@ from fleet.node_auth import node_token
 from fleet.reconciler import COUNTED
 from fleet.rollout import rollout_status
 from fleet.selectors import live_replicas, model_rows, progress_line
-from llmgw_site.tables import render_json, render_table
 from protocol.units import human_size
 
 

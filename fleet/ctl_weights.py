@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from django.core.management.base import CommandError
 
+from core.tables import render_json, render_table
 from fleet import commands
 from fleet.models import Node
-from llmgw_site.tables import render_json, render_table
 from protocol.units import human_size
 
 

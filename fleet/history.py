@@ -20,7 +20,8 @@ import httpx
 import redis
 from django.conf import settings
 
-from llmgw_site.redis_clients import redis_client
+from core.http import outbound_client
+from core.redis_clients import redis_client
 
 log = logging.getLogger("llmgw.fleet.history")
 
@@ -218,8 +219,7 @@ def prometheus_charts(
     grid = list(range(int(start), int(now) + 1, PROMETHEUS_STEP))
     charts = charts_from_samples([], {})
     labels = {"memory": ["used", "total"], "cpu": ["CPU %"], "load": ["load 1m"]}
-    headers = {"User-Agent": "llmgw-control-plane"}
-    with httpx.Client(base_url=base_url, timeout=PROMETHEUS_TIMEOUT, headers=headers) as client:
+    with outbound_client(base_url, PROMETHEUS_TIMEOUT) as client:
         for chart in charts:
             for index, query in enumerate(prometheus_queries(node_id, replica_ids)[chart["id"]]):
                 response = client.get(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 
-from llmgw_site.redis_clients import redis_client
+from core.redis_clients import redis_client
 
 log = logging.getLogger("llmgw.leadership")
 

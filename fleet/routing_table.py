@@ -15,7 +15,7 @@ import json
 import logging
 from typing import Any
 
-from llmgw_site.redis_clients import redis_client
+from core.redis_clients import redis_client
 
 logger = logging.getLogger(__name__)
 

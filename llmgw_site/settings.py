@@ -7,10 +7,10 @@ import socket
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
-from llmgw_site import embedded
-from llmgw_site.env import env_bool, env_int, env_list, env_str, llmgw_home
-from llmgw_site.secret_files import ensure_private_dir, read_or_create_secret
+from core.env import env_bool, env_int, env_list, env_str, llmgw_home
+from core.secret_files import ensure_private_dir, read_or_create_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 LLMGW_HOME = ensure_private_dir(llmgw_home())  # secrets, sockets and data: the owner's alone
@@ -43,7 +43,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "channels",
-    "llmgw_site",
+    "llmgw_cli",
     "catalog",
     "fleet",
     "router",
@@ -79,8 +79,22 @@ TEMPLATES = [
     },
 ]
 
-# Embedded PostgreSQL when none is configured, so a fresh machine needs nothing.
-DATABASE_URL = env_str("DATABASE_URL") or embedded.postgres_url(LLMGW_HOME)
+
+def _required_url(name: str, what: str) -> str:
+    """A service URL from the environment. Settings start nothing: the entry points
+    (`llmgw`, manage.py, the test runner, `celery -A llmgw_cli`) put the embedded
+    servers' URLs here when none is configured."""
+    url = env_str(name)
+    if not url:
+        raise ImproperlyConfigured(
+            f"{name} is not set. Start llmgw through `llmgw`, `manage.py` or "
+            f"`celery -A llmgw_cli`, which start an embedded {what} when none is configured, "
+            f"or set {name} to your {what}'s URL."
+        )
+    return url
+
+
+DATABASE_URL = _required_url("DATABASE_URL", "PostgreSQL")
 DATABASES = {
     # Persistent connections: closing one per request fell to ~150 msg/s on the link.
     "default": dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True),
@@ -90,7 +104,7 @@ if DATABASES["default"].get("OPTIONS", {}).get("host"):
     DATABASES["default"]["HOST"] = DATABASES["default"]["OPTIONS"].pop("host")
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = env_str("REDIS_URL") or embedded.redis_url(LLMGW_HOME)
+REDIS_URL = _required_url("REDIS_URL", "Redis")
 
 CHANNEL_LAYERS = {
     "default": {

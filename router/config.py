@@ -2,20 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from llmgw_site.env import env_int, env_str, llmgw_home
-
-
-def env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not a number of seconds") from None
+from core.env import env_float, env_int, env_str, llmgw_home
 
 
 @dataclass(frozen=True)

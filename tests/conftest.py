@@ -35,10 +35,3 @@ def django_db_modify_db_settings():
 
     connections.settings["default"]["CONN_MAX_AGE"] = 0
     connections["default"].settings_dict["CONN_MAX_AGE"] = 0
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """Leave no embedded PostgreSQL or Redis behind that this test run started."""
-    from llmgw_site import embedded
-
-    embedded.stop_started_here()

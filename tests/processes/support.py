@@ -134,7 +134,7 @@ def agent(
 
 def reconciler(name: str, log_dir: Path, **extra: str) -> Process:
     """The control plane's Celery worker with beat: the reconciler and liveness."""
-    argv = [sys.executable, "-m", "celery", "-A", "llmgw_site", "worker", "-B", "-Q", "control",
+    argv = [sys.executable, "-m", "celery", "-A", "llmgw_cli", "worker", "-B", "-Q", "control",
             "--pool", "threads", "--concurrency", "2", "-n", f"{name}@%h", "--loglevel", "INFO",
             "--schedule", str(log_dir / f"{name}-beat-schedule")]  # fmt: skip
     return Process(name, argv, base_env(**extra), log_dir)

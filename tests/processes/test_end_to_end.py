@@ -18,7 +18,7 @@ from catalog.services import apply_catalog
 from fleet import commands
 from fleet.models import Node, Replica, Shard
 from fleet.node_auth import node_token
-from llmgw_site.demo import DEMO_MODEL, demo_catalog
+from llmgw_cli.demo import DEMO_MODEL, demo_catalog
 from tests.processes.support import (
     agent,
     control_plane,

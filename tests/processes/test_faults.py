@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from llmgw_site.demo import smollm2_path
+from llmgw_cli.demo import smollm2_path
 from tests.processes.support import REPO
 
 pytestmark = pytest.mark.process

@@ -15,7 +15,7 @@ import httpx
 import psutil
 import pytest
 
-from llmgw_site.demo import DEMO_MODEL, smollm2_path
+from llmgw_cli.demo import DEMO_MODEL, smollm2_path
 from tests.processes.support import wait_for
 from tests.processes.up_support import Up, fresh_home, remove_home
 

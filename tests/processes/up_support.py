@@ -74,7 +74,7 @@ class Up:
     def start(self) -> Up:
         log = self.log_path.open("wb")
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "llmgw_site.cli", "up"], cwd=REPO, env=self.env, stdout=log,
+            [sys.executable, "-m", "llmgw_cli.cli", "up"], cwd=REPO, env=self.env, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         return self

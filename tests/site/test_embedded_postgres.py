@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 import psycopg
 import pytest
 
-from llmgw_site import embedded
+from llmgw_cli import embedded
 
 pytestmark = pytest.mark.process
 

@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from llmgw_site.secret_files import read_or_create_secret, write_secret_file
+from core.secret_files import read_or_create_secret, write_secret_file
 from tests.site.probe import REPO, run_watching, settings_env
 
 SECRET_MODE = 0o600
@@ -34,7 +34,7 @@ def test_llmgw_up_writes_the_admin_password_and_api_key_0600_from_the_start(tmp_
     code = (
         "import subprocess, sys\nfrom pathlib import Path\n"
         "subprocess.run = lambda *a, **k: subprocess.CompletedProcess(a, 0, 'llmgw-key\\n', '')\n"
-        "from llmgw_site import up\n"
+        "from llmgw_cli import up\n"
         f"home = Path({str(home)!r})\n"
         "up.ensure_admin(sys.executable, {}, home)\n"
         "up.ensure_api_key(sys.executable, {}, home)\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from llmgw_site.supervise import (
+from llmgw_cli.supervise import (
     Child,
     LogEcho,
     ProcessChild,
@@ -194,7 +194,7 @@ def test_log_echo_prints_whole_new_lines_prefixed_and_follows_a_truncation(tmp_p
 
 @pytest.mark.parametrize("code, words", [(0, "exited with code 0"), (-15, "was killed by SIGTERM")])
 def test_exits_are_described_in_words(code, words):
-    from llmgw_site.supervise import describe_exit
+    from llmgw_cli.supervise import describe_exit
 
     assert describe_exit(code) == words
 
@@ -222,7 +222,7 @@ def test_llmgw_supervise_restarts_its_command_and_stops_on_sigterm(tmp_path):
     log = tmp_path / "sleeper.log"
     script = "import os, time; print('up', os.getpid(), flush=True); time.sleep(300)"
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "llmgw_site.cli", "supervise", "sleeper", "--log", str(log), "--",
+        [sys.executable, "-m", "llmgw_cli.cli", "supervise", "sleeper", "--log", str(log), "--",
          sys.executable, "-c", script],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
@@ -255,7 +255,7 @@ def test_llmgw_supervise_restarts_its_command_and_stops_on_sigterm(tmp_path):
 
 
 def test_a_childs_log_is_rotated_while_it_keeps_writing_to_it(tmp_path):
-    from llmgw_site.supervise import rotate_logs
+    from llmgw_cli.supervise import rotate_logs
 
     script = (
         "import sys, time\n"

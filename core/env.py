@@ -31,6 +31,16 @@ def env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={value!r} is not a whole number") from None
 
 
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not a number") from None
+
+
 def env_list(name: str, default: list[str] | None = None) -> list[str]:
     value = os.environ.get(name)
     if not value:

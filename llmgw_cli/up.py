@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 
 from agent_worker.supervision.statedir import write_atomically
-from llmgw_site import embedded
-from llmgw_site.demo import DEMO_MODEL, demo_catalog
-from llmgw_site.env import env_int, env_str, llmgw_home
-from llmgw_site.secret_files import POSTGRES_DIR, ensure_private_dir, write_secret_file
-from llmgw_site.supervise import (
+from core.env import env_int, env_str, llmgw_home
+from core.secret_files import POSTGRES_DIR, ensure_private_dir, write_secret_file
+from llmgw_cli import embedded
+from llmgw_cli.demo import DEMO_MODEL, demo_catalog
+from llmgw_cli.supervise import (
     Child,
     LogEcho,
     ProcessChild,
@@ -52,7 +52,7 @@ def planned_children(
         # uvicorn (uvloop, httptools): bench/router_overhead.py measured it ahead of daphne.
         ("router", [python, "-m", "uvicorn", "router.asgi:application", "--host",
                     "127.0.0.1", "--port", str(router_port), "--no-access-log"]),
-        ("reconciler", [python, "-m", "celery", "-A", "llmgw_site", "worker", "-B", "-Q",
+        ("reconciler", [python, "-m", "celery", "-A", "llmgw_cli", "worker", "-B", "-Q",
                         "control", "--pool", "threads", "--concurrency", "4",
                         "--loglevel", "INFO", "-n", f"control@{node}",
                         "--schedule", str(llmgw_home() / "celerybeat-schedule")]),
@@ -66,12 +66,7 @@ def prepare_environment(home: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["LLMGW_HOME"] = str(home)
     env.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
-    if not env.get("DATABASE_URL"):
-        print(f"starting embedded PostgreSQL in {home / 'postgres'}", flush=True)
-        env["DATABASE_URL"] = embedded.postgres_url(home)
-    if not env.get("REDIS_URL"):
-        print(f"starting embedded Redis in {home / 'redis'}", flush=True)
-        env["REDIS_URL"] = embedded.redis_url(home)
+    embedded.configure_services(env, say=lambda line: print(line, flush=True))
     # The local agent links to this control plane and keeps its files under the home.
     env.setdefault("LLMGW_AGENT_SERVERS", f"ws://127.0.0.1:{env_int('LLMGW_PORT', 8000)}")
     env.setdefault("LLMGW_AGENT_DIR", str(home / "agent"))

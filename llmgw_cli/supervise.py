@@ -403,7 +403,7 @@ def supervise_main(argv: list[str]) -> int:
     """
     import argparse
 
-    from llmgw_site.env import llmgw_home
+    from core.env import llmgw_home
 
     if "--" not in argv:
         print("usage: llmgw supervise NAME [--log FILE] -- COMMAND...", file=sys.stderr)

@@ -11,15 +11,18 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
     args = sys.argv[1:]
     if args[:1] == ["up"]:
-        from llmgw_site.up import run
+        from llmgw_cli.up import run
 
         sys.exit(run(args[1:]))
     if args[:1] == ["supervise"]:
-        from llmgw_site.supervise import supervise_main
+        from llmgw_cli.supervise import supervise_main
 
         sys.exit(supervise_main(args[1:]))
     from django.core.management import execute_from_command_line
 
+    from llmgw_cli.embedded import configure_services
+
+    configure_services()
     execute_from_command_line(["llmgw", *args])
 
 

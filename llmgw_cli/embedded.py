@@ -26,14 +26,15 @@ from urllib.parse import quote
 
 import psutil
 
-from llmgw_site.secret_files import (
+from core.env import llmgw_home
+from core.secret_files import (
     POSTGRES_DIR,
     POSTGRES_SYSTEM_USER,
     allow_postgres_to_traverse,
     ensure_private_dir,
     read_or_create_secret,
 )
-from llmgw_site.supervise import pid_alive
+from llmgw_cli.supervise import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,22 @@ host    all           all         ::1/128          scram-sha-256
 
 # What this process started (not found running), so it can stop exactly that.
 started_here: set[tuple[str, Path]] = set()
+
+
+def configure_services(environ=os.environ, say=lambda line: None) -> None:
+    """Give ``environ`` a DATABASE_URL and a REDIS_URL, starting (or finding) the embedded
+    servers under LLMGW_HOME for whichever is unset.
+
+    Every entry point calls this before Django reads its settings, which only read the
+    environment: importing settings starts nothing.
+    """
+    home = Path(environ["LLMGW_HOME"]).resolve() if environ.get("LLMGW_HOME") else llmgw_home()
+    if not environ.get("DATABASE_URL"):
+        say(f"starting embedded PostgreSQL in {home / POSTGRES_DIR}")
+        environ["DATABASE_URL"] = postgres_url(home)
+    if not environ.get("REDIS_URL"):
+        say(f"starting embedded Redis in {home / 'redis'}")
+        environ["REDIS_URL"] = redis_url(home)
 
 
 def postgres_url(home: Path, database: str = "llmgw") -> str:
@@ -341,11 +358,9 @@ def stop_redis(home: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m llmgw_site.embedded stop``: stop the servers under LLMGW_HOME."""
-    from llmgw_site.env import llmgw_home
-
+    """``python -m llmgw_cli.embedded stop``: stop the servers under LLMGW_HOME."""
     if argv != ["stop"]:
-        print("usage: python -m llmgw_site.embedded stop", file=sys.stderr)
+        print("usage: python -m llmgw_cli.embedded stop", file=sys.stderr)
         return 2
     home = llmgw_home()
     stop_redis(home)

@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
-from llmgw_site.up import run
+from llmgw_cli.up import run
 
 
 class Command(BaseCommand):
