@@ -6,6 +6,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from catalog.models import Model
+from core.humanize import format_bytes, format_seconds
 from core.tables import render_json, render_table
 from fleet import commands
 from fleet.actions import drain_node, pause_rollout, resume_rollout, undrain_node
@@ -14,7 +15,6 @@ from fleet.node_auth import node_token
 from fleet.reconciler import COUNTED
 from fleet.rollout import rollout_status
 from fleet.selectors import live_replicas, model_rows, progress_line
-from protocol.units import human_size
 
 
 def add_parsers(subparsers) -> None:
@@ -91,14 +91,11 @@ def node_token_command(options, out) -> None:
 
 
 def _ago(moment) -> str:
-    if moment is None:
-        return "never"
-    seconds = int((timezone.now() - moment).total_seconds())
-    if seconds < 120:
-        return f"{seconds}s ago"
-    if seconds < 7200:
-        return f"{seconds // 60}m ago"
-    return f"{seconds // 3600}h ago"
+    return "never" if moment is None else f"{format_seconds(_seconds_since(moment))} ago"
+
+
+def _seconds_since(moment) -> float:
+    return (timezone.now() - moment).total_seconds()
 
 
 def _node_row(node: Node) -> dict:
@@ -111,7 +108,7 @@ def _node_row(node: Node) -> dict:
         "address": node.address,
         "cpu": f"{usage['cpu_percent']:.0f}%" if "cpu_percent" in usage else "",
         "ram": (
-            f"{human_size(usage['memory_used'])}/{human_size(usage['memory_total'])}"
+            f"{format_bytes(usage['memory_used'])}/{format_bytes(usage['memory_total'])}"
             if "memory_used" in usage and "memory_total" in usage
             else ""
         ),

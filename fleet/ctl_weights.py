@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from django.core.management.base import CommandError
 
+from core.humanize import format_bytes
 from core.tables import render_json, render_table
 from fleet import commands
 from fleet.models import Node
-from protocol.units import human_size
 
 
 def add_parsers(subparsers) -> None:
@@ -48,7 +48,7 @@ def weights_command(options, out) -> None:
         out.write(render_json(rows))
         return
     table = [
-        [row["node"], row.get("source", ""), human_size(row.get("size", 0)),
+        [row["node"], row.get("source", ""), format_bytes(row.get("size", 0)),
          "fetched" if row.get("fetched") else "the operator's", row.get("path", "")]
         for row in rows
     ]  # fmt: skip

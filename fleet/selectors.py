@@ -9,8 +9,8 @@ from django.db.models import Prefetch
 from django.utils import timezone
 
 from catalog.models import Model
+from core.humanize import format_bytes, format_progress
 from fleet.models import Event, Node, Replica, ReplicaState, Shard
-from protocol.units import human_size
 
 # A measurement older than this is shown as stale rather than as current (as /metrics).
 USAGE_FRESH_FOR = timedelta(seconds=60)
@@ -85,35 +85,11 @@ def cluster_overview() -> dict[str, Any]:
     return {"nodes": nodes, "models": model_rows(), "now": now}
 
 
-_SIZE_UNITS = (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
-
-
-def _unit_for(size: float) -> tuple[str, float]:
-    return next(((name, f) for name, f in _SIZE_UNITS if size >= f), ("B", 1.0))
-
-
-def _in_unit(size: float, unit: tuple[str, float]) -> str:
-    return f"{size / unit[1]:.0f}" if unit[0] == "B" else f"{size / unit[1]:.1f}"
-
-
 def progress_line(progress: dict | None) -> str:
-    """'3.1 of 15.2 GB, 41 MB/s' while downloading, '1.2 GB so far' when the size is unknown."""
+    """'3.1 of 15.2 GiB, 41 MiB/s' while downloading, '1.2 GiB so far' with no known size."""
     if not progress:
         return ""
-    done = progress.get("bytes") or 0
-    total = progress.get("total")
-    rate = progress.get("rate")
-    if total:
-        unit = _unit_for(total)
-        line = f"{_in_unit(done, unit)} of {_in_unit(total, unit)} {unit[0]}"
-    else:
-        unit = _unit_for(done)
-        line = f"{_in_unit(done, unit)} {unit[0]} so far"
-    if rate:
-        unit = _unit_for(rate)
-        value = rate / unit[1]
-        line += f", {value:.0f} {unit[0]}/s" if value >= 10 else f", {value:.1f} {unit[0]}/s"
-    return line
+    return format_progress(progress.get("bytes") or 0, progress.get("total"), progress.get("rate"))
 
 
 def _percent(part: float | None, whole: float | None) -> float | None:
@@ -174,7 +150,7 @@ def node_row(node: Node, now: datetime) -> dict[str, Any]:
         "memory_label": (
             ""
             if memory_used is None or not memory_total
-            else f"{human_size(memory_used)} / {human_size(memory_total)}"
+            else f"{format_bytes(memory_used)} / {format_bytes(memory_total)}"
         ),
         "gpus": gpus,
         "engines": engines,

@@ -1,7 +1,7 @@
 """Placement: frozen snapshots of the fleet in, a decision or every reason out.
 
-Pure Python by design: no Django and nothing else from llmgw, so a decision can
-be reproduced from its snapshot and tested as a table.
+Pure Python by design: no Django, and nothing from llmgw but core's wording of sizes,
+so a decision can be reproduced from its snapshot and tested as a table.
 """
 
 from placement.decision import Decision, RankPlacement
@@ -20,7 +20,6 @@ from placement.snapshot import (
     NodeSnapshot,
     PlacementRequest,
 )
-from placement.units import format_bytes
 
 __all__ = [
     "CONNECTED",
@@ -39,7 +38,6 @@ __all__ = [
     "RankPlacement",
     "Refusal",
     "choose_gpus",
-    "format_bytes",
     "nccl_env",
     "place",
     "place_batch",

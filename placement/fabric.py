@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from core.humanize import plural
 from placement.snapshot import FabricSnapshot, NodeSnapshot
-from placement.units import plural
 
 
 def usable_fabrics(node: NodeSnapshot) -> dict[str, FabricSnapshot]:

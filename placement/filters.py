@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from core.humanize import count_of, format_bytes, format_need_and_have, plural
 from placement.snapshot import (
     CONNECTED,
     DRAINING,
@@ -18,7 +19,6 @@ from placement.snapshot import (
     NodeSnapshot,
     PlacementRequest,
 )
-from placement.units import count_of, format_bytes, format_need_and_have, plural
 
 
 @dataclass(frozen=True)

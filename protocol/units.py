@@ -73,11 +73,3 @@ def format_duration(seconds: int) -> str:
     if seconds and seconds % 60 == 0:
         return f"{seconds // 60}m"
     return f"{seconds}s"
-
-
-def human_size(size: float) -> str:
-    """Write bytes for a person to read (``15.2 GB``); not meant to be parsed back."""
-    for unit, factor in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if size >= factor:
-            return f"{size / factor:.1f} {unit}"
-    return f"{int(size)} B"

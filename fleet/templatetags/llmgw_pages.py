@@ -7,30 +7,21 @@ from datetime import datetime, timedelta
 from django import template
 from django.utils import timezone
 
-from protocol.units import human_size
+from core.humanize import format_bytes, format_seconds
 
 register = template.Library()
 
 
 @register.filter
 def size(value: float | None) -> str:
-    """Bytes as '15.2 GB'; an unknown size as '?'."""
-    return "?" if value is None else human_size(value)
+    """Bytes as '15.2 GiB'; an unknown size as '?'."""
+    return "?" if value is None else format_bytes(value)
 
 
 @register.filter
 def duration(value: timedelta | None) -> str:
     """A duration as '12 s', '5 min', '3 h' or '2 d'."""
-    if value is None:
-        return "never"
-    seconds = max(0, int(value.total_seconds()))
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    if seconds < 172800:
-        return f"{seconds // 3600} h"
-    return f"{seconds // 86400} d"
+    return "never" if value is None else format_seconds(value.total_seconds())
 
 
 @register.filter

@@ -51,7 +51,8 @@
   function formatValue(unit, value) {
     if (value == null) return "—";
     if (unit === "bytes") {
-      var units = [["TB", 1e12], ["GB", 1e9], ["MB", 1e6], ["kB", 1e3]];
+      // Binary units, as the server writes sizes (core/humanize.py).
+      var units = [["TiB", 1099511627776], ["GiB", 1073741824], ["MiB", 1048576], ["KiB", 1024]];
       for (var i = 0; i < units.length; i++) {
         if (Math.abs(value) >= units[i][1]) return (value / units[i][1]).toFixed(1) + " " + units[i][0];
       }

@@ -91,7 +91,7 @@ def test_nodes_and_replicas_and_status(catalog_file):
     assert nodes.splitlines()[0].split()[:3] == ["NODE", "STATE", "ADDRESS"]
     assert "node07" in nodes and "(not reported)" in nodes
     replicas = ctl("replicas")
-    assert "downloading: 3.1 of 15.2 GB, 41 MB/s" in replicas
+    assert "downloading: 2.9 of 14.2 GiB, 39 MiB/s" in replicas
     assert "node07: needs 2 GPUs with 40 GiB free, has 0" in replicas
     status = json.loads(ctl("status", "--json"))
     assert status["replicas"][0]["state"] == "unplaceable"
@@ -127,7 +127,7 @@ def test_weights_lists_what_each_node_holds_and_collect_needs_a_node():
     ])  # fmt: skip
     lines = ctl("weights").splitlines()
     assert lines[0].split() == ["NODE", "SOURCE", "SIZE", "WHOSE", "PATH"]
-    assert "2.0 GB" in lines[1] and "fetched" in lines[1]
+    assert "1.9 GiB" in lines[1] and "fetched" in lines[1]
     assert "the operator's" in lines[2]
     assert [row["path"] for row in json.loads(ctl("weights", "node07", "--json"))] == [
         "/w/ab12-m.gguf", "/models/own.gguf",

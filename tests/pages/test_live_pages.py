@@ -116,7 +116,7 @@ def test_pages_follow_a_live_agent(browser, processes, tmp_path, screenshot):
     expect(row).to_have_attribute("data-state", "connected", timeout=WAIT_MS)
     expect(row.locator("td.cpu .bar span")).to_have_count(1, timeout=WAIT_MS)
     expect(row.locator("td.ram .bar span")).to_have_count(1)
-    expect(row.locator("td.ram .meter-label")).to_contain_text("GB")
+    expect(row.locator("td.ram .meter-label")).to_contain_text("GiB")
 
     # A model applied appears; its replica starting, then ready, shows in place.
     off_loop(apply_catalog, CATALOG)
@@ -201,7 +201,7 @@ def test_a_reader_sees_no_action_buttons(browser, processes, tmp_path, screensho
     reader = signed_in_page(browser, base, "rita")
     for path, name, shows in (
         ("/", "cluster-reader", "stale: a rolling restart replaces it"),
-        ("/nodes/node01/", "node-reader", "downloading: 3.1 of 15.2 GB, 41 MB/s"),
+        ("/nodes/node01/", "node-reader", "downloading: 2.9 of 14.2 GiB, 39 MiB/s"),
         ("/models/gemma/", "model-reader", "stale: a rolling restart replaces it"),
     ):
         open_live(reader, path)

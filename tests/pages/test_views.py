@@ -153,15 +153,15 @@ def test_the_cluster_page_shows_nodes_and_models_as_operators_need_them(fleet, r
     assert 'id="node-node01"' in html and 'data-state="connected"' in html
     assert 'href="/nodes/node01/"' in html
     assert "41%" in html  # CPU bar label
-    assert "16.0 GB / 64.0 GB" in html  # RAM bar label
-    assert "12.0 GB / 85.9 GB" in html  # GPU memory used / total
+    assert "14.9 GiB / 59.6 GiB" in html  # RAM bar label
+    assert "11.2 GiB / 80 GiB" in html  # GPU memory used / total
     assert "vllm 0.9: install failed: sha256 mismatch" in html
-    assert "200.0 GB" in html  # disk free where the weights go
+    assert "186.3 GiB" in html  # disk free where the weights go
     assert "no AVX2: llama.cpp runs slowly" in html
     assert "fabric ib0: adapter mlx5_0 is DOWN" in html
     assert "1 / 2" in html  # ready / wanted
     assert "stale: a rolling restart replaces it" in html
-    assert "downloading: 3.1 of 15.2 GB, 41 MB/s" in html
+    assert "downloading: 2.9 of 14.2 GiB, 39 MiB/s" in html
     assert "node01: needs 80 GB of GPU memory, has 68 GB free" in html
     assert 'href="/models/gemma/#replica-' in html
 
@@ -181,7 +181,7 @@ def test_the_node_page_shows_what_runs_there(fleet, reader):
     Node.objects.filter(id="node01").update(usage=usage)
     html = signed_in(reader).get("/nodes/node01/").content.decode()
     assert 'id="node-summary"' in html and 'id="node-history"' in html
-    assert "3.50" in html and "9.0 GB" in html
+    assert "3.50" in html and "8.4 GiB" in html
     assert "Router queue depth" in html and "no data yet" in html
     assert 'ws-connect="/ws/pages/nodes/node01/"' in html
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from placement import format_bytes, place
-from placement.units import format_need_and_have
+from core.humanize import format_bytes, format_need_and_have
+from placement import place
 from tests.placement.builders import GIB, fabric, gpus, node, request
 
 INSTALLING = "installing: downloading llama-b6000-bin-ubuntu-x64.tar.gz (16 MB)"
