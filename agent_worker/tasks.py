@@ -12,6 +12,7 @@ from typing import Any
 from celery import shared_task
 
 from agent_worker.runtime import current
+from protocol.commands import COLLECT_WEIGHTS, ENGINE_CHECK, READ_LOGS, START_SHARD, STOP_SHARD
 from protocol.shard import ShardSpec
 from protocol.signing import BadSignature, verify
 
@@ -27,41 +28,41 @@ def _checked(task: str, args: list[Any], deadline: float, signature: str) -> boo
     return True
 
 
-@shared_task(name="agent.start_shard")
+@shared_task(name=START_SHARD)
 def start_shard_task(spec_json: str, deadline: float = 0, signature: str = "") -> str:
-    if not _checked("agent.start_shard", [spec_json], deadline, signature):
+    if not _checked(START_SHARD, [spec_json], deadline, signature):
         return "refused"
     return current().start_shard(ShardSpec.model_validate_json(spec_json))
 
 
-@shared_task(name="agent.stop_shard")
+@shared_task(name=STOP_SHARD)
 def stop_shard_task(shard_id: str, epoch: int = 0, deadline: float = 0, signature: str = "") -> str:
-    if not _checked("agent.stop_shard", [shard_id, epoch], deadline, signature):
+    if not _checked(STOP_SHARD, [shard_id, epoch], deadline, signature):
         return "refused"
     return "stopped" if current().stop_shard(shard_id, epoch) else "ignored"
 
 
-@shared_task(name="agent.read_logs")
+@shared_task(name=READ_LOGS)
 def read_logs_task(
     source: str = "agent", lines: int = 200, deadline: float = 0, signature: str = ""
 ) -> dict:
-    if not _checked("agent.read_logs", [source, lines], deadline, signature):
+    if not _checked(READ_LOGS, [source, lines], deadline, signature):
         return {"lines": [], "sources": [], "refused": True}
     runtime = current()
     return {"lines": runtime.read_logs(source, lines), "sources": runtime.logs.sources()}
 
 
-@shared_task(name="agent.engine_check")
+@shared_task(name=ENGINE_CHECK)
 def engine_check_task(engine: str, deadline: float = 0, signature: str = "") -> dict:
     """Run the engine's version command: only ever on an operator's explicit request."""
-    if not _checked("agent.engine_check", [engine], deadline, signature):
+    if not _checked(ENGINE_CHECK, [engine], deadline, signature):
         return {"ok": False, "output": "refused: the command was not signed for this node"}
     return current().engine_check(engine)
 
 
-@shared_task(name="agent.collect_weights")
+@shared_task(name=COLLECT_WEIGHTS)
 def collect_weights_task(keep: list[str], deadline: float = 0, signature: str = "") -> dict:
     """Delete weights llmgw fetched that no model in ``keep`` (nor any shard here) uses."""
-    if not _checked("agent.collect_weights", [keep], deadline, signature):
+    if not _checked(COLLECT_WEIGHTS, [keep], deadline, signature):
         return {"deleted": [], "refused": True}
     return {"deleted": current().collect_weights(keep)}

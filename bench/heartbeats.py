@@ -34,7 +34,7 @@ What is measured:
   heartbeat's path, less the in-memory record). The round trip is the wait in the server's
   loop plus this client's own delay, shown as "cli lag" so a slow client is not blamed on
   the server. This client runs with its garbage collector off for the same reason.
-- the batched writer: afterwards, how many agents' rows hold a usage_at from the run, and
+- the batched writer: afterwards, how many agents' rows hold a heartbeat from the run, and
   write_heartbeats timed alone at the row count the measured capacity would put in a flush.
 
 A paced step passes when p99 and drain are both within --p99-limit-ms: a heartbeat waits
@@ -48,392 +48,50 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import os
-import random
-import resource
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from router_overhead import stop  # noqa: E402  (this folder's process helpers)
+# This folder's modules, imported as the script's siblings.
+from heartbeat_fleet import (  # noqa: E402
+    PER_ROUND,
+    PROBERS,
+    SATURATING_AGENTS,
+    Bench,
+    Link,
+    Result,
+    heartbeat_text,
+    open_links,
+)
+from heartbeat_floor import PROBER_PREFIX  # noqa: E402
+from heartbeat_servers import (  # noqa: E402
+    BENCH_DATABASE,
+    NODE_PREFIX,
+    bench_database_url,
+    clear_bench_rows,
+    free_port,
+    fresh_rows,
+    prepare_database,
+    raise_open_files,
+    start_daphne,
+    wait_listening,
+)
+from router_overhead import stop  # noqa: E402
 
-from protocol.inventory import Cpu, Filesystem, Inventory, ShardUsage, Usage  # noqa: E402
-from protocol.messages import Heartbeat, Register  # noqa: E402
-
-BENCH_DATABASE = "llmgw_bench"
-NODE_PREFIX = "bench-node-"
-PROBER_PREFIX = "bench-probe-"
-PROBE_FIELD_SUFFIX = ',"probe":1}'
-PROBERS = 10
-PROBE_PERIOD = 0.1
 HARD_LIMIT_SECONDS = 150  # for the servers' phases; the flush measurement after takes ~15 s
-SATURATING_AGENTS = 1000  # more would only lengthen each closed round, not add load
-PER_ROUND = 5  # heartbeats per acknowledgement probe in the saturation run
 LADDER_FACTOR = 1.5
 LADDER_UNTIL = 110  # seconds into the run; the floor and the flush need the rest of the limit
 MAX_FLUSH_ROWS = 30_000  # bounds the flush measurement's time and table size
-
-
-def __getattr__(name: str):
-    """``bench.heartbeats:floor_application`` for daphne, built on first use."""
-    if name == "floor_application":
-        return _floor_application()
-    raise AttributeError(name)
-
-
-def _floor_application():
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
-    import django
-
-    django.setup()
-    from channels.generic.websocket import AsyncWebsocketConsumer
-    from channels.routing import ProtocolTypeRouter, URLRouter
-    from django.urls import path
-
-    reply = json.dumps({"type": "error", "reason": "floor"})
-
-    class FloorConsumer(AsyncWebsocketConsumer):
-        """Accept, answer probes, drop everything else: the least a consumer can do."""
-
-        prober = False
-
-        async def dispatch(self, message) -> None:
-            # The same shortcut as AgentConsumer: no hop to the sync thread per message.
-            await getattr(self, message["type"].replace(".", "_"))(message)
-
-        async def connect(self) -> None:
-            headers = dict(self.scope.get("headers", []))
-            self.prober = headers.get(b"x-llmgw-node", b"").startswith(PROBER_PREFIX.encode())
-            await self.accept()
-
-        async def receive(self, text_data=None, bytes_data=None) -> None:
-            if self.prober or (text_data or "").endswith(PROBE_FIELD_SUFFIX):
-                await self.send(reply)
-
-    return ProtocolTypeRouter({"websocket": URLRouter([path("agent/", FloorConsumer.as_asgi())])})
-
-
-# --- messages ---------------------------------------------------------------------------
-
-
-def register_text(node_id: str) -> str:
-    inventory = Inventory(
-        hostname=node_id, address="127.0.0.1", os="Debian GNU/Linux 12", kernel="6.1",
-        arch="x86_64", cpu=Cpu(model="Bench CPU", cores=64, arch="x86_64"),
-        memory_total=512 << 30,
-    )  # fmt: skip
-    return Register(inventory=inventory, engines_probed=True).model_dump_json()
-
-
-def heartbeat_text(index: int) -> str:
-    """About 1 KB, as DESIGN.md sizes a heartbeat: 8 GPUs, 3 filesystems, 4 shards."""
-    usage = Usage(
-        cpu_percent=round(random.uniform(5, 95), 1),
-        load=(12.5, 11.25, 10.75),
-        memory_total=512 << 30,
-        memory_used=(200 << 30) + index,
-        memory_available=(312 << 30) - index,
-        gpu_memory_used={gpu: (70 << 30) + gpu * 4096 for gpu in range(8)},
-        filesystems=[
-            Filesystem(path="/var/lib/llmgw/weights", mount="/data", total=7 << 40, free=3 << 40),
-            Filesystem(path="/var/lib/llmgw/agent", mount="/", total=1 << 40, free=700 << 30),
-            Filesystem(path="/var/lib/llmgw/engines", mount="/", total=1 << 40, free=700 << 30),
-        ],
-        shards={
-            f"{index:08x}{rank:024x}": ShardUsage(cpu_cores=3.25 + rank, rss=(40 << 30) + rank)
-            for rank in range(4)
-        },
-    )
-    return Heartbeat(usage=usage).model_dump_json()
-
-
-# --- processes and the database -----------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def bench_database_url(url: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{BENCH_DATABASE}"))
-
-
-def prepare_database(url: str, env: dict[str, str]) -> float:
-    """Create llmgw_bench beside the given database if missing, migrate it, clear old runs."""
-    import psycopg
-
-    began = time.perf_counter()
-    with psycopg.connect(url, autocommit=True) as conn:
-        exists = conn.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DATABASE]
-        ).fetchone()
-        if not exists:
-            conn.execute(f'CREATE DATABASE "{BENCH_DATABASE}"')
-    migrate = [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"]
-    subprocess.run(migrate, cwd=REPO, env=env, check=True)
-    clear_bench_rows(env["DATABASE_URL"])
-    return time.perf_counter() - began
-
-
-def clear_bench_rows(url: str) -> None:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("DELETE FROM fleet_event WHERE subject LIKE 'bench-%%'")
-        conn.execute("DELETE FROM fleet_node WHERE id LIKE 'bench-%%'")
-
-
-def fresh_rows(url: str, since: float) -> int:
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM fleet_node WHERE id LIKE %s AND usage_at >= to_timestamp(%s)",
-            [NODE_PREFIX + "%", since],
-        ).fetchone()
-    return row[0] if row else 0
-
-
-def start_daphne(app: str, port: int, env: dict[str, str], log_path: Path) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), app]
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
-
-
-async def wait_listening(port: int, process: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"daphne on {port} exited:\n{log_path.read_text()[-3000:]}")
-        with contextlib.suppress(OSError):
-            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        await asyncio.sleep(0.1)
-    raise SystemExit(f"daphne on {port} did not listen within 60 s")
-
-
-def cpu_seconds(pid: int) -> float:
-    import psutil
-
-    times = psutil.Process(pid).cpu_times()
-    return times.user + times.system
-
-
-# --- the simulated agents -------------------------------------------------------------------
-
-
-class Link:
-    """One websocket; answers come back in the order their requests were sent."""
-
-    def __init__(self, node_id: str, ws) -> None:
-        self.node_id = node_id
-        self.ws = ws
-        self.pending: deque[tuple[float, asyncio.Future[float]]] = deque()
-        self.reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        with contextlib.suppress(Exception):
-            async for _answer in self.ws:
-                now = time.perf_counter()
-                if self.pending:
-                    sent, done = self.pending.popleft()
-                    if not done.done():
-                        done.set_result(now - sent)
-
-    async def request(self, text: str) -> asyncio.Future[float]:
-        """Send and return a future of the round trip in seconds (not awaited here)."""
-        done: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self.pending.append((time.perf_counter(), done))
-        await self.ws.send(text)
-        return done
-
-    def abort(self) -> None:
-        self.reader.cancel()
-        with contextlib.suppress(Exception):
-            self.ws.transport.abort()
-
-
-async def open_link(port: int, node_id: str, token: str, register: bool) -> Link:
-    from websockets.asyncio.client import connect
-
-    # The options agent_worker/link.py uses, so compression and pings match a real agent.
-    ws = await connect(
-        f"ws://127.0.0.1:{port}/agent/",
-        additional_headers={"Authorization": f"Bearer {token}", "X-Llmgw-Node": node_id},
-        open_timeout=30, close_timeout=2, max_size=2**22,
-    )  # fmt: skip
-    if register:
-        await ws.send(register_text(node_id))
-        answer = json.loads(await asyncio.wait_for(ws.recv(), timeout=60))
-        if answer.get("type") != "linked":
-            raise SystemExit(f"{node_id} was not linked: {answer}")
-    return Link(node_id, ws)
-
-
-async def open_links(
-    port: int, node_ids: list[str], tokens: dict[str, str], register: bool
-) -> list[Link]:
-    gate = asyncio.Semaphore(64)
-
-    async def one(node_id: str) -> Link:
-        async with gate:
-            return await open_link(port, node_id, tokens[node_id], register)
-
-    return list(await asyncio.gather(*(one(node_id) for node_id in node_ids)))
-
-
-@dataclass
-class Result:
-    server: str
-    phase: str
-    offered: float | None  # None: saturation
-    sent: int = 0  # heartbeats known handled
-    probes: int = 0  # acknowledgement probes among them (saturation)
-    elapsed: float = 0.0
-    drain: float = 0.0  # from the end of the window to the last answer
-    latencies: list[float] = field(default_factory=list)
-    lag: list[float] = field(default_factory=list)
-    server_cpu: float = 0.0  # share of one core over the phase, barrier included
-    server_cpu_seconds: float = 0.0
-    client_cpu: float = 0.0
-
-    @property
-    def handled(self) -> float:
-        return self.sent / self.elapsed
-
-    @property
-    def cpu_per_message(self) -> float:
-        """Server CPU seconds per message: steadier than rates on a machine shared with others."""
-        return self.server_cpu_seconds / max(1, self.sent + self.probes)
-
-    def p(self, fraction: float, values: list[float] | None = None) -> float:
-        ordered = sorted(self.latencies if values is None else values)
-        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
-
-    def passes(self, limit: float) -> bool:
-        return self.p(0.99) <= limit and self.drain <= limit
-
-
-class Bench:
-    """The phases, against one server whose agents and probers are linked."""
-
-    def __init__(self, server: str, pid: int, agents: list[Link], probers: list[Link]) -> None:
-        self.server = server
-        self.pid = pid
-        self.agents = agents
-        self.probers = probers
-        self.heartbeats = {link.node_id: heartbeat_text(i) for i, link in enumerate(agents)}
-        self.probe_text = heartbeat_text(0)
-        self.barrier_cost = 0.0
-
-    async def _window(self, result: Result, seconds: float, senders) -> None:
-        """Run senders(began, stop_at) beside the probers; fill in timing and CPU."""
-        began = time.perf_counter()
-        server_cpu, client_cpu = cpu_seconds(self.pid), time.process_time()
-        stop_at = began + seconds
-        await asyncio.gather(self._probe(stop_at, result), *senders(began, stop_at))
-        window_end = time.perf_counter()
-        if result.offered is not None:
-            await self._barrier()
-            result.probes += len(self.agents)
-        finished = time.perf_counter()
-        # Paced: the backlog left at the window's end, less what the barrier costs when idle.
-        result.drain = max(0.0, finished - window_end - self.barrier_cost)
-        result.elapsed = seconds + result.drain if result.offered else finished - began
-        result.server_cpu_seconds = cpu_seconds(self.pid) - server_cpu
-        result.server_cpu = result.server_cpu_seconds / (finished - began)
-        result.client_cpu = (time.process_time() - client_cpu) / (finished - began)
-
-    async def _probe(self, stop_at: float, result: Result) -> None:
-        """Open loop: each prober sends on its schedule whether or not answers are back."""
-
-        async def prober(link: Link, due: float) -> None:
-            waits = []
-            while due < stop_at:
-                await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                result.lag.append(time.perf_counter() - due)
-                waits.append(await link.request(self.probe_text))
-                due += PROBE_PERIOD
-            for done in waits:
-                with contextlib.suppress(TimeoutError):
-                    result.latencies.append(await asyncio.wait_for(done, timeout=30))
-
-        now = time.perf_counter()
-        spread = PROBE_PERIOD / len(self.probers)
-        await asyncio.gather(
-            *(prober(link, now + i * spread) for i, link in enumerate(self.probers))
-        )
-
-    async def calibrate(self) -> None:
-        """Time the barrier on an idle server, so a phase's drain counts only its backlog."""
-        costs = []
-        for _ in range(2):
-            began = time.perf_counter()
-            await self._barrier()
-            costs.append(time.perf_counter() - began)
-        self.barrier_cost = min(costs)
-
-    async def _barrier(self) -> None:
-        """Every agent's acknowledgement answered: all it sent before has been handled."""
-        waits = [await link.request(self.ack(link)) for link in self.agents]
-        await asyncio.wait_for(asyncio.gather(*waits), timeout=60)
-
-    def ack(self, link: Link) -> str:
-        return self.heartbeats[link.node_id][:-1] + PROBE_FIELD_SUFFIX
-
-    async def paced(self, rate: float, seconds: float, phase: str) -> Result:
-        """Every agent sends one heartbeat per interval, randomly phased, then a barrier."""
-        result = Result(self.server, phase, rate)
-        interval = len(self.agents) / rate
-
-        async def agent(link: Link, began: float, stop_at: float) -> None:
-            due = began + random.uniform(0, interval)
-            while due < stop_at:
-                await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                result.lag.append(time.perf_counter() - due)
-                await link.ws.send(self.heartbeats[link.node_id])
-                result.sent += 1
-                due += interval
-
-        await self._window(result, seconds, lambda b, s: [agent(x, b, s) for x in self.agents])
-        return result
-
-    async def saturate(self, seconds: float) -> Result:
-        """Closed rounds of PER_ROUND heartbeats and one acknowledgement, as fast as answered."""
-        result = Result(self.server, "saturation", None)
-
-        async def agent(link: Link, _began: float, stop_at: float) -> None:
-            while time.perf_counter() < stop_at:
-                for _ in range(PER_ROUND):
-                    await link.ws.send(self.heartbeats[link.node_id])
-                await asyncio.wait_for(await link.request(self.ack(link)), timeout=60)
-                result.sent += PER_ROUND
-                result.probes += 1
-
-        saturating = self.agents[:SATURATING_AGENTS]
-        await self._window(result, seconds, lambda b, s: [agent(x, b, s) for x in saturating])
-        return result
 
 
 def print_header() -> None:
@@ -461,17 +119,6 @@ def print_result(result: Result, limit: float) -> None:
     )
 
 
-def raise_open_files(needed: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        if target < needed:
-            raise SystemExit(
-                f"need {needed} open files, the hard limit is {hard}; use fewer agents"
-            )
-
-
 async def run(args: argparse.Namespace, env: dict[str, str], tokens: dict[str, str]) -> dict:
     limit = args.p99_limit_ms / 1e3
     logs = Path(tempfile.mkdtemp(prefix="llmgw-bench-heartbeats-"))
@@ -485,7 +132,7 @@ async def run(args: argparse.Namespace, env: dict[str, str], tokens: dict[str, s
     try:
         ports = {"llmgw": free_port(), "floor": free_port()}
         apps = {"llmgw": "llmgw_site.asgi:application",
-                "floor": "bench.heartbeats:floor_application"}  # fmt: skip
+                "floor": "bench.heartbeat_floor:floor_application"}  # fmt: skip
         for name, app in apps.items():
             processes[name] = start_daphne(app, ports[name], env, logs / f"{name}.log")
         for name, process in processes.items():
@@ -528,8 +175,7 @@ async def run(args: argparse.Namespace, env: dict[str, str], tokens: dict[str, s
                 fresh = await asyncio.to_thread(fresh_rows, env["DATABASE_URL"], wall_start)
                 print(
                     f"llmgw  linked {args.agents} agents (register each) in {linked_in:.1f} s; "
-                    f"batched writer: {fresh}/{args.agents} nodes hold a usage_at from this "
-                    f"run"
+                    f"batched writer: {fresh}/{args.agents} nodes hold a heartbeat from this run"
                 )
             else:
                 print(f"floor  connected {args.agents} agents in {linked_in:.1f} s")

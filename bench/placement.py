@@ -42,15 +42,14 @@ def build_nodes(count: int, rng: random.Random) -> list[NodeSnapshot]:
         held = set(rng.sample(range(8), rng.choice((0, 0, 0, 0, 1, 2, 4))))
         busy = rng.randrange(8) if n % 10 == 3 else -1  # a GPU some other process uses
         gpus = tuple(
-            GpuSnapshot(i, 80 * GIB, (30 if i == busy else 80) * GIB, frozenset({i ^ 1}))
+            GpuSnapshot(i, (30 if i == busy else 80) * GIB, frozenset({i ^ 1}))
             for i in range(8)
             if i not in held
         )
-        inactive = ("mlx5_3",) if n % 17 == 0 else ()
-        adapters = tuple(a for a in ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3") if a not in inactive)
-        fabric = FabricSnapshot(
-            FABRICS[n % 4], n % 97 != 0, 400.0, adapters, "ib0", inactive_adapters=inactive
-        )
+        every = ("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3")
+        inactive = every if n % 97 == 0 else ("mlx5_3",) if n % 17 == 0 else ()
+        adapters = tuple(a for a in every if a not in inactive)
+        fabric = FabricSnapshot(FABRICS[n % 4], 400.0, adapters, "ib0", inactive_adapters=inactive)
         engines = {"llama.cpp": "b6000"} if n % 20 == 0 else {"vllm": "0.7.0", "llama.cpp": "b6000"}
         state = DRAINING if n % 150 == 0 else UNREACHABLE if n % 211 == 0 else CONNECTED
         nodes.append(
@@ -64,7 +63,6 @@ def build_nodes(count: int, rng: random.Random) -> list[NodeSnapshot]:
                 disk_free=rng.choice((2000, 4000, 8000)) * GIB,
                 fabrics=(fabric,),
                 weights=frozenset(rng.sample(MODELS, 2)),
-                cpu_cores=128,
             )
         )
     return nodes

@@ -37,7 +37,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 import yaml
-from router_overhead import SERVERS, free_port, percentile, start, stop, wait_up
+from router_overhead import free_port, percentile, router_argv, start, stop, wait_up
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -158,9 +158,9 @@ async def run(args: argparse.Namespace) -> None:
         router_port = free_port()
         router_log = workdir / "router.log"
         router = start(
-            [sys.executable] + [a.format(port=router_port) for a in SERVERS["uvicorn"]],
+            router_argv("uvicorn", "lean", router_port),
             router_log,
-            {"LLMGW_ROUTER_STATIC": str(static), "LLMGW_ROUTER_CLIENT": "lean"},
+            {"LLMGW_ROUTER_STATIC": str(static)},
         )
         processes.append(router)
         router_url = f"http://127.0.0.1:{router_port}"

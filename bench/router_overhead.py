@@ -8,8 +8,9 @@ router in static mode (with an API key, so authentication is measured too) run a
 own processes; the load generator is this process (aiohttp, one connection per worker).
 For each concurrency, streaming and not, it prints latency p50/p99 direct and through
 the router, the latency the router adds, and throughput through the router as a
-fraction of direct. A router variant is an ASGI server and an outbound client
-(LLMGW_ROUTER_CLIENT); ``uvicorn+lean`` is what `llmgw up` should run. Each measurement
+fraction of direct. A router variant is an ASGI server and an outbound client: ``lean``
+(router/upstream.py, what production runs) or ``aiohttp`` (bench/aiohttp_upstream.py,
+kept to measure against); ``uvicorn+lean`` is what `llmgw up` runs. Each measurement
 runs --seconds after a short warm-up: about 25 s per variant with the defaults.
 """
 
@@ -35,12 +36,19 @@ REPO = Path(__file__).resolve().parent.parent
 FAKE_ENGINE = REPO / "tests" / "router" / "fake_engine.py"
 KEY = "llmgw-bench-key"
 SERVERS = {
-    "uvicorn": ["-m", "uvicorn", "router.asgi:application", "--host", "127.0.0.1",
+    "uvicorn": ["-m", "uvicorn", "{app}", "--host", "127.0.0.1",
                 "--port", "{port}", "--no-access-log", "--log-level", "warning"],
-    "daphne": ["-m", "daphne", "-b", "127.0.0.1", "-p", "{port}", "router.asgi:application"],
+    "daphne": ["-m", "daphne", "-b", "127.0.0.1", "-p", "{port}", "{app}"],
 }  # fmt: skip
+# The router's ASGI application with each outbound client.
+CLIENTS = {"lean": "router.asgi:application", "aiohttp": "bench.aiohttp_upstream:application"}
 WARMUP_SECONDS = 0.3  # connections opened, before each slice is measured
 ROUNDS = 3  # each measurement is this many slices, direct and routers taking turns
+
+
+def router_argv(server: str, client: str, port: int) -> list[str]:
+    """The command that serves the router with ``server`` and ``client`` on ``port``."""
+    return [sys.executable] + [a.format(app=CLIENTS[client], port=port) for a in SERVERS[server]]
 
 
 def free_port() -> int:
@@ -156,10 +164,9 @@ async def run(args: argparse.Namespace) -> None:
         for variant in args.routers.split(","):
             server, client = variant.split("+")
             port = free_port()
-            argv = [sys.executable] + [a.format(port=port) for a in SERVERS[server]]
             log = workdir / f"router-{server}-{client}.log"
-            env = {"LLMGW_ROUTER_STATIC": str(static), "LLMGW_ROUTER_CLIENT": client}
-            process = start(argv, log, env)
+            process = start(router_argv(server, client, port), log,
+                            {"LLMGW_ROUTER_STATIC": str(static)})  # fmt: skip
             processes.append(process)
             await wait_up(f"http://127.0.0.1:{port}/health", process, log)
             routers[variant] = f"http://127.0.0.1:{port}"

@@ -1,6 +1,29 @@
 from django.contrib import admin
 
+from catalog.actions import delete_row, save_entry
 from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile
+
+
+class CatalogEntryAdmin(admin.ModelAdmin):
+    """Saves and deletes through the catalog's verbs: an Event naming the admin, and
+    routers told at once, as through the API."""
+
+    def save_model(self, request, obj, form, change) -> None:
+        save_entry(obj, changed=form.changed_data, actor=request.user)
+
+    def delete_model(self, request, obj) -> None:
+        delete_row(obj, actor=request.user)
+
+    def delete_queryset(self, request, queryset) -> None:
+        for row in queryset:
+            delete_row(row, actor=request.user)
+
+    def save_formset(self, request, form, formset, change) -> None:
+        for row in formset.save(commit=False):
+            changed = next((f.changed_data for f in formset.forms if f.instance is row), ())
+            save_entry(row, changed=changed, actor=request.user)
+        for row in formset.deleted_objects:
+            delete_row(row, actor=request.user)
 
 
 class ProfileInline(admin.StackedInline):
@@ -9,25 +32,25 @@ class ProfileInline(admin.StackedInline):
 
 
 @admin.register(Model)
-class ModelAdmin(admin.ModelAdmin):
+class ModelAdmin(CatalogEntryAdmin):
     list_display = ["name", "source"]
     search_fields = ["name", "source"]
     inlines = [ProfileInline]
 
 
 @admin.register(Profile)
-class ProfileAdmin(admin.ModelAdmin):
+class ProfileAdmin(CatalogEntryAdmin):
     list_display = ["__str__", "engine", "replicas", "gpus_per_rank", "pool"]
     list_filter = ["engine", "pool"]
 
 
 @admin.register(Engine)
-class EngineAdmin(admin.ModelAdmin):
+class EngineAdmin(CatalogEntryAdmin):
     list_display = ["name", "version"]
 
 
-admin.site.register(Pool)
-admin.site.register(Fabric)
+admin.site.register(Pool, CatalogEntryAdmin)
+admin.site.register(Fabric, CatalogEntryAdmin)
 
 
 @admin.register(ApiKey)

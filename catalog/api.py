@@ -8,7 +8,8 @@ from rest_framework.decorators import action
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
-from catalog.keys import ApiKeyRefused, create_key, revoke_key
+from catalog.actions import create_key, delete_row, revoke_key, save_entry, update_entry
+from catalog.keys import ApiKeyRefused
 from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile
 from catalog.permissions import is_operator
 from catalog.serializers import (
@@ -20,27 +21,42 @@ from catalog.serializers import (
 )
 
 
-class EngineViewSet(viewsets.ModelViewSet):
+class CatalogEntryViewSet(viewsets.ModelViewSet):
+    """Every write goes through the catalog's verbs, so it records an Event naming the
+    operator and routers hear of it at once, as an apply would."""
+
+    def perform_create(self, serializer) -> None:
+        row = serializer.Meta.model(**serializer.validated_data)
+        serializer.instance = save_entry(row, actor=self.request.user)
+
+    def perform_update(self, serializer) -> None:
+        update_entry(serializer.instance, serializer.validated_data, actor=self.request.user)
+
+    def perform_destroy(self, instance) -> None:
+        delete_row(instance, actor=self.request.user)
+
+
+class EngineViewSet(CatalogEntryViewSet):
     queryset = Engine.objects.all()
     serializer_class = EngineSerializer
 
 
-class PoolViewSet(viewsets.ModelViewSet):
+class PoolViewSet(CatalogEntryViewSet):
     queryset = Pool.objects.all()
     serializer_class = PoolSerializer
 
 
-class FabricViewSet(viewsets.ModelViewSet):
+class FabricViewSet(CatalogEntryViewSet):
     queryset = Fabric.objects.all()
     serializer_class = FabricSerializer
 
 
-class ModelViewSet(viewsets.ModelViewSet):
+class ModelViewSet(CatalogEntryViewSet):
     queryset = Model.objects.prefetch_related("profiles")
     serializer_class = ModelSerializer
 
 
-class ProfileViewSet(viewsets.ModelViewSet):
+class ProfileViewSet(CatalogEntryViewSet):
     queryset = Profile.objects.select_related("model")
     serializer_class = ProfileSerializer
 
@@ -83,6 +99,7 @@ class ApiKeyViewSet(
             row, key = create_key(
                 serializer.validated_data["name"],
                 serializer.validated_data.get("allowed_models", []),
+                actor=request.user,
             )
         except ApiKeyRefused as exc:
             raise drf_serializers.ValidationError({"models": [str(exc)]}) from None
@@ -91,4 +108,5 @@ class ApiKeyViewSet(
     @action(detail=True, methods=["post"])
     def revoke(self, request, pk=None):
         """Revoke the key; routers refuse it within a second."""
-        return Response(self.get_serializer(revoke_key(self.get_object().prefix)).data)
+        row = revoke_key(self.get_object().prefix, actor=request.user)
+        return Response(self.get_serializer(row).data)

@@ -8,12 +8,10 @@ from pathlib import Path
 import yaml
 from django.core.management.base import CommandError
 
+from catalog.actions import apply_catalog, delete_entry
 from catalog.models import Model
+from catalog.plan import export_catalog
 from catalog.schema import CatalogError
-from catalog.services import apply_catalog, delete_entry, export_catalog
-from core.tables import render_json, render_table
-from fleet.models import ReplicaState
-from fleet.selectors import model_rows
 
 
 def add_parsers(subparsers) -> None:
@@ -31,10 +29,6 @@ def add_parsers(subparsers) -> None:
     delete.add_argument("kind", choices=["model", "pool", "fabric"])
     delete.add_argument("name")
     delete.set_defaults(handler=delete_command)
-
-    models = subparsers.add_parser("models", help="list models with wanted and ready replicas")
-    models.add_argument("--json", action="store_true")
-    models.set_defaults(handler=models_command)
 
 
 def apply_command(options, out) -> None:
@@ -74,29 +68,3 @@ def delete_command(options, out) -> None:
         known = ", ".join(Model.objects.values_list("name", flat=True)) or "none"
         raise CommandError(f"no {options['kind']} named {options['name']!r} (models: {known})")
     out.write(f"deleted {options['kind']} {options['name']}")
-
-
-def models_command(options, out) -> None:
-    rows = model_rows()
-    if options["json"]:
-        out.write(
-            render_json(
-                [
-                    {
-                        "name": r["name"],
-                        "aliases": r["aliases"],
-                        "wanted": r["wanted"],
-                        "ready": r["ready"],
-                        "replicas": [str(i["replica"].id) for i in r["replicas"]],
-                    }
-                    for r in rows
-                ]
-            )
-        )
-        return
-    table = []
-    for row in rows:
-        states = [item["replica"].state for item in row["replicas"]]
-        starting = sum(1 for s in states if s in (ReplicaState.PLACING, ReplicaState.STARTING))
-        table.append([row["name"], ",".join(row["aliases"]), row["wanted"], row["ready"], starting])
-    out.write(render_table(["MODEL", "ALIASES", "WANTED", "READY", "STARTING"], table))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.core.management.base import CommandError
 
-from catalog.keys import ApiKeyRefused, create_key, revoke_key
+from catalog.actions import create_key, revoke_key
+from catalog.keys import ApiKeyRefused
 from catalog.models import ApiKey
 from core.tables import render_json, render_table
 

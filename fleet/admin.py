@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from fleet.models import Event, Node, Replica, Shard
+from fleet.models import Node, Replica, Shard
 
 
 @admin.register(Node)
@@ -30,10 +30,3 @@ class ShardAdmin(admin.ModelAdmin):
     list_display = ["id", "replica", "rank", "node", "state"]
     list_filter = ["state"]
     readonly_fields = ["state", "state_changed_at"]
-
-
-@admin.register(Event)
-class EventAdmin(admin.ModelAdmin):
-    list_display = ["at", "kind", "subject", "from_state", "to_state", "reason"]
-    list_filter = ["kind"]
-    search_fields = ["subject", "reason"]

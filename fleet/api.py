@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rest_framework import viewsets
 
-from fleet.models import Event, Node, Replica, Shard
+from audit.models import Event
+from fleet.models import Node, Replica, Shard
 from fleet.serializers import EventSerializer, NodeSerializer, ReplicaSerializer, ShardSerializer
 
 

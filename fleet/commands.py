@@ -10,11 +10,19 @@ from __future__ import annotations
 import logging
 import time
 
+from celery import current_app
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from fleet import leadership
 from fleet.node_auth import node_token
-from llmgw_site.celery import app
+from protocol.commands import (
+    CollectWeights,
+    EngineCheck,
+    NodeCommand,
+    ReadLogs,
+    StartShard,
+    StopShard,
+)
 from protocol.shard import ShardSpec
 from protocol.signing import sign
 
@@ -33,12 +41,13 @@ def node_queue(node_id: str) -> str:
     return f"node-{node_id}"
 
 
-def send(node_id: str, task: str, args: list, expires: float):
+def send(node_id: str, command: NodeCommand, expires: float):
     """Put a signed, expiring command on the node's queue."""
     deadline = time.time() + expires
-    signature = sign(node_token(node_id), task, args, deadline)
-    return app.send_task(
-        task,
+    args = command.args()
+    signature = sign(node_token(node_id), command.task, args, deadline)
+    return current_app.send_task(
+        command.task,
         args=args,
         kwargs={"deadline": deadline, "signature": signature},
         queue=node_queue(node_id),
@@ -47,7 +56,7 @@ def send(node_id: str, task: str, args: list, expires: float):
 
 
 def send_start_shard(node_id: str, spec: ShardSpec) -> None:
-    send(node_id, "agent.start_shard", [spec.model_dump_json()], START_EXPIRES)
+    send(node_id, StartShard(spec=spec), START_EXPIRES)
 
 
 def send_stop_shard(node_id: str, shard_id: str, epoch: int | None = None) -> None:
@@ -59,17 +68,17 @@ def send_stop_shard(node_id: str, shard_id: str, epoch: int | None = None) -> No
     if epoch is None:
         lease = leadership.current()
         epoch = lease.epoch if lease is not None else 0
-    send(node_id, "agent.stop_shard", [shard_id, epoch], STOP_EXPIRES)
+    send(node_id, StopShard(shard_id=shard_id, epoch=epoch), STOP_EXPIRES)
 
 
 def read_logs(node_id: str, source: str = "agent", lines: int = 200) -> dict:
     """The node's recent log lines for ``source``, and the sources it has."""
-    return _ask(node_id, "agent.read_logs", [source, lines])
+    return _ask(node_id, ReadLogs(source=source, lines=lines))
 
 
 def engine_check(node_id: str, engine: str) -> dict:
     """Ask the node to run ``ENGINE --version``: the one place an engine is run on purpose."""
-    return _ask(node_id, "agent.engine_check", [engine])
+    return _ask(node_id, EngineCheck(engine=engine))
 
 
 def collect_weights(node_id: str) -> dict:
@@ -77,11 +86,11 @@ def collect_weights(node_id: str) -> dict:
     from catalog.models import Model
 
     keep = sorted(set(Model.objects.values_list("source", flat=True)))
-    return _ask(node_id, "agent.collect_weights", [keep])
+    return _ask(node_id, CollectWeights(keep=keep))
 
 
-def _ask(node_id: str, task: str, args: list) -> dict:
-    result = send(node_id, task, args, REPLY_TIMEOUT)
+def _ask(node_id: str, command: NodeCommand) -> dict:
+    result = send(node_id, command, REPLY_TIMEOUT)
     try:
         return result.get(timeout=REPLY_TIMEOUT)
     except CeleryTimeout:

@@ -108,12 +108,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 f"{self.node_id!r}; the node id must be its hostname",
             )
             return
-        await database_sync_to_async(services.register_node)(self.node_id, message)
-        await database_sync_to_async(services.adopt_reported_shards)(self.node_id, message)
-        await database_sync_to_async(services.forget_unreported_shards)(self.node_id, message)
+        answer = await database_sync_to_async(services.link_node)(self.node_id, message)
         self.registered = True
-        log.info("node %s registered with %d shard(s)", self.node_id, len(message.shards))
-        await self.send(json.dumps({"type": "linked", "node": self.node_id}))
+        await self.send(json.dumps(answer))
 
     async def disconnect(self, code) -> None:
         if self.node_id and self.registered:

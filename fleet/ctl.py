@@ -5,14 +5,14 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from catalog.actions import pause_rollout, resume_rollout
 from catalog.models import Model
 from core.humanize import format_bytes, format_seconds
 from core.tables import render_json, render_table
 from fleet import commands
-from fleet.actions import drain_node, pause_rollout, resume_rollout, undrain_node
-from fleet.models import Node, Replica
+from fleet.actions.nodes import drain_node, undrain_node
+from fleet.models import Node, Replica, ReplicaState
 from fleet.node_auth import node_token
-from fleet.reconciler import COUNTED
 from fleet.rollout import rollout_status
 from fleet.selectors import live_replicas, model_rows, progress_line
 
@@ -72,7 +72,8 @@ def drain_command(options, out) -> None:
     if not changed:
         out.write(f"{node_id} is already draining")
         return
-    on_node = Replica.objects.filter(shards__node_id=node_id, state__in=COUNTED).distinct().count()
+    counted = Replica.objects.filter(shards__node_id=node_id, state__in=ReplicaState.COUNTED)
+    on_node = counted.distinct().count()
     out.write(f"{node_id} is draining: {on_node} replica(s) will be moved off it")
 
 
@@ -99,20 +100,17 @@ def _seconds_since(moment) -> float:
 
 
 def _node_row(node: Node) -> dict:
-    inventory, usage = node.inventory or {}, node.usage or {}
-    gpus = inventory.get("gpus", [])
+    facts, usage = node.inventory_facts(), node.latest_usage()
     engines = node.engines
     return {
         "id": node.id,
         "state": node.state + (" (draining)" if node.draining else ""),
         "address": node.address,
-        "cpu": f"{usage['cpu_percent']:.0f}%" if "cpu_percent" in usage else "",
+        "cpu": f"{usage.cpu_percent:.0f}%" if usage else "",
         "ram": (
-            f"{format_bytes(usage['memory_used'])}/{format_bytes(usage['memory_total'])}"
-            if "memory_used" in usage and "memory_total" in usage
-            else ""
+            f"{format_bytes(usage.memory_used)}/{format_bytes(usage.memory_total)}" if usage else ""
         ),
-        "gpus": len(gpus),
+        "gpus": len(facts.gpus) if facts else 0,
         "engines": "(not reported)" if engines is None else ",".join(sorted(engines)) or "none",
         "warnings": "; ".join(node.warnings),
         "last_heartbeat": _ago(node.last_heartbeat),

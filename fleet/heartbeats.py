@@ -15,7 +15,8 @@ from channels.db import database_sync_to_async
 from django.db import connection, transaction
 from django.utils import timezone
 
-from fleet import history, notify
+from audit import notices
+from fleet import history
 from fleet.models import Node, NodeState
 from fleet.transitions import transition
 
@@ -65,7 +66,8 @@ def write_heartbeats(batch: dict[str, tuple[datetime, dict]]) -> None:
     table = Node._meta.db_table
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {table} AS n SET last_heartbeat = v.at, usage = v.usage, usage_at = v.at "  # noqa: S608
+            f"UPDATE {table} AS n SET last_heartbeat = v.at, usage = v.usage, "  # noqa: S608
+            "usage_reported_at = v.at "
             f"FROM (VALUES {placeholders}) AS v(id, at, usage) WHERE n.id = v.id "
             "RETURNING n.id, n.state",
             params,
@@ -74,7 +76,7 @@ def write_heartbeats(batch: dict[str, tuple[datetime, dict]]) -> None:
     # One sample a node every few heartbeats for the node page's charts, then one
     # message for the whole batch so open pages redraw their bars.
     history.record_samples(batch)
-    notify.usage_changed(batch.keys())
+    notices.usage_changed(batch.keys())
     # A heartbeat from an unreachable or lost node brings it back (rare; per node).
     for node_id in silent:
         transition(Node, node_id, NodeState.CONNECTED, "heartbeat received again")

@@ -19,9 +19,11 @@ from typing import Any
 import httpx
 import redis
 from django.conf import settings
+from pydantic import ValidationError
 
 from core.http import outbound_client
 from core.redis_clients import redis_client
+from protocol.inventory import Usage
 
 log = logging.getLogger("llmgw.fleet.history")
 
@@ -46,18 +48,16 @@ def _gate_key(node_id: str) -> str:
     return f"llmgw:history-gate:{node_id}"
 
 
-def compact_sample(at: float, usage: dict) -> dict[str, Any]:
+def compact_sample(at: float, usage: Usage) -> dict[str, Any]:
     """The few numbers a chart needs from one heartbeat's usage."""
-    load = usage.get("load") or [None]
     return {
         "t": round(at, 3),
-        "cpu": usage.get("cpu_percent"),
-        "mem": usage.get("memory_used"),
-        "memt": usage.get("memory_total"),
-        "load": load[0],
+        "cpu": usage.cpu_percent,
+        "mem": usage.memory_used,
+        "memt": usage.memory_total,
+        "load": usage.load[0],
         "shards": {
-            shard_id: [shard.get("cpu_cores", 0), shard.get("rss", 0)]
-            for shard_id, shard in (usage.get("shards") or {}).items()
+            shard_id: [shard.cpu_cores, shard.rss] for shard_id, shard in usage.shards.items()
         },
     }
 
@@ -81,13 +81,14 @@ def record_samples(batch: dict[str, tuple[datetime, dict]]) -> list[str]:
             at, usage = batch[node_id]
             stamp = at.timestamp()
             key = samples_key(node_id)
-            writes.zadd(key, {json.dumps(compact_sample(stamp, usage)): stamp})
+            sample = compact_sample(stamp, Usage.model_validate(usage))
+            writes.zadd(key, {json.dumps(sample): stamp})
             writes.zremrangebyscore(key, "-inf", stamp - WINDOW)
             # A node that goes away leaves nothing behind for long.
             writes.expire(key, 2 * WINDOW)
         writes.execute()
         return due
-    except redis.RedisError as exc:
+    except (redis.RedisError, ValidationError) as exc:
         log.warning("could not keep history samples: %s", exc)
         return []
 

@@ -1,4 +1,4 @@
-"""Node liveness: connected → unreachable (15 s silent) → lost (60 s), from heartbeats.
+"""Node liveness: stored states follow ``Node.liveness_at`` (unreachable 15 s, lost 60 s).
 
 If most of the fleet goes silent at once, the likelier story is that the control
 plane lost its network or its Redis, not that every node died — so nothing is
@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -24,6 +23,8 @@ log = logging.getLogger("llmgw.fleet.liveness")
 # Above this share of silent nodes (with at least MASS_SILENCE_MIN_NODES), suspect ourselves.
 MASS_SILENCE_SHARE = 0.55
 MASS_SILENCE_MIN_NODES = 3
+# All that a node's liveness is read from.
+_HEARD = ("id", "state", "last_heartbeat", "registered_at")
 
 
 @dataclass
@@ -41,15 +42,8 @@ def check_liveness(
     ``grace_until``: after a leader failover, nodes are not declared lost before then.
     """
     now = now or timezone.now()
-    unreachable_after = timedelta(seconds=settings.NODE_UNREACHABLE_AFTER)
-    lost_after = timedelta(seconds=settings.NODE_LOST_AFTER)
-    nodes = list(Node.objects.exclude(state=NodeState.LOST).only("id", "state", "last_heartbeat",
-                                                                "registered_at"))  # fmt: skip
-    silent = []
-    for node in nodes:
-        silence = node.silence(now)
-        if silence is not None and silence > unreachable_after:
-            silent.append(node.id)
+    nodes = list(Node.objects.exclude(state=NodeState.LOST).only(*_HEARD))
+    silent = [node.id for node in nodes if node.liveness_at(now) != NodeState.CONNECTED]
     report = LivenessReport(unreachable=[], lost=[])
     if len(nodes) >= MASS_SILENCE_MIN_NODES and len(silent) / len(nodes) > MASS_SILENCE_SHARE:
         log.error(
@@ -65,17 +59,11 @@ def check_liveness(
             # Re-read under the row lock: a heartbeat batch written since the list above was
             # read must win, or a node that just spoke is marked lost and its replicas moved.
             # A batch that comes after waits on this lock, then revives what we marked.
-            node = (
-                Node.objects.select_for_update()
-                .only("id", "state", "last_heartbeat", "registered_at")
-                .filter(id=node_id)
-                .first()
-            )
-            silence = node.silence(now) if node is not None else None
-            if node is None or silence is None or silence <= unreachable_after:
+            node = Node.objects.select_for_update().only(*_HEARD).filter(id=node_id).first()
+            if node is None or (liveness := node.liveness_at(now)) == NodeState.CONNECTED:
                 continue
-            reason = f"no heartbeat for {int(silence.total_seconds())}s"
-            if silence > lost_after and not in_grace:
+            reason = f"no heartbeat for {int(node.silence(now).total_seconds())}s"
+            if liveness == NodeState.LOST and not in_grace:
                 if transition(Node, node_id, NodeState.LOST, reason):
                     report.lost.append(node_id)
             elif node.state == NodeState.CONNECTED and transition(

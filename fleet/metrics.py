@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
 
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fleet.models import Node, NodeState, Shard
-
-# A measurement older than this is left out rather than repeated as if current.
-FRESH_FOR = timedelta(seconds=60)
 
 
 class FleetCollector(Collector):
@@ -54,33 +50,29 @@ class FleetCollector(Collector):
         models_by_shard = dict(Shard.objects.values_list("id", "replica__model_name"))
         for node in Node.objects.all():
             up.add_metric([node.id], 1.0 if node.state == NodeState.CONNECTED else 0.0)
-            inventory = node.inventory or {}
-            if inventory.get("cpu", {}).get("cores"):
-                cpus.add_metric([node.id], inventory["cpu"]["cores"])
-            for gpu in inventory.get("gpus", []):
-                nvlink.add_metric([node.id, str(gpu["index"])], len(gpu.get("nvlink_peers", [])))
-            if not node.usage_at or now - node.usage_at > FRESH_FOR:
+            facts = node.inventory_facts()
+            if facts is not None:
+                cpus.add_metric([node.id], facts.cpu.cores)
+                for gpu in facts.gpus:
+                    nvlink.add_metric([node.id, str(gpu.index)], len(gpu.nvlink_peers))
+            # A measurement that is not fresh is left out rather than repeated as if current.
+            usage = node.usage_at(now)
+            if usage is None:
                 continue
-            usage = node.usage
-            if "cpu_percent" in usage:
-                cpu.add_metric([node.id], usage["cpu_percent"])
-            for period, value in zip(("1m", "5m", "15m"), usage.get("load", []), strict=False):
+            cpu.add_metric([node.id], usage.cpu_percent)
+            for period, value in zip(("1m", "5m", "15m"), usage.load, strict=True):
                 load.add_metric([node.id, period], value)
-            for key, family in (
-                ("memory_total", mem),
-                ("memory_used", mem_used),
-                ("memory_available", mem_avail),
-            ):
-                if key in usage:
-                    family.add_metric([node.id], usage[key])
-            for fs in usage.get("filesystems", []):
-                disk.add_metric([node.id, fs.get("path", "")], fs.get("free", 0))
-            for index, used in (usage.get("gpu_memory_used") or {}).items():
+            mem.add_metric([node.id], usage.memory_total)
+            mem_used.add_metric([node.id], usage.memory_used)
+            mem_avail.add_metric([node.id], usage.memory_available)
+            for fs in usage.filesystems:
+                disk.add_metric([node.id, fs.path], fs.free)
+            for index, used in usage.gpu_memory_used.items():
                 gpu_used.add_metric([node.id, str(index)], used)
-            for shard_id, shard in (usage.get("shards") or {}).items():
+            for shard_id, shard in usage.shards.items():
                 labels = [node.id, shard_id, models_by_shard.get(shard_id, "")]
-                shard_cores.add_metric(labels, shard.get("cpu_cores", 0))
-                shard_mem.add_metric(labels, shard.get("rss", 0))
+                shard_cores.add_metric(labels, shard.cpu_cores)
+                shard_mem.add_metric(labels, shard.rss)
         yield from (
             up, cpus, cpu, load, mem, mem_used, mem_avail, disk, gpu_used, nvlink, shard_cores,
             shard_mem,

@@ -1,14 +1,28 @@
-"""The fleet as the control plane knows it: nodes, replicas, their shards, and what happened."""
+"""The fleet as the control plane knows it: nodes, replicas and their shards."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import datetime, timedelta
+from enum import nonmember
+from typing import TypeVar
 
+from django.conf import settings
 from django.db import models
 from django.utils.crypto import salted_hmac
+from pydantic import BaseModel, ValidationError
+
+from protocol.inventory import Inventory, Usage
+
+log = logging.getLogger("llmgw.fleet")
 
 REPLICA_SECRET_SALT = "llmgw.replica-secret"  # noqa: S105 (a salt, not a secret)
+
+# A heartbeat older than this is not the node's current use: pages grey it out, /metrics
+# leaves it out and placement trusts the inventory's totals instead. Twelve heartbeats
+# missed, so a node is long called unreachable before its numbers stop counting.
+USAGE_FRESH_FOR = timedelta(seconds=60)
 
 
 class NodeState(models.TextChoices):
@@ -26,6 +40,16 @@ class ReplicaState(models.TextChoices):
     STOPPING = "stopping"
     STOPPED = "stopped"
 
+    # Not stopped: pages show it, the routing table knows it.
+    LIVE = nonmember(frozenset({PLACING, UNPLACEABLE, STARTING, READY, FAILED, STOPPING}))
+    # On its way out or gone: nothing of it may start again.
+    ENDING = nonmember(frozenset({STOPPING, STOPPED}))
+    # Counts toward its profile's wanted replicas: a failed one holds its place until its
+    # replacement backoff is over.
+    COUNTED = nonmember(frozenset({PLACING, UNPLACEABLE, STARTING, READY, FAILED}))
+    # Waiting for placement: holds no node yet.
+    UNPLACED = nonmember(frozenset({PLACING, UNPLACEABLE}))
+
 
 class ShardState(models.TextChoices):
     PENDING = "pending"
@@ -34,6 +58,13 @@ class ShardState(models.TextChoices):
     READY = "ready"
     FAILED = "failed"
     STOPPED = "stopped"
+
+    # Holds its node's GPUs and port: running, or on its way to running.
+    LIVE = nonmember(frozenset({PENDING, FETCHING, STARTING, READY}))
+    # On its way to ready: its download progress is kept, its memory not yet taken.
+    LOADING = nonmember(frozenset({PENDING, FETCHING, STARTING}))
+    # Over: no process of it runs, and no transition leaves it.
+    FINAL = nonmember(frozenset({FAILED, STOPPED}))
 
 
 class Node(models.Model):
@@ -58,7 +89,7 @@ class Node(models.Model):
     unexpected_gpu_users = models.JSONField(default=list, blank=True)
     # The latest heartbeat's measurements (protocol Usage as JSON), with its time.
     usage = models.JSONField(default=dict, blank=True)
-    usage_at = models.DateTimeField(null=True, blank=True)
+    usage_reported_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["id"]
@@ -66,17 +97,63 @@ class Node(models.Model):
     def __str__(self) -> str:
         return self.id
 
+    def inventory_facts(self) -> Inventory | None:
+        """Return what the node said of itself in its last register; None before one."""
+        return _stored(Inventory, self.inventory, self.id) if self.inventory else None
+
+    def latest_usage(self) -> Usage | None:
+        """Return the latest heartbeat's usage however old it is; None before the first."""
+        return _stored(Usage, self.usage, self.id) if self.usage else None
+
+    def usage_fresh_at(self, now: datetime) -> bool:
+        """Say whether the latest heartbeat is recent enough to be taken as current."""
+        reported = self.usage_reported_at
+        return reported is not None and now - reported <= USAGE_FRESH_FOR
+
+    def usage_at(self, now: datetime) -> Usage | None:
+        """Return the latest heartbeat's usage if it is fresh at ``now``, else None."""
+        return self.latest_usage() if self.usage_fresh_at(now) else None
+
     def silence(self, now: datetime) -> timedelta | None:
         """How long since the node was last heard from, or None if never."""
         heard = self.last_heartbeat or self.registered_at
         return None if heard is None else now - heard
 
+    def liveness_at(self, now: datetime) -> NodeState:
+        """Say what the node's silence makes it at ``now``, whatever state is stored.
+
+        A node never heard from has not gone silent, so it reads as connected.
+        """
+        silence = self.silence(now)
+        if silence is None or silence <= timedelta(seconds=settings.NODE_UNREACHABLE_AFTER):
+            return NodeState.CONNECTED
+        if silence <= timedelta(seconds=settings.NODE_LOST_AFTER):
+            return NodeState.UNREACHABLE
+        return NodeState.LOST
+
     @property
     def warnings(self) -> list[str]:
         """What an operator should look at: the agent's own warnings, then GPU holders."""
-        return list(self.inventory.get("warnings", [])) + [
+        facts = self.inventory_facts()
+        return list(facts.warnings if facts else []) + [
             unexpected_gpu_user_warning(user) for user in self.unexpected_gpu_users
         ]
+
+
+Fact = TypeVar("Fact", bound=BaseModel)
+
+
+def _stored(model: type[Fact], stored: dict, node_id: str) -> Fact | None:
+    """Read back a protocol model the node sent, stored as JSON; None if it no longer reads.
+
+    What is stored was valid when it came; a control plane upgraded since may read it
+    differently until the node speaks again, and one such row must not break a page.
+    """
+    try:
+        return model.model_validate(stored)
+    except ValidationError as exc:
+        log.warning("node %s: stored %s no longer reads: %s", node_id, model.__name__, exc)
+        return None
 
 
 def unexpected_gpu_user_warning(user: dict) -> str:
@@ -167,23 +244,6 @@ class Shard(models.Model):
     @staticmethod
     def new_id() -> str:
         return uuid.uuid4().hex
-
-
-class Event(models.Model):
-    """A transition or decision, with the reason a person can read."""
-
-    at = models.DateTimeField(auto_now_add=True, db_index=True)
-    kind = models.CharField(max_length=16)  # node | replica | shard | catalog | placement
-    subject = models.CharField(max_length=253, db_index=True)
-    from_state = models.CharField(max_length=16, blank=True)
-    to_state = models.CharField(max_length=16, blank=True)
-    reason = models.TextField(blank=True)
-
-    class Meta:
-        ordering = ["-at", "-id"]
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.subject}: {self.from_state} -> {self.to_state}"
 
 
 class LeaderEpoch(models.Model):

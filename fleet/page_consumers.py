@@ -16,8 +16,9 @@ from urllib.parse import urlsplit
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from audit import notices
 from catalog.permissions import is_operator
-from fleet import notify, pages
+from fleet import pages
 
 log = logging.getLogger("llmgw.fleet.pages")
 
@@ -55,7 +56,7 @@ class PageConsumer(AsyncWebsocketConsumer):
         self.flusher: asyncio.Task | None = None
         self.last_push = 0.0
         self.last_slow_push = 0.0
-        await self.channel_layer.group_add(notify.PAGES_GROUP, self.channel_name)
+        await self.channel_layer.group_add(notices.PAGES_GROUP, self.channel_name)
         await self.accept()
         self._schedule(set(pages.PAGES[self.page].fragments), at_once=True)
 
@@ -63,7 +64,7 @@ class PageConsumer(AsyncWebsocketConsumer):
         if getattr(self, "flusher", None) is not None:
             self.flusher.cancel()
         if hasattr(self, "key"):
-            await self.channel_layer.group_discard(notify.PAGES_GROUP, self.channel_name)
+            await self.channel_layer.group_discard(notices.PAGES_GROUP, self.channel_name)
 
     async def receive(self, text_data=None, bytes_data=None) -> None:
         """Pages only listen; anything a browser sends is ignored."""

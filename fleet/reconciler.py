@@ -8,7 +8,6 @@ command to a node is sent after the transaction that decided it commits.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,36 +16,32 @@ from datetime import datetime, timedelta
 from django.db import connection, transaction
 from django.utils import timezone
 
+from audit.events import record_news
+from audit.models import Event
 from catalog.models import Profile
 from fleet import commands
+from fleet.actions.replicas import create_replica, stop_replica
 from fleet.models import (
-    Event,
     Node,
     NodeState,
     Replica,
     ReplicaState,
     Shard,
     ShardState,
-    replica_secret,
 )  # fmt: skip
 from fleet.services import refresh_replica_state
 from fleet.shard_specs import allocate_port, shard_spec
 from fleet.snapshot import node_snapshots, placement_request
-from fleet.transitions import record_event, record_news, transition
+from fleet.transitions import transition
 from placement import place_batch
 
 log = logging.getLogger("llmgw.reconciler")
 
-# Replicas that count toward a profile's wanted number; a failed one holds its
-# place until its replacement backoff is over.
-COUNTED = (ReplicaState.PLACING, ReplicaState.UNPLACEABLE, ReplicaState.STARTING,
-           ReplicaState.READY, ReplicaState.FAILED)  # fmt: skip
 BASE_REPLACEMENT_DELAY = 5
 MAX_REPLACEMENT_DELAY = 300
 FAILURE_MEMORY = timedelta(minutes=30)
 # A replica ready this long before it failed was serving, not crash-looping.
 SETTLED = timedelta(seconds=60)
-FINAL_SHARD = (ShardState.FAILED, ShardState.STOPPED)
 
 
 # The key of the PostgreSQL advisory lock that makes a pass one at a time, cluster-wide.
@@ -136,28 +131,10 @@ def one_pass_at_a_time() -> Iterator[bool]:
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_KEY])
 
 
-def stop_replica(
-    replica: Replica, reason: str, report: ReconcileReport | None = None, epoch: int | None = None
-) -> bool:
-    """Move a replica to stopping and tell its nodes to stop its shards.
-
-    ``epoch`` is the leader epoch the caller acts under (the reconciler's own); None for
-    an operator's action, which acts under the current lease.
-    """
-    if transition(Replica, replica.id, ReplicaState.STOPPING, reason, reasons=[reason]) is None:
-        return False
-    for shard in replica.shards.exclude(state__in=FINAL_SHARD).exclude(node=None):
-        node_id, shard_id = shard.node_id, shard.id
-        transaction.on_commit(lambda n=node_id, s=shard_id: commands.send_stop_shard(n, s, epoch))
-    if report is not None:
-        report.stopping.append(str(replica.id))
-    return True
-
-
 def retire_orphans(report: ReconcileReport, epoch: int | None = None) -> None:
     """Stop replicas whose model or profile left the catalog: nothing routes to them."""
     in_catalog = set(Profile.objects.values_list("id", "model__name"))
-    for replica in Replica.objects.filter(state__in=COUNTED):
+    for replica in Replica.objects.filter(state__in=ReplicaState.COUNTED):
         if (replica.profile_id, replica.model_name) not in in_catalog:
             stop_replica(
                 replica,
@@ -183,8 +160,8 @@ def retire_from_bad_nodes(
     if not bad:
         return
     moving: list[tuple[Replica, str]] = []
-    counted = Replica.objects.filter(state__in=COUNTED).select_related("profile__model")
-    for replica in counted.prefetch_related("shards"):
+    counted = Replica.objects.filter(state__in=ReplicaState.COUNTED)
+    for replica in counted.select_related("profile__model").prefetch_related("shards"):
         node_id = next((s.node_id for s in replica.shards.all() if s.node_id in bad), None)
         if node_id is not None:
             moving.append((replica, node_id))
@@ -275,22 +252,6 @@ def replacement_delay(replica: Replica, now: datetime) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def create_replica(profile: Profile, why: str, report: ReconcileReport) -> Replica:
-    """A new replica of ``profile`` with its current settings, waiting to be placed."""
-    replica_id = uuid.uuid4()
-    replica = Replica.objects.create(
-        id=replica_id,
-        model_name=profile.model.name,
-        profile_name=profile.name,
-        profile=profile,
-        fingerprint=profile.fingerprint(),
-        secret=replica_secret(replica_id),
-    )
-    record_event("replica", str(replica.id), why, to_state="placing")
-    report.created.append(str(replica.id))
-    return replica
-
-
 def scale(report: ReconcileReport, epoch: int | None = None) -> None:
     """Create replicas that are wanted; stop the surplus, least useful first.
 
@@ -299,9 +260,8 @@ def scale(report: ReconcileReport, epoch: int | None = None) -> None:
     never the new ones a rollout is waiting for.
     """
     for profile in Profile.objects.select_related("model"):
-        live = list(
-            Replica.objects.filter(profile=profile, state__in=COUNTED).order_by("-created_at")
-        )
+        counted = Replica.objects.filter(profile=profile, state__in=ReplicaState.COUNTED)
+        live = list(counted.order_by("-created_at"))
         missing = profile.replicas - len(live)
         for _ in range(missing):
             create_replica(profile, f"wanted by {profile}", report)
@@ -323,9 +283,7 @@ def scale(report: ReconcileReport, epoch: int | None = None) -> None:
 def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:
     """Place every replica waiting for nodes, in one batch against one snapshot."""
     waiting = list(
-        Replica.objects.filter(
-            state__in=(ReplicaState.PLACING, ReplicaState.UNPLACEABLE), profile__isnull=False
-        )
+        Replica.objects.filter(state__in=ReplicaState.UNPLACED, profile__isnull=False)
         .select_related("profile__model")
         .order_by("created_at")
     )
@@ -378,7 +336,7 @@ def _start(replica: Replica, decision, epoch: int) -> None:
             rendezvous = f"{nodes[shards[0].node_id].address}:{shards[0].port + 1}"
         for shard, rank in zip(shards, decision.ranks, strict=True):
             spec = shard_spec(replica, shard, nodes[rank.node], len(shards), rendezvous,
-                              rank.nccl_env, epoch)  # fmt: skip
+                              rank.fabric, epoch)  # fmt: skip
             transaction.on_commit(lambda n=shard.node_id, s=spec: commands.send_start_shard(n, s))
 
 
@@ -390,7 +348,7 @@ def finish_stops(report: ReconcileReport) -> None:
         pending = [
             shard
             for shard in replica.shards.all()
-            if shard.state not in FINAL_SHARD
+            if shard.state not in ShardState.FINAL
             and shard.node is not None
             and shard.node.state == NodeState.CONNECTED
         ]

@@ -19,17 +19,17 @@ from typing import Any
 
 from django.db import transaction
 
+from audit import notices
+from audit.events import record_event, record_news
 from catalog.models import Profile
+from fleet.actions.replicas import create_replica, stop_replica
 from fleet.models import Replica, ReplicaState
-from fleet.reconciler import COUNTED, ReconcileReport, create_replica, stop_replica
-from fleet.routing_table import publish_routing_change, read_inflight_reports
-from fleet.transitions import record_event, record_news
+from fleet.reconciler import ReconcileReport
+from fleet.routing_table import read_inflight_reports
 
 # Routers reload within a second of the notification and report every second; a drain
 # shorter than this could miss a router that has not reported since it reloaded.
 MIN_DRAIN = timedelta(seconds=2)
-# Stale replicas not yet placed hold nothing and serve nothing: they go at once.
-UNSTARTED = (ReplicaState.PLACING, ReplicaState.UNPLACEABLE)
 
 Reports = list[dict[str, Any]] | None
 
@@ -84,7 +84,7 @@ class Rollout:
 def rollouts(model_name: str | None = None) -> list[Rollout]:
     """Every profile (of one model, if named) with its live replicas sorted for a rollout."""
     profiles = Profile.objects.select_related("model")
-    replicas = Replica.objects.filter(state__in=COUNTED, profile__isnull=False)
+    replicas = Replica.objects.filter(state__in=ReplicaState.COUNTED, profile__isnull=False)
     if model_name is not None:
         profiles = profiles.filter(model__name=model_name)
         replicas = replicas.filter(model_name=model_name)
@@ -186,7 +186,8 @@ def drain_verdict(
 
 
 def _retire_unstarted(rollout: Rollout, report: ReconcileReport, epoch: int | None) -> None:
-    for replica in [r for r in rollout.stale if r.state in UNSTARTED]:
+    # Stale replicas not yet placed hold nothing and serve nothing: they go at once.
+    for replica in [r for r in rollout.stale if r.state in ReplicaState.UNPLACED]:
         why = f"stale: {rollout.profile} changed before this replica started"
         with transaction.atomic():
             stop_replica(replica, why, report, epoch)
@@ -224,7 +225,7 @@ def start_drain(replica: Replica, now: datetime, profile: Profile, report: Recon
             f"stopped once its requests are done (at most {profile.drain_timeout}s)",
         )
         # Routers drop it from their tables now, not at their next refresh.
-        transaction.on_commit(lambda: publish_routing_change("replicas"))
+        notices.routers_reload_on_commit("replicas")
     replica.draining_since = now
     report.draining.append(str(replica.id))
     return True

@@ -2,32 +2,22 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Prefetch
 from django.utils import timezone
 
+from audit.models import Event
 from catalog.models import Model
 from core.humanize import format_bytes, format_progress
-from fleet.models import Event, Node, Replica, ReplicaState, Shard
-
-# A measurement older than this is shown as stale rather than as current (as /metrics).
-USAGE_FRESH_FOR = timedelta(seconds=60)
-
-LIVE_REPLICA_STATES = (
-    ReplicaState.PLACING,
-    ReplicaState.UNPLACEABLE,
-    ReplicaState.STARTING,
-    ReplicaState.READY,
-    ReplicaState.FAILED,
-    ReplicaState.STOPPING,
-)
+from fleet.models import Node, Replica, ReplicaState, Shard
+from protocol.inventory import Filesystem, Inventory, Usage
 
 
 def live_replicas():
     """Replicas that are not yet stopped, with their shards, ordered for display."""
-    return Replica.objects.filter(state__in=LIVE_REPLICA_STATES).prefetch_related(
+    return Replica.objects.filter(state__in=ReplicaState.LIVE).prefetch_related(
         Prefetch("shards", queryset=Shard.objects.select_related("node").order_by("rank"))
     )
 
@@ -99,23 +89,13 @@ def _percent(part: float | None, whole: float | None) -> float | None:
 
 
 def node_row(node: Node, now: datetime) -> dict[str, Any]:
-    """A node as the cluster and node pages show it: its latest use against what it has."""
-    inventory, usage = node.inventory or {}, node.usage or {}
-    fresh = bool(node.usage_at and now - node.usage_at <= USAGE_FRESH_FOR)
-    memory_total = usage.get("memory_total") or inventory.get("memory_total")
-    gpu_used = {int(k): v for k, v in (usage.get("gpu_memory_used") or {}).items()}
-    gpus = [
-        {
-            "index": gpu.get("index"),
-            "name": gpu.get("name", ""),
-            "used": gpu_used.get(gpu.get("index"), gpu.get("memory_used")),
-            "total": gpu.get("memory_total"),
-            "percent": _percent(
-                gpu_used.get(gpu.get("index"), gpu.get("memory_used")), gpu.get("memory_total")
-            ),
-        }
-        for gpu in inventory.get("gpus", [])
-    ]
+    """A node as the cluster and node pages show it: its latest use against what it has.
+
+    Usage that is not fresh is still shown, marked stale, rather than hidden.
+    """
+    facts, usage = node.inventory_facts(), node.latest_usage()
+    fresh = node.usage_fresh_at(now)
+    memory_total = (usage.memory_total if usage else 0) or (facts.memory_total if facts else None)
     engines = (
         None
         if node.engines is None
@@ -129,20 +109,19 @@ def node_row(node: Node, now: datetime) -> dict[str, Any]:
             for name, info in sorted(node.engines.items())
         ]
     )
-    filesystems = usage.get("filesystems") or inventory.get("filesystems") or []
-    weights_dir = inventory.get("weights_dir", "")
-    weights_fs = next((fs for fs in filesystems if fs.get("path") == weights_dir), None)
-    cpu_percent, memory_used = usage.get("cpu_percent"), usage.get("memory_used")
+    filesystems = (usage.filesystems if usage else []) or (facts.filesystems if facts else [])
+    cpu_percent = usage.cpu_percent if usage else None
+    memory_used = usage.memory_used if usage else None
     return {
         "node": node,
         "silence": node.silence(now),
         "heard_at": node.last_heartbeat or node.registered_at,
         "fresh": fresh,
         "stale": not fresh,
-        "cores": (inventory.get("cpu") or {}).get("cores"),
-        "cpu_model": (inventory.get("cpu") or {}).get("model", ""),
+        "cores": facts.cpu.cores if facts else None,
+        "cpu_model": facts.cpu.model if facts else "",
         "cpu_percent": cpu_percent,
-        "load": list(usage.get("load") or []),
+        "load": list(usage.load) if usage else [],
         "memory_used": memory_used,
         "memory_total": memory_total,
         "memory_percent": _percent(memory_used, memory_total),
@@ -152,15 +131,40 @@ def node_row(node: Node, now: datetime) -> dict[str, Any]:
             if memory_used is None or not memory_total
             else f"{format_bytes(memory_used)} / {format_bytes(memory_total)}"
         ),
-        "gpus": gpus,
+        "gpus": _gpu_rows(facts, usage),
         "engines": engines,
         "filesystems": [
-            dict(fs, used_percent=_percent(fs.get("total", 0) - fs.get("free", 0), fs.get("total")))
+            dict(fs.model_dump(), used_percent=_percent(fs.total - fs.free, fs.total))
             for fs in filesystems
         ],
-        "disk_free": (weights_fs or (filesystems[0] if filesystems else {})).get("free"),
+        "disk_free": _disk_free(filesystems, facts.weights_dir if facts else ""),
         "warnings": node.warnings,
     }
+
+
+def _gpu_rows(facts: Inventory | None, usage: Usage | None) -> list[dict[str, Any]]:
+    """Each GPU's memory in use: the latest heartbeat's, else what the register measured."""
+    used_now = usage.gpu_memory_used if usage else {}
+    rows = []
+    for gpu in facts.gpus if facts else []:
+        used = used_now.get(gpu.index, gpu.memory_used)
+        rows.append(
+            {
+                "index": gpu.index,
+                "name": gpu.name,
+                "used": used,
+                "total": gpu.memory_total,
+                "percent": _percent(used, gpu.memory_total),
+            }
+        )
+    return rows
+
+
+def _disk_free(filesystems: list[Filesystem], weights_dir: str) -> int | None:
+    """Free space where the weights go, else on the first filesystem measured."""
+    weights_fs = next((fs for fs in filesystems if fs.path == weights_dir), None)
+    chosen = weights_fs or (filesystems[0] if filesystems else None)
+    return chosen.free if chosen else None
 
 
 def node_detail(node_id: str) -> dict[str, Any] | None:
@@ -169,20 +173,21 @@ def node_detail(node_id: str) -> dict[str, Any] | None:
     if node is None:
         return None
     now = timezone.now()
-    shard_usage = (node.usage or {}).get("shards") or {}
+    usage = node.latest_usage()
+    shard_usage = usage.shards if usage else {}
     shards = []
     for shard in (
-        Shard.objects.filter(node_id=node_id, replica__state__in=LIVE_REPLICA_STATES)
+        Shard.objects.filter(node_id=node_id, replica__state__in=ReplicaState.LIVE)
         .select_related("replica")
         .order_by("replica__model_name", "rank")
     ):
-        used = shard_usage.get(shard.id) or {}
+        used = shard_usage.get(shard.id)
         shards.append(
             {
                 "shard": shard,
                 "replica": shard.replica,
-                "cpu_cores": used.get("cpu_cores"),
-                "rss": used.get("rss"),
+                "cpu_cores": used.cpu_cores if used else None,
+                "rss": used.rss if used else None,
                 "progress": progress_line(shard.progress),
             }
         )

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from fleet.models import Event, Node, Replica, Shard
+from audit.models import Event
+from fleet.models import Node, Replica, Shard
 
 
 class NodeSerializer(serializers.ModelSerializer):
+    # The API's name for it from before the column was renamed (Node.usage_at is a method).
+    usage_at = serializers.DateTimeField(source="usage_reported_at", read_only=True)
+
     class Meta:
         model = Node
         fields = [
@@ -40,4 +44,6 @@ class ReplicaSerializer(serializers.ModelSerializer):
 class EventSerializer(serializers.ModelSerializer):
     class Meta:
         model = Event
-        fields = ["id", "at", "kind", "subject", "from_state", "to_state", "reason"]
+        fields = [
+            "id", "at", "kind", "subject", "from_state", "to_state", "reason", "actor_name",
+        ]  # fmt: skip

@@ -14,19 +14,40 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from fleet import notify
+from audit import notices
+from audit.events import record_event
 from fleet.models import (
     Node,
     NodeState,
+    Replica,
+    ReplicaState,
     Shard,
     ShardState,
     replica_secret,
     unexpected_gpu_user_warning,
 )  # fmt: skip
-from fleet.transitions import record_event, transition
+from fleet.transitions import transition
 from protocol import messages
 
 log = logging.getLogger("llmgw.fleet")
+
+
+def link_node(node_id: str, message: messages.Register) -> dict[str, str]:
+    """Link a node by its register: refresh its row, settle its shards; return the answer.
+
+    One transaction, so a register that fails part way leaves the node as it was rather
+    than refreshed with its shards unsettled; and one call, so the consumer hops to the
+    database thread once per register.
+    """
+    with transaction.atomic():
+        node = register_node(node_id, message)
+        rebuilt = adopt_reported_shards(node_id, message)
+        settled = forget_unreported_shards(node_id, message)
+    log.info(
+        "node %s linked, reporting %d shard(s): %d replica(s) rebuilt, %d shard(s) settled",
+        node_id, len(message.shards), len(rebuilt), len(settled),
+    )  # fmt: skip
+    return {"type": "linked", "node": node.id}
 
 
 def register_node(node_id: str, message: messages.Register, now: datetime | None = None) -> Node:
@@ -77,10 +98,10 @@ def register_node(node_id: str, message: messages.Register, now: datetime | None
 
 
 def _qualifications(node: Node) -> dict[str, object]:
-    inventory = node.inventory or {}
+    facts = node.inventory_facts()
     return {
-        "memory": inventory.get("memory_total", 0),
-        "gpus": len(inventory.get("gpus", [])),
+        "memory": facts.memory_total if facts else 0,
+        "gpus": len(facts.gpus) if facts else 0,
         "engines": set(node.engines or {}),
     }
 
@@ -168,10 +189,10 @@ def record_shard_progress(node_id: str, message: messages.ShardProgress) -> None
     updated = Shard.objects.filter(
         id=message.shard_id,
         node_id=node_id,
-        state__in=[ShardState.PENDING, ShardState.FETCHING, ShardState.STARTING],
+        state__in=ShardState.LOADING,
     ).update(progress=progress)
     if updated:
-        notify.fleet_changed_on_commit("shard", message.shard_id)
+        notices.pages_changed_on_commit("shard", message.shard_id)
 
 
 def adopt_reported_shards(node_id: str, message: messages.Register) -> list[str]:
@@ -185,17 +206,15 @@ def adopt_reported_shards(node_id: str, message: messages.Register) -> list[str]
     is now; anything else is recorded as the node's and stopped.
     """
     rebuilt = []
-    for running in message.shards:
-        with transaction.atomic():
+    with transaction.atomic():
+        for running in message.shards:
             replica_id = _adopt_reported_shard(node_id, running)
-        if replica_id is not None:
-            rebuilt.append(replica_id)
+            if replica_id is not None:
+                rebuilt.append(replica_id)
     return rebuilt
 
 
 def _adopt_reported_shard(node_id: str, running: messages.RunningShard) -> str | None:
-    from fleet.models import Replica, ReplicaState
-
     spec = running.spec
     shard = Shard.objects.select_for_update().filter(id=spec.shard_id).first()
     if shard is not None:
@@ -204,9 +223,8 @@ def _adopt_reported_shard(node_id: str, running: messages.RunningShard) -> str |
                            f"{shard.replica_id}")  # fmt: skip
             return None
         replica = Replica.objects.get(id=shard.replica_id)
-        if replica.state in (ReplicaState.STOPPING, ReplicaState.STOPPED) or (
-            shard.state in (ShardState.FAILED, ShardState.STOPPED)
-            and running.state not in (ShardState.FAILED, ShardState.STOPPED)
+        if replica.state in ReplicaState.ENDING or (
+            shard.state in ShardState.FINAL and running.state not in ShardState.FINAL
         ):
             _stop_reported(node_id, shard.id, f"replica {replica.id} is {replica.state}")
             return None
@@ -235,7 +253,6 @@ def _adopt_reported_shard(node_id: str, running: messages.RunningShard) -> str |
 def _rebuild_replica(node_id: str, running: messages.RunningShard, replica_id: uuid.UUID) -> str:
     """A replica the database lost (or never had), as one node reports it."""
     from catalog.models import Profile
-    from fleet.models import Replica, ReplicaState
 
     spec = running.spec
     profile = Profile.objects.filter(model__name=spec.model, name=spec.profile).first()
@@ -303,19 +320,17 @@ def forget_unreported_shards(node_id: str, message: messages.Register) -> list[s
     was ever answered. A pending shard of a live replica may still be on its way in the
     node's queue, and its startup timeout covers it.
     """
-    from fleet.models import ReplicaState
-
     reported = {running.spec.shard_id for running in message.shards}
     mine = Shard.objects.filter(node_id=node_id).exclude(id__in=reported)
     settled = []
-    stopping = mine.filter(
-        replica__state__in=[ReplicaState.STOPPING, ReplicaState.STOPPED]
-    ).exclude(state__in=[ShardState.FAILED, ShardState.STOPPED])
+    stopping = mine.filter(replica__state__in=ReplicaState.ENDING).exclude(
+        state__in=ShardState.FINAL
+    )
     for shard_id in stopping.values_list("id", flat=True):
         reason = f"node {node_id} registered without it: it is not running there"
         if transition(Shard, shard_id, ShardState.STOPPED, reason, reason=reason, progress=None):
             settled.append(shard_id)
-    gone = mine.filter(state__in=[ShardState.FETCHING, ShardState.STARTING, ShardState.READY])
+    gone = mine.filter(state__in=ShardState.LIVE).exclude(state=ShardState.PENDING)
     for shard_id, replica_id in gone.values_list("id", "replica_id"):
         reason = f"node {node_id} registered without it (its agent or engine restarted)"
         if transition(Shard, shard_id, ShardState.FAILED, reason, reason=reason, progress=None):
@@ -326,10 +341,8 @@ def forget_unreported_shards(node_id: str, message: messages.Register) -> list[s
 
 def refresh_replica_state(replica_id) -> str | None:
     """Derive a replica's state from its shards: ready when every rank is, failed when one is."""
-    from fleet.models import Replica, ReplicaState
-
     replica = Replica.objects.filter(id=replica_id).first()
-    if replica is None or replica.state in (ReplicaState.STOPPING, ReplicaState.STOPPED):
+    if replica is None or replica.state in ReplicaState.ENDING:
         return None
     states = list(replica.shards.values_list("state", flat=True))
     if not states:

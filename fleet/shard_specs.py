@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from django.conf import settings
 
 from fleet.models import Node, Replica, Shard, ShardState
+from placement import FabricSnapshot
 from protocol.shard import FabricAssignment, ShardSpec
-
-LIVE = (ShardState.PENDING, ShardState.FETCHING, ShardState.STARTING, ShardState.READY)
 
 
 def allocate_port(node_id: str) -> int:
     """The lowest engine port (stepping by 2: a multi-node rank 0 uses port+1 to rendezvous)
     that no live shard on the node holds."""
-    taken = set(
-        Shard.objects.filter(node_id=node_id, state__in=LIVE).values_list("port", flat=True)
-    )
+    live = Shard.objects.filter(node_id=node_id, state__in=ShardState.LIVE)
+    taken = set(live.values_list("port", flat=True))
     port = settings.ENGINE_PORT_BASE
     while port in taken or port + 1 in taken:
         port += 2
@@ -30,19 +26,12 @@ def shard_spec(
     node: Node,
     world_size: int,
     rendezvous: str,
-    nccl_env: Mapping[str, str],
+    fabric: FabricSnapshot | None,
     epoch: int,
 ) -> ShardSpec:
+    """Build the spec of one rank; ``fabric`` is the rank's side of it, as placement chose."""
     profile = replica.profile
     assert profile is not None
-    fabric = None
-    if world_size > 1:
-        adapters = [a.lstrip("=") for a in nccl_env.get("NCCL_IB_HCA", "").split(",") if a]
-        fabric = FabricAssignment(
-            name=_fabric_name(node, adapters),
-            adapters=adapters,
-            socket_ifname=nccl_env.get("NCCL_SOCKET_IFNAME", "").lstrip("="),
-        )
     return ShardSpec(
         shard_id=shard.id,
         replica_id=str(replica.id),
@@ -61,7 +50,7 @@ def shard_spec(
         host=node.address or "127.0.0.1",
         port=shard.port,
         rendezvous=rendezvous,
-        fabric=fabric,
+        fabric=_assignment(fabric) if world_size > 1 else None,
         context=profile.context,
         launch_mode=profile.launch_mode,
         args=list(profile.args),
@@ -72,8 +61,10 @@ def shard_spec(
     )
 
 
-def _fabric_name(node: Node, adapters: list[str]) -> str:
-    for fabric in (node.inventory or {}).get("fabrics", []):
-        if set(adapters) & set(fabric.get("adapters", [])):
-            return fabric["name"]
-    return ""
+def _assignment(fabric: FabricSnapshot | None) -> FabricAssignment | None:
+    """The fabric as the agent is told it: exactly the adapters this rank's node may use."""
+    if fabric is None:
+        return None
+    return FabricAssignment(
+        name=fabric.name, adapters=list(fabric.adapters), socket_ifname=fabric.socket_ifname
+    )

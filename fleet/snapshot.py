@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime, timedelta
+from collections.abc import Mapping
+from datetime import datetime
 
 from catalog.models import Profile
 from fleet.models import Node, Shard, ShardState
@@ -15,11 +16,7 @@ from placement import (
     NodeSnapshot,
     PlacementRequest,
 )
-
-# Usage older than this is not trusted for free memory; the inventory's totals are.
-FRESH_USAGE = timedelta(seconds=60)
-HOLDING_STATES = (ShardState.PENDING, ShardState.FETCHING, ShardState.STARTING, ShardState.READY)
-LOADING_STATES = (ShardState.PENDING, ShardState.FETCHING, ShardState.STARTING)
+from protocol.inventory import Fabric, FabricAdapter
 
 
 def node_snapshots(now: datetime) -> list[NodeSnapshot]:
@@ -27,10 +24,10 @@ def node_snapshots(now: datetime) -> list[NodeSnapshot]:
     held_gpus: dict[str, set[int]] = defaultdict(set)
     loading_memory: dict[str, int] = defaultdict(int)
     for node_id, gpus, state, memory in Shard.objects.filter(
-        state__in=HOLDING_STATES, node__isnull=False
+        state__in=ShardState.LIVE, node__isnull=False
     ).values_list("node_id", "gpus", "state", "replica__profile__memory"):
         held_gpus[node_id].update(gpus or [])
-        if state in LOADING_STATES:
+        if state in ShardState.LOADING:
             # An engine still loading has not taken its memory yet; count it as taken.
             loading_memory[node_id] += memory or 0
     return [
@@ -40,22 +37,22 @@ def node_snapshots(now: datetime) -> list[NodeSnapshot]:
 
 
 def snapshot_of(node: Node, held: set[int], loading_memory: int, now: datetime) -> NodeSnapshot:
-    inventory = node.inventory or {}
-    usage = node.usage if node.usage_at and now - node.usage_at < FRESH_USAGE else {}
-    used_by_gpu = {int(k): v for k, v in (usage.get("gpu_memory_used") or {}).items()}
+    """One node as placement sees it; usage that is not fresh gives way to the inventory."""
+    facts, usage = node.inventory_facts(), node.usage_at(now)
+    used_by_gpu = usage.gpu_memory_used if usage else {}
     gpus = tuple(
         GpuSnapshot(
-            index=gpu["index"],
-            memory_total=gpu["memory_total"],
-            memory_free=gpu["memory_total"] - used_by_gpu.get(gpu["index"], gpu["memory_used"]),
-            nvlink_peers=frozenset(gpu.get("nvlink_peers", [])),
-            uuid=gpu.get("uuid", ""),
+            index=gpu.index,
+            memory_free=gpu.memory_total - used_by_gpu.get(gpu.index, gpu.memory_used),
+            nvlink_peers=frozenset(gpu.nvlink_peers),
         )
-        for gpu in inventory.get("gpus", [])
-        if gpu["index"] not in held
+        for gpu in (facts.gpus if facts else [])
+        if gpu.index not in held
     )
-    ram_free = usage.get("memory_available", inventory.get("memory_total", 0)) - loading_memory
-    filesystems = usage.get("filesystems") or inventory.get("filesystems") or []
+    memory_total = facts.memory_total if facts else 0
+    ram_free = (usage.memory_available if usage else memory_total) - loading_memory
+    filesystems = (usage.filesystems if usage else []) or (facts.filesystems if facts else [])
+    adapters = {adapter.name: adapter for adapter in facts.adapters} if facts else {}
     engines = node.engines
     return NodeSnapshot(
         id=node.id,
@@ -75,19 +72,29 @@ def snapshot_of(node: Node, held: set[int], loading_memory: int, now: datetime) 
         },
         gpus=gpus,
         ram_free=max(0, ram_free),
-        disk_free=filesystems[0].get("free", 0) if filesystems else 0,
+        disk_free=filesystems[0].free if filesystems else 0,
         fabrics=tuple(
-            FabricSnapshot(
-                name=fabric["name"],
-                active=True,
-                rate_gbps=fabric.get("rate_gbps") or 0.0,
-                adapters=tuple(fabric["adapters"]),
-                socket_ifname=fabric.get("socket_ifname", ""),
-            )
-            for fabric in inventory.get("fabrics", [])
+            fabric_snapshot(fabric, adapters) for fabric in (facts.fabrics if facts else [])
         ),
         weights=frozenset(w["source"] for w in node.weights or [] if "source" in w),
-        cpu_cores=inventory.get("cpu", {}).get("cores", 0),
+    )
+
+
+def fabric_snapshot(fabric: Fabric, reported: Mapping[str, FabricAdapter]) -> FabricSnapshot:
+    """One fabric as its node has it: the adapters with an ACTIVE port, and those without.
+
+    An adapter the node did not describe (an agent older than adapter discovery) is taken
+    as the fabric lists it, since agents advertise only adapters with an ACTIVE port.
+    """
+    inactive = tuple(
+        name for name in fabric.adapters if name in reported and not reported[name].active_ports()
+    )
+    return FabricSnapshot(
+        name=fabric.name,
+        rate_gbps=fabric.rate_gbps or 0.0,
+        adapters=tuple(name for name in fabric.adapters if name not in inactive),
+        socket_ifname=fabric.socket_ifname,
+        inactive_adapters=inactive,
     )
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from django.db import models, transaction
 from django.utils import timezone
 
-from fleet import notify
-from fleet.models import Event, Node, NodeState, Replica, ReplicaState, Shard, ShardState
-from fleet.routing_table import publish_routing_change
+from audit import notices
+from audit.events import record_event
+from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardState
 
 NODE_TRANSITIONS: dict[str, frozenset[str]] = {
     NodeState.CONNECTED: frozenset({NodeState.UNREACHABLE, NodeState.LOST}),
@@ -78,12 +78,13 @@ def check_transition(model: type[models.Model], source: str, target: str) -> Non
 
 
 def transition(
-    model: type[models.Model], pk: object, target: str, why: str, **fields: object
+    model: type[models.Model], pk: object, target: str, why: str, *, actor=None, **fields: object
 ) -> str | None:
     """Move row ``pk`` to ``target`` if its current state allows it; return the old state.
 
-    ``why`` becomes the event's reason. Returns None when the row is gone or its
-    state does not allow the move (someone else won the race, or it is not an edge).
+    ``why`` becomes the event's reason, ``actor`` its operator (None: llmgw itself).
+    Returns None when the row is gone or its state does not allow the move (someone else
+    won the race, or it is not an edge).
     Extra ``fields`` are written in the same UPDATE, so they change only if the
     transition happens.
     """
@@ -106,32 +107,9 @@ def transition(
         )
         if not updated:
             return None
-        Event.objects.create(
-            kind=kind, subject=str(pk), from_state=current, to_state=target, reason=why
-        )
+        # Open pages re-render what this touches, once the change is visible to them.
+        record_event(kind, str(pk), why, from_state=current, to_state=target, actor=actor)
         if model is Replica and ReplicaState.READY in (current, target):
             # Routers reload within a second instead of at their next periodic refresh.
-            transaction.on_commit(publish_routing_change)
-        # Open pages re-render what this touches, once the change is visible to them.
-        notify.fleet_changed_on_commit(kind, str(pk))
+            notices.routers_reload_on_commit()
     return current
-
-
-def record_event(
-    kind: str, subject: str, reason: str, from_state: str = "", to_state: str = ""
-) -> Event:
-    """Record a decision that is not a state change (a placement refusal, a catalog apply)."""
-    event = Event.objects.create(
-        kind=kind, subject=subject, from_state=from_state, to_state=to_state, reason=reason
-    )
-    notify.fleet_changed_on_commit(kind, subject)
-    return event
-
-
-def record_news(kind: str, subject: str, reason: str) -> Event | None:
-    """Record ``reason`` unless it is already the last thing said about ``subject``, so a
-    condition that every pass finds again is said once, not every two seconds."""
-    last = Event.objects.filter(subject=subject).order_by("-at", "-id").first()
-    if last is not None and last.reason == reason:
-        return None
-    return record_event(kind, subject, reason)

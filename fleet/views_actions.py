@@ -23,17 +23,14 @@ from django.shortcuts import redirect
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
+from catalog.actions import scale_profile
 from catalog.models import Profile
 from catalog.permissions import is_operator
-from fleet import actions, services
+from fleet.actions.nodes import drain_node, undrain_node
+from fleet.actions.replicas import restart_replica
 from fleet.models import Node, Replica
 
 NOT_AN_OPERATOR = "Changing this needs the operator role; ask an admin to add you to 'operators'.\n"
-
-
-def _verb(name: str) -> Callable:
-    """fleet.services' verb when it has one, else the one in fleet.actions."""
-    return getattr(services, name, None) or getattr(actions, name)
 
 
 def operator_action(view: Callable) -> Callable:
@@ -65,7 +62,7 @@ def _done(request: HttpRequest, message: str) -> HttpResponse:
 def drain(request: HttpRequest, node_id: str) -> HttpResponse:
     if not Node.objects.filter(id=node_id).exists():
         raise Http404(f"no node named {node_id!r}")
-    changed = _verb("drain_node")(node_id, by=request.user)
+    changed = drain_node(node_id, actor=request.user)
     return _done(request, f"{node_id} is draining" if changed else f"{node_id} was draining")
 
 
@@ -73,7 +70,7 @@ def drain(request: HttpRequest, node_id: str) -> HttpResponse:
 def undrain(request: HttpRequest, node_id: str) -> HttpResponse:
     if not Node.objects.filter(id=node_id).exists():
         raise Http404(f"no node named {node_id!r}")
-    changed = _verb("undrain_node")(node_id, by=request.user)
+    changed = undrain_node(node_id, actor=request.user)
     message = f"{node_id} is back in service" if changed else f"{node_id} was not draining"
     return _done(request, message)
 
@@ -83,7 +80,7 @@ def restart(request: HttpRequest, replica_id) -> HttpResponse:
     replica = Replica.objects.filter(id=replica_id).first()
     if replica is None:
         raise Http404(f"no replica {replica_id}")
-    changed = _verb("restart_replica")(replica.id, by=request.user)
+    changed = restart_replica(replica.id, actor=request.user)
     short = str(replica.id)[:8]
     message = (
         f"replica {short} of {replica.model_name} will be replaced"
@@ -106,5 +103,5 @@ def scale(request: HttpRequest, profile_id: int) -> HttpResponse:
         return HttpResponseBadRequest(
             "replicas must be a whole number from 0 to 1000\n", content_type="text/plain"
         )
-    _verb("scale_profile")(profile.id, replicas, by=request.user)
+    scale_profile(profile.id, replicas, actor=request.user)
     return _done(request, f"{profile.model.name}/{profile.name} wants {replicas} replica(s)")

@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "template_partials",
     "channels",
     "llmgw_cli",
+    "audit",
     "catalog",
     "fleet",
     "router",

@@ -5,7 +5,6 @@ so a decision can be reproduced from its snapshot and tested as a table.
 """
 
 from placement.decision import Decision, RankPlacement
-from placement.fabric import nccl_env
 from placement.filters import FILTERS, Refusal, refusals_for
 from placement.nvlink import GpuGroup, choose_gpus
 from placement.scheduler import place, place_batch
@@ -38,7 +37,6 @@ __all__ = [
     "RankPlacement",
     "Refusal",
     "choose_gpus",
-    "nccl_env",
     "place",
     "place_batch",
     "refusals_for",

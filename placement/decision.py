@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from placement.snapshot import PlacementRequest
+from placement.snapshot import FabricSnapshot, PlacementRequest
 
 _SINGULAR_VERBS = {"lack": "lacks", "are": "is", "have": "has"}
 
 
 @dataclass(frozen=True)
 class RankPlacement:
-    """One rank of a replica: its node, its GPU indices there, and NCCL's settings."""
+    """One rank of a replica: its node, its GPU indices there, and its side of the fabric."""
 
     rank: int
     node: str
     gpus: tuple[int, ...]
-    nccl_env: Mapping[str, str] = field(default_factory=dict)  # empty for one node
+    # The chosen fabric as this rank's node has it (its own adapters); None for one node.
+    fabric: FabricSnapshot | None = None
 
 
 @dataclass(frozen=True)

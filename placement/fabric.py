@@ -1,9 +1,10 @@
-"""Fabrics for a replica that spans nodes: one fabric for all ranks, and NCCL told which.
+"""Fabrics for a replica that spans nodes: one fabric for all ranks, each with its adapters.
 
 Fabrics are not connected to one another, so every rank must sit on the same
 one, with an adapter on it that carries traffic. An adapter that is declared
 but absent, or present with no ACTIVE port, makes the replica start, pass its
-health checks and hang on its first all-reduce.
+health checks and hang on its first all-reduce. Each rank is given its own
+node's side of the fabric; the agent tells NCCL exactly those adapters.
 """
 
 from __future__ import annotations
@@ -17,19 +18,6 @@ from placement.snapshot import FabricSnapshot, NodeSnapshot
 def usable_fabrics(node: NodeSnapshot) -> dict[str, FabricSnapshot]:
     """Return the node's fabrics that can carry a collective, by name."""
     return {fabric.name: fabric for fabric in node.fabrics if fabric.usable}
-
-
-def nccl_env(fabric: FabricSnapshot) -> dict[str, str]:
-    """Write the NCCL settings for one node's side of a fabric.
-
-    NCCL matches these names as prefixes unless the list starts with "=", and
-    "mlx5_1" as a prefix also takes mlx5_10 to mlx5_19, which may sit on another
-    fabric. So the lists are exact, and name only adapters with an ACTIVE port.
-    """
-    env = {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "=" + ",".join(fabric.adapters)}
-    if fabric.socket_ifname:
-        env["NCCL_SOCKET_IFNAME"] = "=" + fabric.socket_ifname
-    return env
 
 
 def fabric_shortfall(ranks: int, eligible: Mapping[str, int]) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from placement.decision import Decision, RankPlacement
-from placement.fabric import fabric_shortfall, nccl_env, usable_fabrics
+from placement.fabric import fabric_shortfall, usable_fabrics
 from placement.filters import FILTERS, disk_free, holds_or_fetches, refusals_for
 from placement.scores import Candidate, Fit, fit_node, score
 from placement.snapshot import NodeSnapshot, PlacementRequest
@@ -174,10 +174,7 @@ class _Fleet:
         queue.put_back(others)
         ranks = tuple(
             RankPlacement(
-                rank,
-                member.node,
-                member.gpus,
-                nccl_env(usable_fabrics(self.nodes[member.node])[fabric]),
+                rank, member.node, member.gpus, usable_fabrics(self.nodes[member.node])[fabric]
             )
             for rank, member in enumerate(members)
         )

@@ -1,7 +1,7 @@
 """Scores: how much better one node that passed every filter is than another.
 
-Each scorer gives a number in [0, 1], recorded in the decision. They are
-compared in order, not summed, so each can be read as a rule:
+Each scorer, registered by name in SCORERS, gives a number in [0, 1], recorded
+in the decision. They are compared in order, not summed, so each reads as a rule:
 
 1. nvlink  — a tensor-parallel group joined by NVLink; a straddling group runs
              several times slower for as long as the replica lives.
@@ -16,24 +16,23 @@ Ties go to the lowest node id, so the same snapshot always gives the same answer
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from placement.nvlink import choose_gpus
 from placement.snapshot import NodeSnapshot, PlacementRequest
 
-SCORERS = ("nvlink", "weights", "gpus", "ram")
-
 _GIB = 1 << 30
 
 
 class Fit(NamedTuple):
-    """What a node offers one rank whatever the weights: the GPUs, and the scores of that."""
+    """What a node offers one rank whatever the weights: its GPUs, and how NVLink joins them."""
 
     gpus: tuple[int, ...]
     nvlink: float
-    gpus_left: float
-    ram_left: float
+
+
+Scorer = Callable[[NodeSnapshot, PlacementRequest, Fit], float]
 
 
 class Candidate(NamedTuple):
@@ -45,29 +44,48 @@ class Candidate(NamedTuple):
     order: tuple[float | str, ...]  # sort key: the best candidate sorts first
 
 
-def holds_weights(node: NodeSnapshot, request: PlacementRequest) -> float:
+def nvlink_joined(node: NodeSnapshot, request: PlacementRequest, fitted: Fit) -> float:
+    """Score how well NVLink joins the GPUs chosen for the rank (1 when all are linked)."""
+    return fitted.nvlink
+
+
+def holds_weights(node: NodeSnapshot, request: PlacementRequest, fitted: Fit) -> float:
     """Score 1 for a node that holds the weights (not merely fetching them), else 0."""
     return 1.0 if request.weights_key and request.weights_key in node.weights else 0.0
 
 
-def fit(left: float, request: PlacementRequest) -> float:
-    """Score what is left after placing: pack likes little left, spread likes much."""
+def gpus_left(node: NodeSnapshot, request: PlacementRequest, fitted: Fit) -> float:
+    """Score the free GPUs the rank leaves behind, as the strategy likes them."""
+    return _left(len(node.gpus) - request.gpus_per_rank, request)
+
+
+def ram_left(node: NodeSnapshot, request: PlacementRequest, fitted: Fit) -> float:
+    """Score the host RAM (in GiB) the rank leaves behind, as the strategy likes it."""
+    return _left((node.ram_free - request.memory) / _GIB, request)
+
+
+def _left(left: float, request: PlacementRequest) -> float:
+    """Pack likes little left after placing, spread likes much."""
     packed = 1.0 / (1.0 + max(left, 0.0))
     return packed if request.strategy == "pack" else 1.0 - packed
 
 
+# Compared in this order: a later scorer only breaks the ties of the earlier ones.
+SCORERS: tuple[tuple[str, Scorer], ...] = (
+    ("nvlink", nvlink_joined),
+    ("weights", holds_weights),
+    ("gpus", gpus_left),
+    ("ram", ram_left),
+)
+
+
 def fit_node(node: NodeSnapshot, request: PlacementRequest) -> Fit | None:
-    """Choose the node's GPUs for one rank and score the fit; None if the GPUs do not fit."""
+    """Choose the node's GPUs for one rank; None if the GPUs do not fit."""
     fitting = [gpu for gpu in node.gpus if gpu.memory_free >= request.gpu_memory]
     group = choose_gpus(fitting, request.gpus_per_rank)
     if group is None:
         return None
-    return Fit(
-        group.indices,
-        group.score,
-        fit(len(node.gpus) - request.gpus_per_rank, request),
-        fit((node.ram_free - request.memory) / _GIB, request),
-    )
+    return Fit(group.indices, group.score)
 
 
 def score(
@@ -77,12 +95,6 @@ def score(
     fitted = fitted or fit_node(node, request)
     if fitted is None:
         return None
-    weights = holds_weights(node, request)
-    scores = {
-        "nvlink": fitted.nvlink,
-        "weights": weights,
-        "gpus": fitted.gpus_left,
-        "ram": fitted.ram_left,
-    }
-    order = (-fitted.nvlink, -weights, -fitted.gpus_left, -fitted.ram_left, node.id)
+    scores = {name: scorer(node, request, fitted) for name, scorer in SCORERS}
+    order: tuple[float | str, ...] = (*(-value for value in scores.values()), node.id)
     return Candidate(node.id, fitted.gpus, scores, order)

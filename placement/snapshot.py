@@ -23,25 +23,22 @@ class GpuSnapshot:
     """One GPU that no shard holds, with the NVLink peers NVML reported for it."""
 
     index: int
-    memory_total: int
     memory_free: int
     # Indices of GPUs on the same node this one has an NVLink to. Empty on every
     # GPU of a node means the topology is unknown (or there is none), not "unlinked".
     nvlink_peers: frozenset[int] = frozenset()
-    uuid: str = ""
 
 
 @dataclass(frozen=True)
 class FabricSnapshot:
     """A fabric as one node sees it: the adapters it really has on it, and their state.
 
-    `adapters` are the adapters discovery found on the node with an ACTIVE port;
-    `inactive_adapters` were declared or found but carry no data (a port in INIT
-    looks healthy to anything counting adapters and hangs the first all-reduce).
+    `adapters` are the adapters the node reports on it with an ACTIVE port;
+    `inactive_adapters` are on it but carry no data (a port in INIT looks healthy
+    to anything counting adapters and hangs the first all-reduce).
     """
 
     name: str
-    active: bool
     rate_gbps: float
     adapters: tuple[str, ...]
     socket_ifname: str = ""
@@ -50,7 +47,7 @@ class FabricSnapshot:
     @property
     def usable(self) -> bool:
         """Say whether a collective can run over this fabric from this node."""
-        return self.active and bool(self.adapters)
+        return bool(self.adapters)
 
 
 @dataclass(frozen=True)
@@ -74,7 +71,6 @@ class NodeSnapshot:
     # Weight keys a shard is fetching onto the node now: their disk is already
     # claimed, but they are not held yet, so they earn no preference.
     weights_fetching: frozenset[str] = frozenset()
-    cpu_cores: int = 0
 
 
 @dataclass(frozen=True)

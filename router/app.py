@@ -3,48 +3,48 @@
 A plain ASGI callable rather than a framework: every request passes through here, and
 the budget is well under a millisecond of added latency. The order of checks is fixed
 so clients get the most useful error first: 401 (key), 413 (size), 400 (JSON, model),
-404 (unknown model), 403 (key not allowed the model), 503 (nothing ready).
+404 (unknown model), 403 (key not allowed the model), 503 (nothing ready). A request
+that passes them becomes a ``Call`` (call.py), which the proxy (proxy.py) forwards.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
-from typing import Any
 
 from router import errors
 from router.accounting import Accounting
-from router.auth import Caller, KeyCache
+from router.auth import KeyCache
 from router.balancer import Balancer
+from router.call import CLIENT_CLOSED, Call, read_body, resolve
 from router.config import RouterConfig
 from router.errors import RouterError
 from router.health_probe import SavedTableProbe
 from router.inflight import report_inflight
 from router.metrics import RouterMetrics
-from router.relay import WATCH_AFTER_SECONDS, Exchange, relay, rewrite_body, start_watching
+from router.proxy import Proxy
+from router.relay import rewrite_body
 from router.responses import header, model_entry, send_error, send_json
-from router.sources import DatabaseSource, Refresher, Snapshot, StaticSource
-from router.table import ModelRoute, RoutingTable
-from router.upstream import HOP_REQUEST_HEADERS, Upstream, UpstreamUnreachable
-from router.usage import Tokens
+from router.sources import DatabaseSource, Loaded, Refresher, StaticSource
+from router.table import RoutingTable
+from router.upstream import HOP_REQUEST_HEADERS, Upstream
 
 logger = logging.getLogger(__name__)
 
 INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 STREAMING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-# One try and at most two retries, each on another replica.
-MAX_ATTEMPTS = 3
-# Status reported for a client that hung up before its answer was whole (nginx's 499).
-CLIENT_CLOSED = 499
 
 
 class Router:
     """The router process's state: table, keys, balancer, metrics, upstream pool."""
 
-    def __init__(self, config: RouterConfig, source: StaticSource | DatabaseSource) -> None:
+    def __init__(
+        self, config: RouterConfig, source: StaticSource | DatabaseSource,
+        upstream: Upstream | None = None,
+    ) -> None:  # fmt: skip
+        """``upstream`` is the outbound client; bench/ passes another one to compare."""
         self.config = config
         self.source = source
         self.table = RoutingTable()
@@ -56,14 +56,14 @@ class Router:
         )
         self.metrics = RouterMetrics()
         self.accounting = Accounting()
-        client = Upstream
-        if config.client == "aiohttp":
-            from router.aiohttp_upstream import AiohttpUpstream as client  # type: ignore[assignment]
-        self.upstream = client(
+        self.upstream = upstream or Upstream(
             connect_timeout=config.connect_timeout,
             read_timeout=config.read_timeout,
             connections=config.upstream_connections,
         )
+        # Router-only mode keeps no accounting table; /metrics still counts tokens.
+        accounting = self.accounting if source.mode == "database" else None
+        self.proxy = Proxy(self.balancer, self.upstream, self.metrics, accounting)
         self.refresher = Refresher(source, self.install, config.refresh_seconds)
         self.probe = SavedTableProbe(
             self.upstream, self._use, config.probe_seconds, config.probe_timeout
@@ -76,15 +76,15 @@ class Router:
 
     # -- life cycle -------------------------------------------------------------------
 
-    def install(self, snapshot: Snapshot) -> None:
+    def install(self, loaded: Loaded) -> None:
         """Swap in a freshly loaded table and key set."""
-        table_data, keys = snapshot
+        snapshot, keys = loaded
         if self._probing is not None:  # the database answers: its table replaces the saved one
             self._probing.cancel()
             self._probing = None
             logger.warning("the database answers again; serving its routing table")
         self.keys.replace(keys)
-        self._use(RoutingTable.from_snapshot(table_data, source=self.source.mode))
+        self._use(RoutingTable.from_snapshot(snapshot, source=self.source.mode))
 
     def _use(self, table: RoutingTable) -> None:
         self.table = table
@@ -219,21 +219,22 @@ class Router:
                     forward.append((name, value))
             self._require_table()
             caller = self.keys.authenticate(authorization)
-            body = await self._read_body(receive, content_length)
+            body = await read_body(receive, content_length, self.config.max_body)
             if body is None:
                 code = CLIENT_CLOSED
                 return
-            route, payload = self._resolve(body, caller)
+            route, payload = resolve(self.table, body, caller)
             model_label = route.name
             if not route.endpoints:
                 message, retry_after = route.unavailable()
                 raise errors.unavailable(message, retry_after)
             stream = payload.get("stream") is True and path in STREAMING_PATHS
             body, drop_usage_only = rewrite_body(body, payload, route, stream)
-            code = await self._proxy(
-                receive, send, path, route, body, forward, caller, session, drop_usage_only,
-                started,
+            call = Call(
+                receive=receive, send=send, path=path, route=route, body=body, headers=forward,
+                caller=caller, session=session, drop_usage_only=drop_usage_only, started=started,
             )  # fmt: skip
+            code = await self.proxy.forward(call)
         except RouterError as exc:
             code = exc.status
             await send_error(send, exc)
@@ -250,174 +251,6 @@ class Router:
                 5,
                 "routing_table_unavailable",
             )
-
-    async def _read_body(self, receive, content_length: bytes | None) -> bytes | None:
-        limit = self.config.max_body
-        if content_length is not None:
-            try:
-                declared = int(content_length)
-            except ValueError:
-                raise errors.malformed(
-                    "Content-Length is not a number.", "invalid_content_length"
-                ) from None
-            if declared > limit:
-                raise errors.too_large(limit)
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            part = message.get("body", b"")
-            size += len(part)
-            if size > limit:
-                raise errors.too_large(limit)
-            parts.append(part)
-            if not message.get("more_body"):
-                return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def _resolve(self, body: bytes, caller: Caller) -> tuple[ModelRoute, dict[str, Any]]:
-        try:
-            payload = json.loads(body)
-        except ValueError as exc:
-            raise errors.malformed(f"The body is not valid JSON: {exc}.", "invalid_json") from None
-        if not isinstance(payload, dict):
-            raise errors.malformed("The body must be a JSON object.", "invalid_json")
-        model = payload.get("model")
-        table = self.table
-        if not isinstance(model, str) or not model:
-            raise errors.malformed(
-                "The body has no `model`; known models: "
-                + (", ".join(table.known_names()) or "none yet")
-                + ".",
-                "missing_model",
-            )
-        route = table.by_name.get(model)
-        if route is None:
-            raise errors.unknown_model(model, self._visible(table, caller))
-        if not caller.may_use(route.names):
-            raise errors.model_not_allowed(model, caller.name, sorted(caller.models))
-        return route, payload
-
-    @staticmethod
-    def _visible(table: RoutingTable, caller: Caller) -> list[str]:
-        return [name for name, r in sorted(table.routes.items()) if caller.may_use(r.names)]
-
-    async def _proxy(
-        self, receive, send, path: str, route: ModelRoute, body: bytes,
-        forward: list[tuple[bytes, bytes]], caller: Caller, session: str | None,
-        drop_usage_only: bool, started: float,
-    ) -> int:  # fmt: skip
-        """Relay with retries; a client that hangs up cancels the engine's request."""
-        exchange = Exchange()
-        task = asyncio.current_task()
-        assert task is not None
-        # Most answers take milliseconds; a watcher task for each would cost more than the
-        # rest of the router's work. Watch only requests still running after a moment.
-        timer = asyncio.get_running_loop().call_later(
-            WATCH_AFTER_SECONDS, start_watching, receive, task, exchange
-        )
-        try:
-            return await self._attempts(
-                send, path, route, body, forward, caller, session, drop_usage_only, started,
-                exchange,
-            )  # fmt: skip
-        except asyncio.CancelledError:
-            if not exchange.client_gone:
-                raise
-            # Our own cancellation, delivered at the await where the relay was waiting;
-            # leaving _attempts closed the engine's connection, which stops generation.
-            task.uncancel()
-            return CLIENT_CLOSED
-        except OSError:
-            # The ASGI server refused a send: the client is gone (engine errors are
-            # caught where they happen and never reach here as OSError).
-            return CLIENT_CLOSED
-        finally:
-            timer.cancel()
-            if exchange.watcher is not None:
-                exchange.watcher.cancel()
-
-    async def _attempts(
-        self, send, path: str, route: ModelRoute, body: bytes,
-        forward: list[tuple[bytes, bytes]], caller: Caller, session: str | None,
-        drop_usage_only: bool, started: float, exchange: Exchange,
-    ) -> int:  # fmt: skip
-        model = route.name
-        replicas = route.replica_ids()
-        tried: list[str] = []
-        replica = self.balancer.pick(replicas, session=session)
-        last_problem = ""
-        for attempt in range(MAX_ATTEMPTS):
-            if replica is None:
-                break
-            endpoint = route.endpoint(replica)
-            headers = forward
-            if endpoint.authorization:
-                headers = [*forward, (b"authorization", endpoint.authorization)]
-            trial = self.balancer.started(replica)
-            ok: bool | None = None
-            try:
-                try:
-                    response = await self.upstream.post(endpoint.url, path, body, headers)
-                except UpstreamUnreachable as exc:
-                    ok = False
-                    self.metrics.upstream_error(model, replica, exc.kind)
-                    last_problem = str(exc)
-                    tried.append(replica)
-                    replica = self._next(replicas, session, tried, exc.kind)
-                    continue
-                try:
-                    if response.status >= 500:
-                        ok = False
-                        self.metrics.upstream_error(model, replica, f"http_{response.status}")
-                        tried.append(replica)
-                        following = None
-                        if attempt + 1 < MAX_ATTEMPTS:
-                            following = self._next(replicas, session, tried, "http")
-                        if following is not None:
-                            replica = following
-                            continue
-                    try:
-                        ok, tokens = await relay(
-                            send,
-                            self.metrics,
-                            response,
-                            model,
-                            replica,
-                            started,
-                            drop_usage_only,
-                            exchange,
-                        )
-                    except RouterError:
-                        ok = False
-                        raise
-                    if response.status >= 500:
-                        ok = False
-                    self._account(caller, model, tokens)
-                    return response.status
-                finally:
-                    response.close()  # returns nothing half-read to the pool
-            finally:
-                self.balancer.finished(endpoint.replica, ok=ok, trial=trial)
-        raise errors.bad_gateway(
-            f"No replica of {model} answered ({len(tried)} tried): {last_problem}."
-        )
-
-    def _next(self, replicas: list[str], session: str | None, tried: list[str], kind: str):
-        replica = self.balancer.pick(replicas, session=session, exclude=tried)
-        if replica is None and kind == "disconnected" and tried.count(tried[-1]) == 1:
-            # The engine closed a kept-alive connection as the request went out: the
-            # request never reached it, so the same replica may take it once more.
-            return tried[-1]
-        return replica
-
-    def _account(self, caller: Caller, model: str, tokens: Tokens | None) -> None:
-        prompt = tokens.prompt if tokens else 0
-        completion = tokens.completion if tokens else 0
-        self.metrics.tokens(model, prompt, completion)
-        if self.source.mode == "database":
-            self.accounting.record(caller.prefix, caller.name, model, prompt, completion)
 
     # -- everything else ------------------------------------------------------------------
 

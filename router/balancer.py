@@ -1,4 +1,4 @@
-"""Which replica takes the next request: least outstanding requests, sessions, breakers.
+"""Which endpoint takes the next request: least outstanding requests, sessions, breakers.
 
 Pure: no I/O, an injected clock and random source, so every rule is tested directly.
 
@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
+from router.table import Endpoint
+
 
 @dataclass
 class ReplicaHealth:
@@ -38,7 +40,7 @@ class ReplicaHealth:
 
 
 class Balancer:
-    """Picks replicas and keeps their load and health; one per router process."""
+    """Picks endpoints and keeps their replicas' load and health; one per router process."""
 
     def __init__(
         self,
@@ -73,17 +75,17 @@ class Balancer:
 
     def pick(
         self,
-        replicas: Sequence[str],
+        endpoints: Sequence[Endpoint],
         *,
         session: str | None = None,
-        exclude: Collection[str] = (),
-    ) -> str | None:
-        """The replica for the next request, or None when ``exclude`` leaves none."""
-        candidates = [r for r in replicas if r not in exclude] if exclude else list(replicas)
+        exclude: Collection[Endpoint] = (),
+    ) -> Endpoint | None:
+        """The endpoint for the next request, or None when ``exclude`` leaves none."""
+        candidates = [e for e in endpoints if e not in exclude] if exclude else list(endpoints)
         if not candidates:
             return None
         now = self.clock()
-        admitted = [r for r in candidates if self.admits(r, now)]
+        admitted = [e for e in candidates if self.admits(e.replica, now)]
         if admitted:
             candidates = admitted
         if len(candidates) == 1:
@@ -96,18 +98,18 @@ class Balancer:
         health = self.health.get(replica)
         return 0 if health is None else health.inflight
 
-    def _least_outstanding(self, candidates: list[str]) -> str:
-        lowest = min(self._load(r) for r in candidates)
-        tied = [r for r in candidates if self._load(r) == lowest]
+    def _least_outstanding(self, candidates: list[Endpoint]) -> Endpoint:
+        lowest = min(self._load(e.replica) for e in candidates)
+        tied = [e for e in candidates if self._load(e.replica) == lowest]
         return tied[0] if len(tied) == 1 else self.rng.choice(tied)
 
-    def _by_session(self, candidates: list[str], session: str) -> str:
-        ranked = sorted(candidates, key=lambda r: _rendezvous(session, r), reverse=True)
-        total = sum(self._load(r) for r in candidates) + 1
+    def _by_session(self, candidates: list[Endpoint], session: str) -> Endpoint:
+        ranked = sorted(candidates, key=lambda e: _rendezvous(session, e.replica), reverse=True)
+        total = sum(self._load(e.replica) for e in candidates) + 1
         capacity = math.ceil(self.load_factor * total / len(candidates))
-        for replica in ranked:
-            if self._load(replica) + 1 <= capacity:
-                return replica
+        for endpoint in ranked:
+            if self._load(endpoint.replica) + 1 <= capacity:
+                return endpoint
         return ranked[0]  # unreachable: some replica is at or below the mean
 
     def started(self, replica: str) -> bool:

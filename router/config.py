@@ -28,8 +28,6 @@ class RouterConfig:
     affinity_load_factor: float = 1.25
     # Connections kept to engines; past this, requests wait for one to free up.
     upstream_connections: int = 1024
-    # The outbound HTTP client: "lean" (upstream.py) or "aiohttp" (kept to measure against).
-    client: str = "lean"
     # When set, /metrics asks for `Authorization: Bearer <token>` (same knob as the control plane).
     metrics_token: str = ""
     # The last table loaded from the database, served when a router starts while the
@@ -60,7 +58,6 @@ class RouterConfig:
                 "LLMGW_ROUTER_UPSTREAM_CONNECTIONS", cls.upstream_connections
             ),
             metrics_token=env_str("LLMGW_METRICS_TOKEN"),
-            client=env_str("LLMGW_ROUTER_CLIENT", cls.client),
             table_file=env_str(
                 "LLMGW_ROUTER_TABLE_FILE", str(llmgw_home() / "router" / "routing-table.json")
             ),

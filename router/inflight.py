@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any, Protocol
 
-from fleet.routing_table import INFLIGHT_KEY_PREFIX, INFLIGHT_REPORT_SECONDS, INFLIGHT_REPORT_TTL
+from protocol.routing import INFLIGHT_KEY_PREFIX, INFLIGHT_REPORT_SECONDS, INFLIGHT_REPORT_TTL
 from router.balancer import Balancer
 from router.table import RoutingTable
 

@@ -13,10 +13,10 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from router import errors
+from router.call import Call, Exchange, Receive
 from router.metrics import RouterMetrics
 from router.table import ModelRoute
 from router.upstream import Response, UpstreamBroken
@@ -29,21 +29,14 @@ STREAM_HEADERS = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")
 WATCH_AFTER_SECONDS = 0.05
 
 
-@dataclass
-class Exchange:
-    """One request's relay, as the disconnect watcher sees it."""
-
-    finishing: bool = False  # the last body message is going out; a disconnect is moot
-    client_gone: bool = False
-    watcher: asyncio.Task | None = None
-
-
-def start_watching(receive, task: asyncio.Task, exchange: Exchange) -> None:
+def start_watching(call: Call, task: asyncio.Task) -> None:
+    """Cancel ``task`` if the client leaves before the answer's last message goes out."""
+    exchange = call.exchange
     if not exchange.finishing:
-        exchange.watcher = asyncio.ensure_future(_watch_disconnect(receive, task, exchange))
+        exchange.watcher = asyncio.ensure_future(_watch_disconnect(call.receive, task, exchange))
 
 
-async def _watch_disconnect(receive, task: asyncio.Task, exchange: Exchange) -> None:
+async def _watch_disconnect(receive: Receive, task: asyncio.Task, exchange: Exchange) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -81,14 +74,12 @@ def rewrite_body(
 
 
 async def relay(
-    send, metrics: RouterMetrics, response: Response, model: str, replica: str,
-    started: float, drop_usage_only: bool, exchange: Exchange,
-) -> tuple[bool, Tokens | None]:  # fmt: skip
+    call: Call, response: Response, replica: str, metrics: RouterMetrics
+) -> tuple[bool, Tokens | None]:
     """Pass the engine's answer on; return whether it came whole, and its usage."""
     if response.is_event_stream:
-        return await _relay_stream(
-            send, metrics, response, model, replica, started, drop_usage_only, exchange
-        )
+        return await _relay_stream(call, response, replica, metrics)
+    model = call.model
     try:
         data = await response.read()
     except UpstreamBroken as exc:
@@ -96,17 +87,18 @@ async def relay(
         raise errors.bad_gateway(f"An engine of {model} broke off its answer: {exc}.") from None
     headers = response.headers_for_client()
     headers.append((b"content-length", str(len(data)).encode()))
-    exchange.finishing = True
+    call.exchange.finishing = True
+    send = call.send
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
-    metrics.first_byte(model, time.perf_counter() - started)
+    metrics.first_byte(model, time.perf_counter() - call.started)
     return True, usage_of_body(data) if response.status < 400 else None
 
 
 async def _relay_stream(
-    send, metrics: RouterMetrics, response: Response, model: str, replica: str,
-    started: float, drop_usage_only: bool, exchange: Exchange,
-) -> tuple[bool, Tokens | None]:  # fmt: skip
+    call: Call, response: Response, replica: str, metrics: RouterMetrics
+) -> tuple[bool, Tokens | None]:
+    model, send, drop_usage_only = call.model, call.send, call.drop_usage_only
     headers = response.headers_for_client() + STREAM_HEADERS
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     scanner = EventScanner(drop_usage_only=drop_usage_only)
@@ -122,7 +114,7 @@ async def _relay_stream(
                 continue
             await send({"type": "http.response.body", "body": out, "more_body": True})
             if first:
-                metrics.first_byte(model, time.perf_counter() - started)
+                metrics.first_byte(model, time.perf_counter() - call.started)
                 first = False
         tail = scanner.flush() if drop_usage_only else b""
     except UpstreamBroken as exc:
@@ -138,6 +130,6 @@ async def _relay_stream(
             # Part of an event went out as it came: end it, or the error joins its data.
             tail = b"\n\n" + tail
         whole = False
-    exchange.finishing = True
+    call.exchange.finishing = True
     await send({"type": "http.response.body", "body": tail, "more_body": False})
     return whole, scanner.tokens

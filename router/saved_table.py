@@ -1,10 +1,10 @@
 """The router's last good routing table on disk, to start from when the database is down.
 
-After each load from the database the table and keys are written here, but only when
-they differ from what the file holds: whole or not at all (a private temporary file,
-fsync, rename over the old one). A load that changes nothing only sets the file's
-modification time, without an fsync, so the file still says when the database last
-vouched for it: that is where a saved table's age runs from.
+After each load from the database the table (the snapshot model's JSON) and keys are
+written here, but only when they differ from what the file holds: whole or not at all (a
+private temporary file, fsync, rename over the old one). A load that changes nothing only
+sets the file's modification time, without an fsync, so the file still says when the
+database last vouched for it: that is where a saved table's age runs from.
 
 The file holds the engines' secrets (and the keys' SHA-256 hashes): it is mode 0600,
 in a directory created 0700. A file that cannot be used (cut short, another version,
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from protocol.routing import RoutingSnapshot
 from router.auth import KeyCache
-from router.table import RoutingTable
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ FORMAT_VERSION = 1
 class SavedTable:
     """A routing snapshot and key list as the database gave them, and when."""
 
-    table: dict[str, Any]
+    table: RoutingSnapshot
     keys: list[dict[str, Any]] | None
     loaded_at: float  # the last load from the database that found this content
     saved_at: float  # when this content was written
@@ -50,11 +50,11 @@ class TableFile:
         self._written: str | None = None  # digest of the content the file holds
         self._last_problem = ""
 
-    def save(self, table: dict[str, Any], keys: list[dict[str, Any]] | None,
+    def save(self, table: RoutingSnapshot, keys: list[dict[str, Any]] | None,
              loaded_at: float) -> bool:  # fmt: skip
         """Keep this load; return whether the file was (re)written. Never raises OSError:
         a disk problem must not stop the router from serving what it just loaded."""
-        content = {"table": table, "keys": keys}
+        content = {"table": table.model_dump(mode="json"), "keys": keys}
         digest = _digest(content)
         try:
             if self._written is None:
@@ -101,12 +101,11 @@ class TableFile:
             return self._unusable(f"version {version}, this router reads {FORMAT_VERSION}")
         try:
             saved = SavedTable(
-                table=document["table"], keys=document["keys"],
+                table=RoutingSnapshot.model_validate(document["table"]), keys=document["keys"],
                 loaded_at=max(float(document["loaded_at"]), confirmed_at),
                 saved_at=float(document["saved_at"]),
             )  # fmt: skip
-            # What the router will build from it, so a bad entry fails here, not later.
-            RoutingTable.from_snapshot(saved.table)
+            # What the router will build from the keys, so a bad one fails here, not later.
             KeyCache().replace(saved.keys)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             return self._unusable(f"not a saved routing table ({type(exc).__name__}: {exc})")

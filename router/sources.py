@@ -24,14 +24,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from fleet.routing_table import ROUTING_CHANNEL
+from protocol.routing import ROUTING_CHANNEL, RoutingSnapshot
 from router.accounting import Usage
 from router.saved_table import TableFile
 from router.table import load_static
 
 logger = logging.getLogger(__name__)
 
-Snapshot = tuple[dict[str, Any], list[dict[str, Any]] | None]
+# A load's result: the table, and the keys (None when authentication is off).
+Loaded = tuple[RoutingSnapshot, list[dict[str, Any]] | None]
 
 # After a failed reload or a lost Redis connection, try again this soon.
 RETRY_SECONDS = 1.0
@@ -45,7 +46,7 @@ class StaticSource:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    async def load(self) -> Snapshot:
+    async def load(self) -> Loaded:
         return load_static(self.path)
 
     async def write_usage(self, rows: list[Usage]) -> None:
@@ -80,7 +81,7 @@ class DatabaseSource:
         self.redis_url = settings.REDIS_URL
         self._django_ready = True
 
-    def _load(self) -> Snapshot:
+    def _load(self) -> Loaded:
         self._setup()
         from django.db import close_old_connections
 
@@ -93,7 +94,7 @@ class DatabaseSource:
             self.table_file.save(table, keys, loaded_at=time.time())
         return table, keys
 
-    async def load(self) -> Snapshot:
+    async def load(self) -> Loaded:
         return await self._run(self._load)
 
     def _write(self, rows: list[Usage]) -> None:
@@ -121,7 +122,7 @@ class Refresher:
     """Reload on every notification, and every ``interval`` seconds whatever happens."""
 
     def __init__(
-        self, source: StaticSource | DatabaseSource, install: Callable[[Snapshot], None],
+        self, source: StaticSource | DatabaseSource, install: Callable[[Loaded], None],
         interval: float,
     ) -> None:  # fmt: skip
         self.source = source

@@ -1,7 +1,8 @@
 """The routing table: for each model, its ready endpoints and why others are not ready.
 
-Built from plain data, either ``fleet.routing_table.routing_snapshot()`` (the database)
-or a static YAML file (``LLMGW_ROUTER_STATIC``, router-only mode). A table is immutable:
+Built from a ``protocol.routing.RoutingSnapshot``, which the database gives
+(``fleet.routing_table.routing_snapshot()``) or a static YAML file is read into
+(``LLMGW_ROUTER_STATIC``, router-only mode). A table is immutable:
 a reload builds a new one and swaps it in with one assignment, so a request in flight
 never sees half a table.
 """
@@ -15,6 +16,8 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from protocol.routing import ReplicaEndpoint, RoutableModel, RoutingSnapshot
 
 # Retry-After (seconds) by why no replica is ready: a starting engine is seconds away,
 # placement runs every few seconds, and nothing changes soon when nothing is wanted.
@@ -52,9 +55,6 @@ class ModelRoute:
 
     def replica_ids(self) -> list[str]:
         return [endpoint.replica for endpoint in self.endpoints]
-
-    def endpoint(self, replica: str) -> Endpoint:
-        return next(e for e in self.endpoints if e.replica == replica)
 
     def unavailable(self) -> tuple[str, int]:
         """Why no replica can take a request, in words, and when to try again."""
@@ -102,27 +102,27 @@ class RoutingTable:
 
     @classmethod
     def from_snapshot(
-        cls, snapshot: dict[str, Any], *, loaded_at: float | None = None,
+        cls, snapshot: RoutingSnapshot, *, loaded_at: float | None = None,
         source: str = "database",
     ) -> RoutingTable:  # fmt: skip
         """Build a table; ``loaded_at`` is now unless the snapshot was loaded earlier."""
         routes: dict[str, ModelRoute] = {}
-        for entry in snapshot.get("models", []):
+        for entry in snapshot.models:
             endpoints = tuple(
                 Endpoint(
-                    replica=str(e["replica"]),
-                    url=str(e["url"]).rstrip("/"),
-                    authorization=f"Bearer {e['secret']}".encode() if e.get("secret") else b"",
+                    replica=e.replica,
+                    url=e.url.rstrip("/"),
+                    authorization=f"Bearer {e.secret}".encode() if e.secret else b"",
                 )
-                for e in entry.get("endpoints", [])
+                for e in entry.endpoints
             )
-            routes[entry["name"]] = ModelRoute(
-                name=entry["name"],
-                aliases=tuple(entry.get("aliases", [])),
+            routes[entry.name] = ModelRoute(
+                name=entry.name,
+                aliases=tuple(entry.aliases),
                 endpoints=endpoints,
-                wanted=int(entry.get("wanted", len(endpoints))),
-                states=dict(entry.get("states", {"ready": len(endpoints)})),
-                reasons=tuple(entry.get("reasons", [])),
+                wanted=entry.wanted,
+                states=dict(entry.states),
+                reasons=tuple(entry.reasons),
             )
         return cls(
             routes=routes, by_name=_by_name(routes),
@@ -199,7 +199,7 @@ class StaticFileError(Exception):
     """A static routing file that cannot be used, naming the file, the entry and the field."""
 
 
-def load_static(path: str) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+def load_static(path: str) -> tuple[RoutingSnapshot, list[dict[str, Any]] | None]:
     """Read a static routing file: the table snapshot, and the keys (None: no auth).
 
     The format::
@@ -238,21 +238,21 @@ def load_static(path: str) -> tuple[dict[str, Any], list[dict[str, Any]] | None]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise StaticFileError(f"{path}: models: {', '.join(duplicates)} listed twice")
-    snapshot = {
-        "models": [
-            {
-                "name": m.name,
-                "aliases": m.aliases,
-                "wanted": len(m.endpoints),
-                "endpoints": [
-                    {"replica": e.url, "url": e.url, "secret": e.secret} for e in m.endpoints
+    snapshot = RoutingSnapshot(
+        models=[
+            RoutableModel(
+                name=m.name,
+                aliases=m.aliases,
+                wanted=len(m.endpoints),
+                # A static endpoint has no replica id: its URL stands for one.
+                endpoints=[
+                    ReplicaEndpoint(replica=e.url, url=e.url, secret=e.secret) for e in m.endpoints
                 ],
-                "states": {"ready": len(m.endpoints)},
-                "reasons": [],
-            }
+                states={"ready": len(m.endpoints)},
+            )
             for m in parsed.models
         ]
-    }
+    )
     keys = None
     if parsed.auth:
         keys = [

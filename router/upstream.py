@@ -4,9 +4,9 @@ A small client on asyncio's transports and httptools' C parser rather than a gen
 library: the router does one thing (POST a body, relay the answer) and its throughput
 is bounded by CPU per request. On this project's 2-core machine it costs about half of
 aiohttp's CPU per request, which bench/router_overhead.py shows as throughput
-(``--routers uvicorn+lean,uvicorn+aiohttp``; aiohttp_upstream.py is the one measured
-against, ``LLMGW_ROUTER_CLIENT=aiohttp`` selects it). httpx was not a candidate: GPUStack
-measured its proxy at a third of direct throughput with httpx.
+(``--routers uvicorn+lean,uvicorn+aiohttp``; bench/aiohttp_upstream.py is the one
+measured against). httpx was not a candidate: GPUStack measured its proxy at a third of
+direct throughput with httpx.
 
 What it does, and nothing more: keep-alive pools per engine address; a connect
 timeout; a read timeout on silence, not on total time (a long generation is not a

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.authtoken.models import Token
 
+from audit.models import Event
 from catalog.models import Model
 from tests.factories import make_model, make_node, make_profile
 
@@ -65,6 +66,26 @@ def test_an_operator_creates_a_model_and_profile(api_client, operator):
     assert response.status_code == 201, response.json()
     assert response.json()["memory"] == 1024**3
     assert len(response.json()["fingerprint"]) == 16
+
+
+def test_every_api_write_is_an_event_naming_the_operator_and_tells_routers(
+    api_client, operator, django_capture_on_commit_callbacks
+):
+    api_client.force_authenticate(operator)
+    with django_capture_on_commit_callbacks() as callbacks:
+        created = api_client.post(
+            "/api/v1/models/", {"name": "gemma", "source": "/m/a.gguf"}, format="json"
+        )
+        model_id = created.json()["id"]
+        api_client.patch(f"/api/v1/models/{model_id}/", {"aliases": ["g"]}, format="json")
+        api_client.delete(f"/api/v1/models/{model_id}/")
+    events = list(Event.objects.filter(subject="model/gemma").order_by("id"))
+    assert [e.reason for e in events] == [
+        "created model gemma", "updated model gemma: aliases", "deleted model gemma",
+    ]  # fmt: skip
+    assert {e.actor for e in events} == {operator}
+    # Each write also sends its page and router notices once it commits.
+    assert len(callbacks) == 6
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,10 @@ import textwrap
 import pytest
 import yaml
 
+from catalog.actions import apply_catalog, delete_entry
 from catalog.models import Engine, Model, Pool, Profile
+from catalog.plan import export_catalog
 from catalog.schema import CatalogError
-from catalog.services import apply_catalog, delete_entry, export_catalog
 
 pytestmark = pytest.mark.django_db
 

@@ -7,9 +7,10 @@ import json
 import pytest
 import yaml
 
+from catalog.actions import apply_catalog
 from catalog.models import Model, Profile
+from catalog.plan import export_catalog
 from catalog.schema import CatalogError, parse_catalog
-from catalog.services import apply_catalog, export_catalog
 
 pytestmark = pytest.mark.django_db
 

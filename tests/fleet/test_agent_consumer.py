@@ -117,14 +117,14 @@ async def test_heartbeats_are_written_in_a_batch():
     assert await batcher.flush() == 1
     node = await sync_to_async(Node.objects.get)(id="node01")
     assert node.usage["cpu_percent"] == 50
-    assert node.usage_at is not None
+    assert node.usage_reported_at is not None
     await ws.disconnect()
 
 
 async def test_a_fake_agent_reporting_shards_rebuilds_its_replicas():
     import uuid
 
-    from catalog.services import apply_catalog
+    from catalog.actions import apply_catalog
     from fleet.models import Replica
     from protocol.shard import ShardSpec
 

@@ -8,10 +8,9 @@ from collections import Counter
 import pytest
 from django.db import connections
 
-from catalog.services import apply_catalog
-from fleet.models import Replica, Shard
+from catalog.actions import apply_catalog
+from fleet.models import Replica, ReplicaState, Shard
 from fleet.reconciler import reconcile
-from fleet.selectors import LIVE_REPLICA_STATES
 from tests.fleet.test_reconciler import catalog, connect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,9 +46,9 @@ def test_fifty_concurrent_passes_hold_every_gpu_at_most_once(node_ids):
 
     held = Counter(
         (shard.node_id, gpu)
-        for shard in Shard.objects.filter(replica__state__in=LIVE_REPLICA_STATES)
+        for shard in Shard.objects.filter(replica__state__in=ReplicaState.LIVE)
         for gpu in shard.gpus
     )
     assert held and max(held.values()) == 1, held
     assert len(held) == 8  # every GPU of the two nodes is in use
-    assert Replica.objects.filter(state__in=LIVE_REPLICA_STATES).count() == 12  # no duplicates
+    assert Replica.objects.filter(state__in=ReplicaState.LIVE).count() == 12  # no duplicates

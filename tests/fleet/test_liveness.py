@@ -6,8 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from audit.models import Event
 from fleet.liveness import check_liveness
-from fleet.models import Event, Node, NodeState
+from fleet.models import Node, NodeState
 from tests.factories import make_node
 
 pytestmark = pytest.mark.django_db

@@ -51,8 +51,8 @@ def inventory_json(node_id: str, gpus: list[Gpu]) -> dict:
 def gpu_node(node_id: str = "gpu01", **fields):
     """A node with two NVLinked GPUs and a third without links, heard from 5 s ago."""
     fields.setdefault("usage", usage())
-    fields.setdefault("usage_at", NOW - timedelta(seconds=5))
-    fields.setdefault("last_heartbeat", fields["usage_at"])
+    fields.setdefault("usage_reported_at", NOW - timedelta(seconds=5))
+    fields.setdefault("last_heartbeat", fields["usage_reported_at"])
     gpus = [gpu(0, [1]), gpu(1, [0]), gpu(2)]
     return make_node(node_id, inventory=inventory_json(node_id, gpus), **fields)
 
@@ -82,7 +82,7 @@ def test_every_gauge_carries_the_latest_heartbeat_exactly(client, at_now):
     node = make_node(
         "gpu01",
         inventory=inventory_json("gpu01", [gpu(0, [1, 2]), gpu(1, [0])]),
-        usage_at=NOW - timedelta(seconds=5),
+        usage_reported_at=NOW - timedelta(seconds=5),
         last_heartbeat=NOW - timedelta(seconds=5),
     )
     replica = make_replica()
@@ -121,7 +121,7 @@ def test_every_gauge_carries_the_latest_heartbeat_exactly(client, at_now):
 
 
 def test_the_scrape_reads_the_latest_batched_heartbeat(client, at_now):
-    gpu_node("gpu01", usage={}, usage_at=None, last_heartbeat=None)
+    gpu_node("gpu01", usage={}, usage_reported_at=None, last_heartbeat=None)
     write_heartbeats({"gpu01": (NOW - timedelta(seconds=7), usage(cpu_percent=10.0))})
     write_heartbeats({"gpu01": (NOW - timedelta(seconds=2), usage(cpu_percent=80.0))})
     assert of(scrape(client), "llmgw_node_cpu_utilization_percent") == {(("node", "gpu01"),): 80.0}
@@ -168,7 +168,7 @@ USAGE_GAUGES = [
     ],
 )
 def test_a_measurement_older_than_a_minute_is_left_out(client, at_now, age, exported):
-    node = gpu_node("gpu01", usage_at=NOW - age, last_heartbeat=NOW - age)
+    node = gpu_node("gpu01", usage_reported_at=NOW - age, last_heartbeat=NOW - age)
     node.usage = usage(shards={"s1": ShardUsage(cpu_cores=1.0, rss=GiB)})
     node.save(update_fields=["usage"])
     samples = scrape(client)
@@ -181,7 +181,7 @@ def test_a_measurement_older_than_a_minute_is_left_out(client, at_now, age, expo
 
 def test_time_passing_retires_a_measurement(client):
     with time_machine.travel(NOW, tick=False) as clock:
-        gpu_node("gpu01", usage_at=NOW)
+        gpu_node("gpu01", usage_reported_at=NOW)
         assert of(scrape(client), "llmgw_node_cpu_utilization_percent")
         clock.shift(timedelta(seconds=61))
         assert not of(scrape(client), "llmgw_node_cpu_utilization_percent")

@@ -9,8 +9,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from catalog.services import apply_catalog
-from fleet.models import Event, Node, Replica, Shard, replica_secret
+from audit.models import Event
+from catalog.actions import apply_catalog
+from fleet.models import Node, Replica, Shard, replica_secret
 from fleet.node_auth import node_token
 from fleet.reconciler import reconcile, replacement_delay
 from fleet.services import (

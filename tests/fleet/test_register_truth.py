@@ -9,9 +9,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from audit.models import Event
+from catalog.actions import apply_catalog
 from catalog.models import Profile
-from catalog.services import apply_catalog
-from fleet.models import Event, Replica, Shard, replica_secret
+from fleet.models import Replica, Shard, replica_secret
 from fleet.reconciler import reconcile
 from fleet.services import (
     adopt_reported_shards,
@@ -213,8 +214,8 @@ def test_an_invented_replica_is_never_counted_or_routed(
     assert ("agent.stop_shard", [invented.shard_id, 0]) in queued_commands(node_ids[0])
     from fleet.routing_table import routing_snapshot
 
-    [gemma] = [m for m in routing_snapshot()["models"] if m["name"] == "gemma"]
-    assert gemma["endpoints"] == []
+    [gemma] = [m for m in routing_snapshot().models if m.name == "gemma"]
+    assert gemma.endpoints == []
     # The profile still gets a replica of its own.
     run(django_capture_on_commit_callbacks)
     assert Replica.objects.filter(profile=profile).count() == 1

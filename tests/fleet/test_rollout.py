@@ -17,15 +17,16 @@ import yaml
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from audit.models import Event
+from catalog.actions import apply_catalog, pause_rollout, resume_rollout
 from catalog.models import Model, Profile
-from catalog.services import apply_catalog
-from fleet.actions import pause_rollout, resume_rollout
-from fleet.models import Event, Replica, Shard
+from fleet.models import Replica, Shard
 from fleet.reconciler import reconcile
 from fleet.rollout import rollout_status
-from fleet.routing_table import INFLIGHT_KEY_PREFIX, routing_snapshot
+from fleet.routing_table import routing_snapshot
 from fleet.services import record_shard_status, register_node
 from protocol import messages
+from protocol.routing import INFLIGHT_KEY_PREFIX, RoutingSnapshot
 from router.balancer import Balancer
 from router.inflight import inflight_report
 from router.table import RoutingTable
@@ -129,8 +130,8 @@ def stale(*states: str) -> list[Replica]:
 
 def serving() -> set[str]:
     """The replicas routers would send requests to, from the table they load."""
-    [model] = routing_snapshot()["models"]
-    return {endpoint["replica"] for endpoint in model["endpoints"]}
+    [model] = routing_snapshot().models
+    return {endpoint.replica for endpoint in model.endpoints}
 
 
 def serving_old_replicas(fleet, gpus=3, replicas=2, **rollout) -> Fleet:
@@ -265,7 +266,7 @@ def test_a_paused_rollout_stays_put_until_resumed(fleet, operator):
     apply_catalog(catalog(replicas=1))
     f.run()
     f.start_all()
-    assert pause_rollout("gemma", by=operator)
+    assert pause_rollout("gemma", actor=operator)
     assert not pause_rollout("gemma")  # already paused
     apply_catalog(catalog(replicas=1, args=("--threads", "2")))
     assert Model.objects.get(name="gemma").rollout_paused  # apply does not unpause
@@ -274,9 +275,10 @@ def test_a_paused_rollout_stays_put_until_resumed(fleet, operator):
     assert not fresh() and len(stale("ready")) == 1
     [status] = rollout_status("gemma")
     assert status["paused"] and status["stale"] == 1
-    assert Event.objects.filter(subject="gemma", reason="rollout paused by olga").exists()
+    event = Event.objects.get(subject="gemma", reason="rollout paused")
+    assert event.actor == operator and event.description == "rollout paused by olga"
 
-    assert resume_rollout("gemma", by=operator)
+    assert resume_rollout("gemma", actor=operator)
     f.run()
     assert len(fresh()) == 1
 
@@ -336,12 +338,12 @@ def test_rollout_ctl_status_pause_resume_and_unknown_model(fleet):
 
 
 def test_a_router_reports_what_it_routes_and_carries():
-    table = RoutingTable.from_snapshot(
+    table = RoutingTable.from_snapshot(RoutingSnapshot.model_validate(
         {"models": [{"name": "gemma", "endpoints": [
             {"replica": "r1", "url": "http://10.0.0.1:20000", "secret": ""},
             {"replica": "r2", "url": "http://10.0.0.1:20001", "secret": ""},
         ]}]}
-    )  # fmt: skip
+    ))  # fmt: skip
     balancer = Balancer()
     balancer.started("r1")
     balancer.started("r1")

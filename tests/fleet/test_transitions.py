@@ -7,7 +7,8 @@ import threading
 import pytest
 from django.db import connection
 
-from fleet.models import Event, Node, NodeState, Replica, ReplicaState, Shard, ShardState
+from audit.models import Event
+from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardState
 from fleet.transitions import (
     NODE_TRANSITIONS,
     REPLICA_TRANSITIONS,

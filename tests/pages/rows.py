@@ -48,7 +48,7 @@ def heartbeating_node(node_id: str = "node01", **fields) -> Node:
         node_id,
         inventory=inv,
         usage=usage(),
-        usage_at=now,
+        usage_reported_at=now,
         last_heartbeat=now,
         registered_at=now,
         agent_version="0.1.0",

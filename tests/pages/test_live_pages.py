@@ -16,8 +16,8 @@ import pytest
 from django.db import connections
 from playwright.sync_api import expect
 
+from catalog.actions import apply_catalog
 from catalog.models import Profile
-from catalog.services import apply_catalog
 from fleet import commands
 from fleet.liveness import check_liveness
 from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardState

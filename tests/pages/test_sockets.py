@@ -6,7 +6,7 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from fleet import notify
+from audit import notices
 from fleet.models import Node, NodeState
 from fleet.transitions import transition
 from tests.pages.asgi_client import application, session_cookie
@@ -113,12 +113,18 @@ async def test_heartbeats_push_the_node_page_but_not_other_nodes_pages(reader):
     await make_fleet()
     session = await session_cookie(reader)
     communicator, _first = await connected("/ws/pages/nodes/node01/", session)
-    await database_sync_to_async(notify.usage_changed)(["node02"])
+    await database_sync_to_async(notices.usage_changed)(["node02"])
     assert await communicator.receive_nothing(timeout=1.5)
     await database_sync_to_async(Node.objects.filter(id="node01").update)(
-        usage={"cpu_percent": 77.0, "memory_total": 10, "memory_used": 5, "load": [1, 1, 1]}
+        usage={
+            "cpu_percent": 77.0,
+            "memory_total": 10,
+            "memory_used": 5,
+            "memory_available": 5,
+            "load": [1, 1, 1],
+        }
     )
-    await database_sync_to_async(notify.usage_changed)(["node01"])
+    await database_sync_to_async(notices.usage_changed)(["node01"])
     pushed = await receive_until(communicator, "77%")
     assert '<section id="node-summary">' in pushed
     await communicator.disconnect()

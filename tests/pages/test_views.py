@@ -7,9 +7,10 @@ import json
 import pytest
 from django.test import Client
 
+from audit.models import Event
 from catalog.models import Profile
 from fleet import commands
-from fleet.models import Event, Node, Replica, ReplicaState
+from fleet.models import Node, Replica, ReplicaState
 from tests.pages.rows import heartbeating_node, stale_replica_on
 
 pytestmark = pytest.mark.django_db
@@ -110,7 +111,7 @@ def test_an_operator_drains_a_node_and_returns_it(fleet, operator):
     assert response.status_code == 204
     assert json.loads(response["HX-Trigger"]) == {"llmgw-done": "node01 is draining"}
     assert Node.objects.get(id="node01").draining
-    assert Event.objects.filter(subject="node01", reason="drained by olga").exists()
+    assert Event.objects.filter(subject="node01", reason="drained", actor=operator).exists()
     response = client.post("/nodes/node01/undrain/", headers={"Referer": "/nodes/node01/"})
     assert response.status_code == 302 and response["Location"] == "/nodes/node01/"
     assert not Node.objects.get(id="node01").draining
@@ -124,7 +125,8 @@ def test_an_operator_restarts_a_stale_replica(fleet, operator):
     assert response.status_code == 204
     assert Replica.objects.get(id=fleet["stale"].id).state == ReplicaState.STOPPING
     event = Event.objects.get(subject=str(fleet["stale"].id), to_state="stopping")
-    assert event.reason == "restart requested by olga"
+    assert event.reason == "restart requested" and event.actor == operator
+    assert event.description == "restart requested by olga"
 
 
 def test_an_operator_scales_a_profile(fleet, operator):
@@ -132,7 +134,8 @@ def test_an_operator_scales_a_profile(fleet, operator):
     url = f"/profiles/{fleet['profile'].id}/scale/"
     assert client.post(url, {"replicas": "3"}, headers={"HX-Request": "true"}).status_code == 204
     assert Profile.objects.get(id=fleet["profile"].id).replicas == 3
-    assert Event.objects.get(subject="gemma/cpu").reason == "scaled from 2 to 3 replicas by olga"
+    event = Event.objects.get(subject="gemma/cpu")
+    assert event.reason == "scaled from 2 to 3 replicas" and event.actor_name == "olga"
     response = client.post(url, {"replicas": "-1"})
     assert response.status_code == 400
     assert "whole number" in response.content.decode()

@@ -18,7 +18,7 @@ def gpus(
     """Free 80 GiB GPUs numbered from `start`; `links` gives each index its NVLink peers."""
     links = links or {}
     return tuple(
-        GpuSnapshot(index, 80 * GIB, free, frozenset(links.get(index, ())))
+        GpuSnapshot(index, free, frozenset(links.get(index, ())))
         for index in range(start, start + count)
     )
 
@@ -32,12 +32,11 @@ def fabric(
     name: str = "ib-a",
     adapters: tuple[str, ...] = ("mlx5_0",),
     *,
-    active: bool = True,
     rate: float = 400.0,
     ifname: str = "ib0",
     inactive: tuple[str, ...] = (),
 ) -> FabricSnapshot:
-    return FabricSnapshot(name, active, rate, adapters, ifname, inactive_adapters=inactive)
+    return FabricSnapshot(name, rate, adapters, ifname, inactive_adapters=inactive)
 
 
 def node(node_id: str = "node01", **changes: Any) -> NodeSnapshot:

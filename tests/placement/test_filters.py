@@ -99,12 +99,12 @@ REFUSALS: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         ],
     ),
     (
-        "multi-node-fabric-down",
-        {"fabrics": (fabric("ib-a", ("mlx5_0",), active=False),)},
+        "multi-node-fabric-without-adapter",
+        {"fabrics": (fabric("ib-a", ()),)},
         {"ranks": 2},
         [
             "needs 2 nodes on one fabric; ib-a has 0 eligible nodes",
-            "node01: no active fabric for a 2-node replica (ib-a: not active)",
+            "node01: no active fabric for a 2-node replica (ib-a: no adapter on this node)",
         ],
     ),
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from placement import FabricSnapshot, nccl_env, place
+from placement import place
 from tests.placement.builders import GIB, fabric, gpus, node, request
 
 CHAT = frozenset({"hf://org/chat"})
@@ -23,25 +23,23 @@ def test_ranks_go_to_different_nodes_on_one_fabric() -> None:
         (0, "node01", tuple(range(8))),
         (1, "node02", tuple(range(8))),
     ]
-    assert decision.ranks[0].nccl_env == {
-        "NCCL_IB_DISABLE": "0",
-        "NCCL_IB_HCA": "=mlx5_0,mlx5_1",
-        "NCCL_SOCKET_IFNAME": "=ib0",
-    }
+    assert [rank.fabric for rank in decision.ranks] == [ib_a, ib_a]
     assert decision.summary == (
         "2/2 nodes available; placed 2 ranks on fabric ib-a: node01 (GPUs 0-7), node02 (GPUs 0-7)"
     )
 
 
-def test_each_rank_names_only_the_adapters_its_own_node_has() -> None:
+def test_each_rank_carries_its_own_nodes_side_of_the_fabric() -> None:
+    node02_side = fabric("ib-a", ("mlx5_2",), inactive=("mlx5_3",), ifname="")
     nodes = [
         node("node01", fabrics=(fabric("ib-a", ("mlx5_0", "mlx5_1")),)),
-        node("node02", fabrics=(fabric("ib-a", ("mlx5_2",), inactive=("mlx5_3",), ifname=""),)),
+        node("node02", fabrics=(node02_side, fabric("ib-b", ("mlx5_4",)))),
     ]
 
     decision = place(request(**TP8X2), nodes)
 
-    assert decision.ranks[1].nccl_env == {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "=mlx5_2"}
+    assert decision.ranks[1].fabric == node02_side
+    assert decision.ranks[1].fabric.adapters == ("mlx5_2",)
 
 
 def test_rank_zero_is_the_best_node() -> None:
@@ -131,25 +129,4 @@ def test_a_single_node_replica_needs_no_fabric() -> None:
 
     assert decision.placed
     assert decision.fabric == ""
-    assert decision.ranks[0].nccl_env == {}
-
-
-NCCL = [
-    (
-        "active-adapters-exactly",
-        FabricSnapshot("ib-a", True, 400.0, ("mlx5_0", "mlx5_1"), "ib0", ("mlx5_2",)),
-        {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "=mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME": "=ib0"},
-    ),
-    (
-        "no-socket-interface-known",
-        FabricSnapshot("ib-a", True, 400.0, ("mlx5_1:1",)),
-        {"NCCL_IB_DISABLE": "0", "NCCL_IB_HCA": "=mlx5_1:1"},
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("fabric_snapshot", "env"), [case[1:] for case in NCCL], ids=[case[0] for case in NCCL]
-)
-def test_nccl_env(fabric_snapshot: FabricSnapshot, env: dict[str, str]) -> None:
-    assert nccl_env(fabric_snapshot) == env
+    assert decision.ranks[0].fabric is None

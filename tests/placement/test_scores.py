@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from placement import SCORERS, choose_gpus, place
-from placement.scores import score
+from placement.scores import fit_node, score
 from tests.placement.builders import GIB, gpus, node, paired, request
 
 CHAT = frozenset({"hf://org/chat"})
@@ -77,7 +77,7 @@ def test_identical_nodes_tie_to_the_lowest_id_and_runners_up_are_recorded() -> N
 
     assert decision.ranks[0].node == "node01"
     assert sorted(decision.scores) == ["node01", "node02", "node03"]
-    assert set(decision.scores["node01"]) == set(SCORERS)
+    assert set(decision.scores["node01"]) == {name for name, _ in SCORERS}
     assert decision.summary == "4/4 nodes available; placed on node01 (GPU 0)"
 
 
@@ -169,5 +169,18 @@ def test_candidate_order_follows_the_scorers() -> None:
     candidate = score(node(), request())
 
     assert candidate is not None
-    assert candidate.order[:-1] == tuple(-candidate.scores[name] for name in SCORERS)
+    assert candidate.order[:-1] == tuple(-candidate.scores[name] for name, _ in SCORERS)
     assert candidate.order[-1] == "node01"
+
+
+def test_scorers_are_named_functions_compared_in_their_order() -> None:
+    holder, wanted = node(weights=CHAT, gpus=gpus(4, links=paired([0, 1, 2, 3]))), request()
+    fitted = fit_node(holder, wanted)
+    assert fitted is not None
+
+    candidate = score(holder, wanted, fitted)
+
+    assert candidate is not None
+    assert [name for name, _ in SCORERS] == ["nvlink", "weights", "gpus", "ram"]
+    assert candidate.scores == {name: scorer(holder, wanted, fitted) for name, scorer in SCORERS}
+    assert candidate.scores["weights"] == 1.0

@@ -8,8 +8,9 @@ from datetime import timedelta
 
 import pytest
 
+from audit.models import Event
 from fleet.liveness import check_liveness
-from fleet.models import Event, Node
+from fleet.models import Node
 from fleet.node_auth import node_token
 from tests.processes.support import agent, control_plane, free_port, wait_for
 
@@ -33,8 +34,8 @@ def test_agent_registers_heartbeats_goes_silent_and_comes_back(processes, tmp_pa
     assert node.inventory["cpu"]["cores"] >= 1
     assert node.engines is not None  # the agent probed, so a list (maybe empty) is meant
 
-    first = wait_for(lambda: node_row(node_id).usage_at, 30, "a heartbeat to be written")
-    wait_for(lambda: node_row(node_id).usage_at > first, 30, "a second heartbeat")
+    first = wait_for(lambda: node_row(node_id).usage_reported_at, 30, "a heartbeat to be written")
+    wait_for(lambda: node_row(node_id).usage_reported_at > first, 30, "a second heartbeat")
     usage = node_row(node_id).usage
     assert usage["memory_total"] > 0 and 0 <= usage["cpu_percent"] <= 100
 

@@ -13,8 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from catalog.keys import create_key
-from catalog.services import apply_catalog
+from catalog.actions import apply_catalog, create_key
 from fleet import commands
 from fleet.models import Node, Replica, Shard
 from fleet.node_auth import node_token

@@ -6,8 +6,9 @@ import uuid
 
 import pytest
 
+from audit.models import Event
 from fleet import leadership
-from fleet.models import Event, Node
+from fleet.models import Node
 from fleet.node_auth import node_token
 from tests.processes.support import (
     agent,
@@ -62,6 +63,6 @@ def test_one_leader_standby_refuses_links_and_failover_marks_no_node_lost(
              "the standby to take over within the lease time")  # fmt: skip
     wait_for(lambda: f"linked to control plane {new_leader}/agent/" in worker.output(), 60,
              "the agent to relink to the new leader")  # fmt: skip
-    wait_for(lambda: Node.objects.get(id=node_id).usage_at is not None, 30, "heartbeats")
+    wait_for(lambda: Node.objects.get(id=node_id).usage_reported_at is not None, 30, "heartbeats")
     assert Node.objects.get(id=node_id).state == "connected"
     assert not Event.objects.filter(subject=node_id, to_state="lost").exists()

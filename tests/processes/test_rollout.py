@@ -25,8 +25,7 @@ import httpx
 import psutil
 import pytest
 
-from catalog.keys import create_key
-from catalog.services import apply_catalog
+from catalog.actions import apply_catalog, create_key
 from fleet.models import Node, Replica
 from fleet.node_auth import node_token
 from fleet.routing_table import read_inflight_reports

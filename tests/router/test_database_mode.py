@@ -9,13 +9,22 @@ from __future__ import annotations
 import httpx
 import pytest
 from django.conf import settings
+from rest_framework.authtoken.models import Token
 
-from catalog.keys import create_key, revoke_key
+from audit.models import Event
+from catalog.actions import create_key, revoke_key
 from fleet.models import Replica, ReplicaState, ShardState
 from fleet.transitions import transition
 from router.models import Usage
-from tests.factories import make_model, make_node, make_profile, make_replica, make_shard
-from tests.processes.support import child_database_url
+from tests.factories import (
+    make_model,
+    make_node,
+    make_profile,
+    make_replica,
+    make_shard,
+    make_user,
+)
+from tests.processes.support import child_database_url, control_plane, free_port, listening
 from tests.router.harness import wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -116,3 +125,35 @@ def test_usage_is_written_per_key_and_model_in_batches(fleet):
     assert row.key_name == "team"
     assert row.completion_tokens == 3 * row.requests  # the fake engine's 3 chunks each
     assert row.prompt_tokens > 0
+
+
+def test_a_model_created_through_the_rest_api_is_recorded_and_reaches_the_router(fleet, tmp_path):
+    """The API writes through the catalog's verb: an Event naming the operator, and a
+    notice that reaches a running router at once (its periodic refresh is an hour away)."""
+    _engine, _replica, key, router = fleet
+    operator = make_user("olga", operator=True)
+    token = Token.objects.create(user=operator).key
+    port = free_port()
+    (tmp_path / "logs").mkdir()
+    control = control_plane(port, tmp_path / "logs").start()
+    try:
+        wait_until(lambda: listening(port), what="the control plane to listen")
+        assert chat(router, key, "mistral").status_code == 404  # not in the catalog yet
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/api/v1/models/",
+            json={"name": "mistral", "source": "/m/mistral.gguf"},
+            headers={"Authorization": f"Token {token}"},
+            timeout=30,
+        )
+        assert response.status_code == 201, response.text
+        # Known to the router now, with nothing wanted yet: 503, no longer 404.
+        wait_until(
+            lambda: chat(router, key, "mistral").status_code == 503,
+            timeout=2.0,
+            what="the router to learn of the new model",
+        )
+    finally:
+        control.stop()
+    event = Event.objects.get(subject="model/mistral")
+    assert event.kind == "catalog" and event.reason == "created model mistral"
+    assert event.actor == operator and event.description == "created model mistral by olga"

@@ -9,20 +9,25 @@ import stat
 
 import pytest
 
+from protocol.routing import RoutingSnapshot
 from router.saved_table import FORMAT_VERSION, TableFile
 
-TABLE = {
-    "models": [
-        {
-            "name": "gemma",
-            "aliases": ["g"],
-            "wanted": 1,
-            "endpoints": [{"replica": "r1", "url": "http://127.0.0.1:9001", "secret": "s3cret"}],
-            "states": {"ready": 1},
-            "reasons": [],
-        }
-    ]
-}
+TABLE = RoutingSnapshot.model_validate(
+    {
+        "models": [
+            {
+                "name": "gemma",
+                "aliases": ["g"],
+                "wanted": 1,
+                "endpoints": [
+                    {"replica": "r1", "url": "http://127.0.0.1:9001", "secret": "s3cret"}
+                ],
+                "states": {"ready": 1},
+                "reasons": [],
+            }
+        ]
+    }
+)
 KEYS = [{"name": "team", "prefix": "llmgw-abcdef", "sha256": "a" * 64, "models": []}]
 
 
@@ -65,7 +70,9 @@ def test_the_file_is_private_in_a_private_directory_whatever_the_umask(table_fil
 def test_a_changed_table_replaces_the_file_whole_by_a_rename(table_file):
     table_file.save(TABLE, KEYS, loaded_at=1_700_000_000.0)
     before = table_file.path.stat().st_ino
-    changed = {"models": [{**TABLE["models"][0], "aliases": ["g", "small"]}]}
+    changed = RoutingSnapshot(
+        models=[TABLE.models[0].model_copy(update={"aliases": ["g", "small"]})]
+    )
     assert table_file.save(changed, KEYS, loaded_at=1_700_000_010.0)
     assert table_file.path.stat().st_ino != before  # a new file renamed over, not rewritten
     assert leftovers(table_file) == []
@@ -113,8 +120,8 @@ def test_a_failed_write_warns_leaves_no_temporary_file_and_does_not_raise(tmp_pa
 
 def document(**changes) -> str:
     """A saved table's file text with some fields changed."""
-    whole = {"version": FORMAT_VERSION, "saved_at": 1.0, "loaded_at": 1.0, "table": TABLE,
-             "keys": None}  # fmt: skip
+    whole = {"version": FORMAT_VERSION, "saved_at": 1.0, "loaded_at": 1.0,
+             "table": TABLE.model_dump(mode="json"), "keys": None}  # fmt: skip
     return json.dumps({**whole, **changes})
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from fleet.models import ReplicaState, ShardState
 from fleet.routing_table import routing_snapshot
+from protocol.routing import ReplicaEndpoint, RoutingSnapshot
 from router.table import (
     RETRY_PLACING,
     RETRY_STARTING,
@@ -17,21 +18,25 @@ from router.table import (
 from tests.factories import make_model, make_node, make_profile, make_replica, make_shard
 
 
+def snapshot(*models) -> RoutingSnapshot:
+    return RoutingSnapshot.model_validate({"models": list(models)})
+
+
 def route(**entry):
     entry.setdefault("name", "gemma")
-    return RoutingTable.from_snapshot({"models": [entry]}).routes[entry["name"]]
+    return RoutingTable.from_snapshot(snapshot(entry)).routes[entry["name"]]
 
 
 def test_aliases_and_names_both_find_the_model():
     table = RoutingTable.from_snapshot(
-        {"models": [{"name": "gemma", "aliases": ["g", "small"], "endpoints": []}]}
+        snapshot({"name": "gemma", "aliases": ["g", "small"], "endpoints": []})
     )
     assert table.by_name["g"].name == table.by_name["gemma"].name == "gemma"
 
 
 def test_a_models_own_name_wins_over_another_models_alias():
     table = RoutingTable.from_snapshot(
-        {"models": [{"name": "a", "aliases": ["b"]}, {"name": "b", "aliases": []}]}
+        snapshot({"name": "a", "aliases": ["b"]}, {"name": "b", "aliases": []})
     )
     assert table.by_name["b"].name == "b"
 
@@ -64,9 +69,9 @@ def test_unavailable_says_why_and_when_to_retry(entry, words, retry_after):
 
 
 def test_a_table_keeps_when_and_from_where_it_was_loaded():
-    table = RoutingTable.from_snapshot({"models": []}, loaded_at=1_700_000_000.0, source="saved")
+    table = RoutingTable.from_snapshot(snapshot(), loaded_at=1_700_000_000.0, source="saved")
     assert (table.loaded_at, table.source) == (1_700_000_000.0, "saved")
-    assert RoutingTable.from_snapshot({"models": []}).source == "database"
+    assert RoutingTable.from_snapshot(snapshot()).source == "database"
 
 
 def test_leaving_out_unanswering_endpoints_keeps_the_others_and_says_why():
@@ -75,8 +80,8 @@ def test_leaving_out_unanswering_endpoints_keeps_the_others_and_says_why():
         {"replica": "r-down", "url": "http://10.0.0.2:9000"},
     ]
     table = RoutingTable.from_snapshot(
-        {"models": [{"name": "pair", "aliases": ["p"], "endpoints": endpoints},
-                    {"name": "solo", "endpoints": endpoints[1:]}]},
+        snapshot({"name": "pair", "aliases": ["p"], "endpoints": endpoints},
+                 {"name": "solo", "endpoints": endpoints[1:]}),
         loaded_at=1_700_000_000.0, source="saved",
     )  # fmt: skip
     left = table.leaving_out({"r-down": "cannot connect to http://10.0.0.2:9000: refused"})
@@ -100,7 +105,7 @@ def write(tmp_path, text: str):
 
 
 def test_static_file_gives_endpoints_and_keys(tmp_path):
-    snapshot, keys = load_static(
+    static, keys = load_static(
         write(
             tmp_path,
             "models:\n- name: gemma\n  aliases: [g]\n  endpoints:\n"
@@ -108,7 +113,7 @@ def test_static_file_gives_endpoints_and_keys(tmp_path):
             f"keys:\n- {{name: team, sha256: '{'a' * 64}', models: [gemma]}}\n",
         )
     )
-    table = RoutingTable.from_snapshot(snapshot)
+    table = RoutingTable.from_snapshot(static)
     assert table.by_name["g"].endpoints[0].authorization == b"Bearer s1"
     assert keys == [{"name": "team", "prefix": "team", "sha256": "a" * 64, "models": ["gemma"]}]
 
@@ -151,24 +156,24 @@ def test_snapshot_routes_ready_replicas_to_rank_zero_with_their_secret():
     make_replica(profile, state=ReplicaState.UNPLACEABLE, reasons=["0/2 nodes have a GPU"])
     make_replica(profile, state=ReplicaState.STOPPED)
 
-    (entry,) = routing_snapshot()["models"]
-    assert entry["name"] == "gemma"
-    assert entry["aliases"] == ["g"]
-    assert entry["wanted"] == 3
-    assert entry["endpoints"] == [
-        {"replica": str(ready.id), "url": "http://10.0.0.7:9100", "secret": "s3cret"}
+    (entry,) = routing_snapshot().models
+    assert entry.name == "gemma"
+    assert entry.aliases == ["g"]
+    assert entry.wanted == 3
+    assert entry.endpoints == [
+        ReplicaEndpoint(replica=str(ready.id), url="http://10.0.0.7:9100", secret="s3cret")
     ]
-    assert entry["states"] == {"ready": 1, "starting": 1, "unplaceable": 1}
-    assert entry["reasons"] == ["0/2 nodes have a GPU"]
+    assert entry.states == {"ready": 1, "starting": 1, "unplaceable": 1}
+    assert entry.reasons == ["0/2 nodes have a GPU"]
 
 
 @pytest.mark.django_db
 def test_snapshot_says_when_a_ready_replica_has_no_address():
     replica = make_replica(make_profile(make_model("m")), state=ReplicaState.READY)
     make_shard(replica, rank=0, node=make_node("quiet", address=""), port=9100)
-    (entry,) = routing_snapshot()["models"]
-    assert entry["endpoints"] == []
-    assert "has no address for rank 0" in entry["reasons"][0]
+    (entry,) = routing_snapshot().models
+    assert entry.endpoints == []
+    assert "has no address for rank 0" in entry.reasons[0]
 
 
 @pytest.mark.django_db
@@ -176,7 +181,7 @@ def test_snapshot_keeps_serving_a_model_that_left_the_catalog():
     replica = make_replica(make_profile(make_model("old")), state=ReplicaState.READY)
     make_shard(replica, rank=0, node=make_node("n", address="::1"), port=9100)
     replica.profile.model.delete()
-    (entry,) = routing_snapshot()["models"]
-    assert entry["name"] == "old"
-    assert entry["wanted"] == 0
-    assert entry["endpoints"][0]["url"] == "http://[::1]:9100"
+    (entry,) = routing_snapshot().models
+    assert entry.name == "old"
+    assert entry.wanted == 0
+    assert entry.endpoints[0].url == "http://[::1]:9100"

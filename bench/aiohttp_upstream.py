@@ -1,6 +1,8 @@
-"""The same outbound interface as upstream.py, on aiohttp's client (LLMGW_ROUTER_CLIENT=aiohttp).
+"""The router's outbound interface (router/upstream.py) on aiohttp's client, to measure against.
 
-Kept to measure against: bench/router_overhead.py runs the router with each client.
+Not used in production: bench/router_overhead.py serves ``bench.aiohttp_upstream:application``
+(its ``+aiohttp`` variants), a router in static mode built with this client, next to
+``router.asgi:application`` with the lean one.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
+from router.app import Router
+from router.config import RouterConfig
+from router.sources import StaticSource
 from router.upstream import HOP_RESPONSE_HEADERS, UpstreamBroken, UpstreamUnreachable
 
 
@@ -99,3 +104,17 @@ class AiohttpUpstream:
         except aiohttp.ClientError as exc:
             raise UpstreamUnreachable("error", f"{url}: {exc}") from None
         return AiohttpResponse(response)
+
+
+def static_router() -> Router:
+    """A router serving ``LLMGW_ROUTER_STATIC`` through this client instead of the lean one."""
+    config = RouterConfig.from_env()
+    upstream = AiohttpUpstream(
+        connect_timeout=config.connect_timeout,
+        read_timeout=config.read_timeout,
+        connections=config.upstream_connections,
+    )
+    return Router(config, StaticSource(config.static_path), upstream)  # type: ignore[arg-type]
+
+
+application = static_router()

@@ -1,4 +1,6 @@
-"""Tell open pages that the fleet changed, through the channel layer (Redis).
+"""The notices a committed change sends: to open pages, and to routers.
+
+Pages hear through the channel layer (Redis).
 
 Several daphne processes may serve pages, and a change may happen in a Celery worker or
 in another daphne process, so process memory would reach only some browsers: every
@@ -16,7 +18,10 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-log = logging.getLogger("llmgw.fleet.notify")
+from core.redis_clients import redis_client
+from protocol.routing import ROUTING_CHANNEL
+
+log = logging.getLogger("llmgw.audit.notices")
 
 PAGES_GROUP = "llmgw-pages"
 MESSAGE_TYPE = "fleet.changed"
@@ -26,14 +31,14 @@ MESSAGE_TYPE = "fleet.changed"
 KINDS = ("node", "replica", "shard", "placement", "catalog", "progress", "usage")
 
 
-def fleet_changed(kind: str, subject: str) -> None:
+def pages_changed(kind: str, subject: str) -> None:
     """Tell every page that ``subject`` (a node id, replica id, shard id…) changed."""
     _send(kind, [str(subject)])
 
 
-def fleet_changed_on_commit(kind: str, subject: str) -> None:
+def pages_changed_on_commit(kind: str, subject: str) -> None:
     """Tell pages once the current transaction commits, so a page that re-reads sees it."""
-    transaction.on_commit(lambda: fleet_changed(kind, subject))
+    transaction.on_commit(lambda: pages_changed(kind, subject))
 
 
 def usage_changed(node_ids: Iterable[str]) -> None:
@@ -54,3 +59,20 @@ def _send(kind: str, subjects: list[str]) -> None:
         async_to_sync(layer.group_send)(PAGES_GROUP, message)
     except Exception as exc:
         log.warning("could not tell pages about a %s change: %s", kind, exc)
+
+
+def routers_reload_on_commit(kind: str = "replicas") -> None:
+    """Tell every router to reload its table once the current transaction commits."""
+    transaction.on_commit(lambda: publish_routing_change(kind))
+
+
+def publish_routing_change(kind: str = "replicas") -> None:
+    """Tell every router to reload now; never raises, since the change is committed anyway.
+
+    Call it after commit so a router that reloads at once sees the change. A lost
+    message costs at most one periodic refresh (10 s by default).
+    """
+    try:
+        redis_client().publish(ROUTING_CHANNEL, kind)
+    except Exception as exc:
+        log.warning("could not tell routers about a %s change: %s", kind, exc)

@@ -1,15 +1,14 @@
-"""Verbs that change the catalog: apply a file, delete an entry, export it back.
+"""What applying a catalog file would change, and the catalog written back as a file.
 
-``apply_catalog`` works out every change first (a plan a person can read), then
-makes them all in one transaction, so a refused file leaves nothing half-applied.
+``plan_changes`` works out every change first (a plan a person can read), and
+``catalog.actions.apply_catalog`` then makes them all in one transaction, so a refused
+file leaves nothing half-applied.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-from django.db import transaction
 
 from catalog.models import Engine, Fabric, Model, Pool, Profile
 from catalog.schema import (
@@ -18,10 +17,7 @@ from catalog.schema import (
     ModelEntry,
     ProfileEntry,
     RolloutEntry,
-    parse_catalog,
 )
-from fleet.routing_table import publish_routing_change
-from fleet.transitions import record_event
 from protocol.units import format_duration, format_size
 
 PROFILE_FIELDS = (
@@ -62,27 +58,7 @@ def _show(name: str, value: Any) -> str:
     return repr(value)
 
 
-def apply_catalog(
-    text: str, filename: str = "catalog.yaml", *, dry_run: bool = False, prune: bool = False
-) -> list[Change]:
-    """Make the catalog match the file; return the changes (made, or only planned if dry_run)."""
-    catalog = parse_catalog(text, filename)
-    with transaction.atomic():
-        _check_references(catalog, filename, prune=prune)
-        changes = _plan(catalog, prune=prune)
-        if not dry_run:
-            for change in changes:
-                _make(change, catalog)
-            if changes:
-                record_event(
-                    "catalog", filename, f"applied {len(changes)} change(s) from {filename}"
-                )
-                # Routers learn new names, aliases and wanted counts now, not at their refresh.
-                transaction.on_commit(lambda: publish_routing_change("catalog"))
-    return changes
-
-
-def _check_references(catalog: CatalogFile, filename: str, *, prune: bool) -> None:
+def check_references(catalog: CatalogFile, filename: str, *, prune: bool) -> None:
     pools = {pool.name for pool in catalog.pools}
     engines = {(engine.name, engine.version) for engine in catalog.engines}
     if not prune:
@@ -113,7 +89,7 @@ def _check_references(catalog: CatalogFile, filename: str, *, prune: bool) -> No
         raise CatalogError(problems)
 
 
-def _plan(catalog: CatalogFile, *, prune: bool) -> list[Change]:
+def plan_changes(catalog: CatalogFile, *, prune: bool) -> list[Change]:
     changes: list[Change] = []
     existing_engines = {(e.name, e.version): e for e in Engine.objects.all()}
     for entry in catalog.engines:
@@ -202,7 +178,7 @@ def _differences(row: Any, wanted: dict[str, Any]) -> dict[str, tuple[Any, Any]]
     }
 
 
-def _make(change: Change, catalog: CatalogFile) -> None:
+def make_change(change: Change, catalog: CatalogFile) -> None:
     if change.kind == "engine":
         name, version = change.name.split(" ", 1)
         if change.action == "delete":
@@ -244,18 +220,6 @@ def _make(change: Change, catalog: CatalogFile) -> None:
             name=profile_name,
             defaults=_profile_values(entry),
         )
-
-
-def delete_entry(kind: str, name: str) -> bool:
-    """Delete one catalog entry by kind and name; return whether it existed."""
-    model_class = {"model": Model, "pool": Pool, "fabric": Fabric}.get(kind)
-    if model_class is None:
-        raise CatalogError([f"cannot delete a {kind!r}; use model, pool or fabric"])
-    deleted, _ = model_class.objects.filter(name=name).delete()
-    if deleted:
-        record_event("catalog", f"{kind}/{name}", f"deleted {kind} {name}")
-        transaction.on_commit(lambda: publish_routing_change("catalog"))
-    return bool(deleted)
 
 
 def export_catalog() -> dict[str, Any]:

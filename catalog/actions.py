@@ -1,0 +1,206 @@
+"""Verbs that change the catalog: apply a file, create, update or delete one entry, scale a
+profile, pause a model's rollout, create and revoke API keys.
+
+Each verb is one transaction that records its Event (naming the operator who asked) and
+tells routers and open pages once it commits. The REST API, `llmgw_ctl` and the pages call
+these and never save catalog rows themselves.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import IntegrityError, models, transaction
+from django.utils import timezone
+
+from audit import notices
+from audit.events import record_event
+from audit.models import EventKind
+from catalog.keys import KEY_START, ApiKeyRefused, hash_key, key_prefix, known_model_names
+from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile
+from catalog.plan import Change, check_references, make_change, plan_changes
+from catalog.schema import CatalogError, parse_catalog
+
+ENTRY_KINDS: dict[type[models.Model], str] = {
+    Engine: "engine",
+    Pool: "pool",
+    Fabric: "fabric",
+    Model: "model",
+    Profile: "profile",
+}
+DELETABLE_BY_NAME = {"model": Model, "pool": Pool, "fabric": Fabric}
+
+
+def _catalog_changed(subject: str, reason: str, actor=None) -> None:
+    """Record a catalog change and tell routers: names, aliases and wanted counts change
+    what they serve, and they should learn it now, not at their next refresh."""
+    record_event(EventKind.CATALOG, subject, reason, actor=actor)
+    notices.routers_reload_on_commit("catalog")
+
+
+def apply_catalog(
+    text: str,
+    filename: str = "catalog.yaml",
+    *,
+    dry_run: bool = False,
+    prune: bool = False,
+    actor=None,
+) -> list[Change]:
+    """Make the catalog match the file; return the changes (made, or only planned if dry_run)."""
+    catalog = parse_catalog(text, filename)
+    with transaction.atomic():
+        check_references(catalog, filename, prune=prune)
+        changes = plan_changes(catalog, prune=prune)
+        if not dry_run:
+            for change in changes:
+                make_change(change, catalog)
+            if changes:
+                _catalog_changed(
+                    filename, f"applied {len(changes)} change(s) from {filename}", actor
+                )
+    return changes
+
+
+def save_entry(row: models.Model, *, changed: Iterable[str] = (), actor=None):
+    """Save one engine, pool, fabric, model or profile, new or changed (``changed`` names
+    the fields, for the Event); an unchanged existing row records nothing."""
+    kind = ENTRY_KINDS[type(row)]
+    creating = row._state.adding
+    changed = sorted(changed)
+    with transaction.atomic():
+        row.save()
+        if creating:
+            _catalog_changed(f"{kind}/{row}", f"created {kind} {row}", actor)
+        elif changed:
+            _catalog_changed(f"{kind}/{row}", f"updated {kind} {row}: {', '.join(changed)}", actor)
+    return row
+
+
+def update_entry(row: models.Model, fields: dict[str, Any], *, actor=None):
+    """Change one entry's fields (already validated)."""
+    changed = [name for name, value in fields.items() if getattr(row, name) != value]
+    for name, value in fields.items():
+        setattr(row, name, value)
+    return save_entry(row, changed=changed, actor=actor)
+
+
+def delete_row(row: models.Model, *, actor=None) -> None:
+    """Delete one entry (a model takes its profiles with it)."""
+    kind = ENTRY_KINDS[type(row)]
+    with transaction.atomic():
+        name = str(row)
+        row.delete()
+        _catalog_changed(f"{kind}/{name}", f"deleted {kind} {name}", actor)
+
+
+def delete_entry(kind: str, name: str, *, actor=None) -> bool:
+    """Delete one model, pool or fabric by name; return whether it existed."""
+    model_class = DELETABLE_BY_NAME.get(kind)
+    if model_class is None:
+        raise CatalogError([f"cannot delete a {kind!r}; use model, pool or fabric"])
+    with transaction.atomic():
+        row = model_class._default_manager.filter(name=name).first()
+        if row is None:
+            return False
+        delete_row(row, actor=actor)
+    return True
+
+
+def scale_profile(profile_id: int, replicas: int, *, actor=None) -> int | None:
+    """Set how many replicas a profile wants; return the previous count (None: no profile).
+
+    The catalog file still says what it said: the next ``apply`` of that file sets the
+    count back, which is what an operator who keeps the catalog in git wants.
+    """
+    if replicas < 0:
+        raise ValueError(f"a profile cannot want {replicas} replicas; use 0 or more")
+    with transaction.atomic():
+        profile = Profile.objects.select_for_update().select_related("model")
+        profile = profile.filter(id=profile_id).first()
+        if profile is None:
+            return None
+        previous = profile.replicas
+        if previous != replicas:
+            Profile.objects.filter(id=profile_id).update(replicas=replicas)
+            _catalog_changed(str(profile), f"scaled from {previous} to {replicas} replicas", actor)
+    return previous
+
+
+def pause_rollout(model_name: str, *, actor=None) -> bool:
+    """Stop replacing ``model_name``'s stale replicas until resumed; False if already paused.
+
+    A drain already begun still ends (that replica serves nothing any more); nothing new
+    is started or drained. Held in the database, so applying the catalog never lifts it.
+    """
+    return _set_rollout_paused(model_name, True, "rollout paused", actor)
+
+
+def resume_rollout(model_name: str, *, actor=None) -> bool:
+    """Let ``model_name``'s rolling restarts go on; False if they were not paused."""
+    return _set_rollout_paused(model_name, False, "rollout resumed", actor)
+
+
+def _set_rollout_paused(model_name: str, paused: bool, why: str, actor) -> bool:
+    with transaction.atomic():
+        changed = Model.objects.filter(name=model_name, rollout_paused=not paused).update(
+            rollout_paused=paused
+        )
+        if changed:
+            record_event(EventKind.CATALOG, model_name, why, actor=actor)
+    return bool(changed)
+
+
+def create_key(name: str, allowed_models: Iterable[str] = (), *, actor=None) -> tuple[ApiKey, str]:
+    """Create a key for ``name``; return the row and the key, which is never shown again.
+
+    ``allowed_models`` limits the key to those models (names or aliases); empty allows
+    every model. Names the catalog does not know are refused, so a typo cannot leave a
+    key that silently works for nothing.
+    """
+    name = name.strip()
+    if not name:
+        raise ApiKeyRefused("a key needs a name saying who or what uses it")
+    allowed = sorted({m.strip() for m in allowed_models if m.strip()})
+    unknown = sorted(set(allowed) - known_model_names())
+    if unknown:
+        known = ", ".join(sorted(known_model_names())) or "none"
+        raise ApiKeyRefused(
+            f"unknown model(s) {', '.join(unknown)}; the catalog has: {known}. "
+            "Apply the model first, or fix the name."
+        )
+    for _attempt in range(5):
+        key = KEY_START + secrets.token_urlsafe(32)
+        try:
+            with transaction.atomic():
+                row = ApiKey.objects.create(
+                    name=name,
+                    prefix=key_prefix(key),
+                    hashed_key=hash_key(key),
+                    allowed_models=allowed,
+                )
+                scope = ", ".join(allowed) or "every model"
+                record_event(
+                    EventKind.KEY, row.prefix, f"created for {name} ({scope})", actor=actor
+                )
+                notices.routers_reload_on_commit("keys")
+        except IntegrityError:
+            continue  # two keys drew the same prefix; draw again
+        return row, key
+    raise ApiKeyRefused("could not draw a unique key prefix; try again")
+
+
+def revoke_key(prefix: str, *, actor=None) -> ApiKey:
+    """Revoke the key with this prefix (or this whole key); routers refuse it within a second."""
+    prefix = key_prefix(prefix.strip())
+    with transaction.atomic():
+        row = ApiKey.objects.select_for_update().filter(prefix=prefix).first()
+        if row is None:
+            raise ApiKeyRefused(f"no key with prefix {prefix!r}; `llmgw_ctl keys list` shows them")
+        if row.revoked_at is None:
+            row.revoked_at = timezone.now()
+            row.save(update_fields=["revoked_at"])
+            record_event(EventKind.KEY, row.prefix, f"revoked (it was {row.name}'s)", actor=actor)
+            notices.routers_reload_on_commit("keys")
+    return row

@@ -1,0 +1,80 @@
+"""Verbs on replicas: create one for a profile, stop one, restart one (stop, and let the
+reconciler start a fresh one with the profile's current settings)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+from django.db import transaction
+
+from audit.events import record_event
+from audit.models import EventKind
+from catalog.models import Profile
+from fleet import commands
+from fleet.models import Replica, ReplicaState, ShardState, replica_secret
+from fleet.transitions import transition
+
+if TYPE_CHECKING:
+    from fleet.reconciler import ReconcileReport
+
+
+def create_replica(profile: Profile, why: str, report: ReconcileReport | None = None) -> Replica:
+    """A new replica of ``profile`` with its current settings, waiting to be placed."""
+    replica_id = uuid.uuid4()
+    with transaction.atomic():
+        replica = Replica.objects.create(
+            id=replica_id,
+            model_name=profile.model.name,
+            profile_name=profile.name,
+            profile=profile,
+            fingerprint=profile.fingerprint(),
+            secret=replica_secret(replica_id),
+        )
+        record_event(EventKind.REPLICA, str(replica.id), why, to_state=ReplicaState.PLACING)
+    if report is not None:
+        report.created.append(str(replica.id))
+    return replica
+
+
+def stop_replica(
+    replica: Replica,
+    reason: str,
+    report: ReconcileReport | None = None,
+    epoch: int | None = None,
+    *,
+    actor=None,
+) -> bool:
+    """Move a replica to stopping and tell its nodes to stop its shards.
+
+    ``epoch`` is the leader epoch the caller acts under (the reconciler's own); None for
+    an operator's action, which acts under the current lease.
+    """
+
+    with transaction.atomic():
+        if (
+            transition(Replica, replica.id, ReplicaState.STOPPING, reason, actor=actor,
+                       reasons=[reason])
+            is None
+        ):  # fmt: skip
+            return False
+        live = replica.shards.exclude(state__in=ShardState.FINAL).exclude(node=None)
+        for node_id, shard_id in live.values_list("node_id", "id"):
+            transaction.on_commit(
+                lambda n=node_id, s=shard_id: commands.send_stop_shard(n, s, epoch)
+            )
+    if report is not None:
+        report.stopping.append(str(replica.id))
+    return True
+
+
+def restart_replica(replica_id, *, actor=None) -> bool:
+    """Mark a replica for replacement: it stops, and the reconciler starts a fresh one.
+
+    That is how a stale replica picks up its profile's new settings. False when the
+    replica is gone or already stopping.
+    """
+    with transaction.atomic():
+        replica = Replica.objects.filter(id=replica_id).first()
+        # Stopping tells the nodes to stop the engines; the reconciler replaces it.
+        return replica is not None and stop_replica(replica, "restart requested", actor=actor)

@@ -1,0 +1,64 @@
+"""Commands down to a node: Celery task names and their typed arguments (DESIGN.md, "The
+link"). The control plane builds one of these and sends ``task`` with ``args()``; the
+agent's task of that name takes the same positional arguments. Signatures are computed
+over exactly those arguments, so a command's wire form is a list, never re-encoded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.shard import ShardSpec
+
+START_SHARD = "agent.start_shard"
+STOP_SHARD = "agent.stop_shard"
+READ_LOGS = "agent.read_logs"
+ENGINE_CHECK = "agent.engine_check"
+COLLECT_WEIGHTS = "agent.collect_weights"
+
+
+class NodeCommand(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    task: ClassVar[str]
+
+    def args(self) -> list[Any]:
+        """The task's positional arguments, in the order the agent's task takes them."""
+        return [getattr(self, name) for name in type(self).model_fields]
+
+
+class StartShard(NodeCommand):
+    task: ClassVar[str] = START_SHARD
+    spec: ShardSpec
+
+    def args(self) -> list[Any]:
+        return [self.spec.model_dump_json()]
+
+
+class StopShard(NodeCommand):
+    """Fenced by the leader epoch it was sent under: a deposed leader's stop is refused."""
+
+    task: ClassVar[str] = STOP_SHARD
+    shard_id: str
+    epoch: int = 0
+
+
+class ReadLogs(NodeCommand):
+    task: ClassVar[str] = READ_LOGS
+    source: str = "agent"
+    lines: int = Field(default=200, ge=1)
+
+
+class EngineCheck(NodeCommand):
+    """Run ``ENGINE --version``: the one place an engine is run on purpose."""
+
+    task: ClassVar[str] = ENGINE_CHECK
+    engine: str
+
+
+class CollectWeights(NodeCommand):
+    """Delete fetched weights that no source in ``keep`` (nor any shard there) uses."""
+
+    task: ClassVar[str] = COLLECT_WEIGHTS
+    keep: list[str]

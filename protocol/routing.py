@@ -1,0 +1,59 @@
+"""What routers are told about the fleet, and what they tell it back (DESIGN.md, "Apps").
+
+The control plane publishes on ``ROUTING_CHANNEL`` whenever what routers serve changed
+(a replica became ready or went away, a key was created or revoked); each router then
+reloads a ``RoutingSnapshot`` (``fleet.routing_table.routing_snapshot``), with a periodic
+full reload as the safety net for a lost message. The same model is what a static file
+(router-only mode) is read into and what a router saves to disk after each load.
+
+The other way, each router process writes what it routes and carries under
+``INFLIGHT_KEY_PREFIX`` + its id, so a rolling restart knows when a drained replica is idle.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ROUTING_CHANNEL = "llmgw:routing"
+
+# One key per router process: JSON {"at": unix time, "routed": [replica ids in its table],
+# "inflight": {replica id: requests in flight}}; it expires when the router stops writing.
+INFLIGHT_KEY_PREFIX = "llmgw:inflight:"
+INFLIGHT_REPORT_SECONDS = 1.0
+# A few missed reports before a router counts as gone, so one slow write is not a stop.
+INFLIGHT_REPORT_TTL = 5
+
+
+class _Snapshot(BaseModel):
+    # Not frozen: the producer fills a model's lists as it reads replicas one by one.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReplicaEndpoint(_Snapshot):
+    """Rank 0 of one ready replica: where its requests go, and the secret its engine wants."""
+
+    replica: str = Field(description="the replica's id; a static file uses the URL")
+    url: str = Field(description="http://<node address>:<rank 0's port>")
+    secret: str = Field(default="", description="sent as a bearer token; empty: none wanted")
+
+
+class RoutableModel(_Snapshot):
+    """One model as routers serve it: its ready endpoints, and why others are not ready."""
+
+    name: str = Field(description="the catalog name, which is also the name the engine serves")
+    aliases: list[str] = Field(default_factory=list)
+    wanted: int = Field(default=0, ge=0, description="replicas its profiles ask for")
+    endpoints: list[ReplicaEndpoint] = Field(default_factory=list)
+    states: dict[str, int] = Field(
+        default_factory=dict, description='replicas by state, with "draining" for ready ones '
+        "being replaced"
+    )  # fmt: skip
+    reasons: list[str] = Field(
+        default_factory=list, description="why replicas are not routable, in an operator's words"
+    )
+
+
+class RoutingSnapshot(_Snapshot):
+    """Every model a router may be asked for, including those with nothing ready."""
+
+    models: list[RoutableModel] = Field(default_factory=list)

@@ -1,0 +1,110 @@
+"""One inference request as the router carries it, and the steps that read it off the wire.
+
+``Call`` holds what every step after parsing needs (the route, the body for the engine,
+the headers to forward, who is asking, the client's ASGI channels); the proxy and the
+relay take it whole instead of a dozen loose arguments. The readers here raise the
+``RouterError`` a client should see, in the order the router checks them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from router import errors
+from router.auth import Caller
+from router.table import ModelRoute, RoutingTable
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+# Status reported for a client that hung up before its answer was whole (nginx's 499).
+CLIENT_CLOSED = 499
+
+
+@dataclass
+class Exchange:
+    """One request's relay, as the disconnect watcher sees it."""
+
+    finishing: bool = False  # the last body message is going out; a disconnect is moot
+    client_gone: bool = False
+    watcher: asyncio.Task | None = None
+
+
+@dataclass(slots=True)
+class Call:
+    """A request that passed every check, on its way to a replica of ``route``."""
+
+    receive: Receive
+    send: Send
+    path: str
+    route: ModelRoute
+    body: bytes  # as the engine gets it (see relay.rewrite_body)
+    headers: list[tuple[bytes, bytes]]  # the client's, less those of its hop
+    caller: Caller
+    session: str | None  # x-session-id, for affinity
+    drop_usage_only: bool  # the usage chunk was asked for by us, not by the client
+    started: float  # time.perf_counter() when the request arrived
+    exchange: Exchange = field(default_factory=Exchange)
+
+    @property
+    def model(self) -> str:
+        return self.route.name
+
+
+async def read_body(receive: Receive, content_length: bytes | None, limit: int) -> bytes | None:
+    """The whole body, or None when the client left first; 413 past ``limit`` bytes."""
+    if content_length is not None:
+        try:
+            declared = int(content_length)
+        except ValueError:
+            raise errors.malformed(
+                "Content-Length is not a number.", "invalid_content_length"
+            ) from None
+        if declared > limit:
+            raise errors.too_large(limit)
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        part = message.get("body", b"")
+        size += len(part)
+        if size > limit:
+            raise errors.too_large(limit)
+        parts.append(part)
+        if not message.get("more_body"):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def resolve(table: RoutingTable, body: bytes, caller: Caller) -> tuple[ModelRoute, dict[str, Any]]:
+    """The route the body's ``model`` names and the parsed body; 400, 404 or 403 if none."""
+    try:
+        payload = json.loads(body)
+    except ValueError as exc:
+        raise errors.malformed(f"The body is not valid JSON: {exc}.", "invalid_json") from None
+    if not isinstance(payload, dict):
+        raise errors.malformed("The body must be a JSON object.", "invalid_json")
+    model = payload.get("model")
+    if not isinstance(model, str) or not model:
+        raise errors.malformed(
+            "The body has no `model`; known models: "
+            + (", ".join(table.known_names()) or "none yet")
+            + ".",
+            "missing_model",
+        )
+    route = table.by_name.get(model)
+    if route is None:
+        raise errors.unknown_model(model, visible_models(table, caller))
+    if not caller.may_use(route.names):
+        raise errors.model_not_allowed(model, caller.name, sorted(caller.models))
+    return route, payload
+
+
+def visible_models(table: RoutingTable, caller: Caller) -> list[str]:
+    """The models ``caller`` may use, by name, for a 404 that says what exists."""
+    return [name for name, r in sorted(table.routes.items()) if caller.may_use(r.names)]

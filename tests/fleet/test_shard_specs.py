@@ -1,0 +1,47 @@
+"""What a node is told to run for one rank: its side of the fabric placement chose, exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet.shard_specs import shard_spec
+from placement import FabricSnapshot
+from protocol.shard import FabricAssignment
+from tests.factories import make_node, make_replica, make_shard
+
+pytestmark = pytest.mark.django_db
+
+SIDES = [
+    (
+        "active-adapters-exactly",
+        FabricSnapshot("ib-a", 400.0, ("mlx5_0", "mlx5_1"), "ib0", ("mlx5_2",)),
+        FabricAssignment(name="ib-a", adapters=["mlx5_0", "mlx5_1"], socket_ifname="ib0"),
+    ),
+    (
+        "no-socket-interface-known",
+        FabricSnapshot("ib-a", 400.0, ("mlx5_1",)),
+        FabricAssignment(name="ib-a", adapters=["mlx5_1"]),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("side", "assignment"), [case[1:] for case in SIDES], ids=[case[0] for case in SIDES]
+)
+def test_a_rank_across_nodes_is_told_its_own_side_of_the_fabric(side, assignment):
+    node = make_node("node01", address="10.0.0.1")
+    replica = make_replica()
+    shard = make_shard(replica, node=node, port=20000)
+
+    spec = shard_spec(replica, shard, node, 2, "10.0.0.1:20001", side, epoch=3)
+
+    assert spec.fabric == assignment
+    assert (spec.world_size, spec.rendezvous, spec.epoch) == (2, "10.0.0.1:20001", 3)
+
+
+def test_a_single_node_rank_is_told_no_fabric():
+    node = make_node("node01")
+    replica = make_replica()
+    shard = make_shard(replica, node=node, port=20000)
+
+    assert shard_spec(replica, shard, node, 1, "", None, epoch=0).fabric is None
