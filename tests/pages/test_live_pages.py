@@ -23,6 +23,7 @@ from fleet.liveness import check_liveness
 from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardState
 from fleet.node_auth import node_token
 from fleet.transitions import transition
+from protocol.commands import EngineCheck
 from tests.factories import make_user
 from tests.pages.rows import heartbeating_node, stale_replica_on
 from tests.processes.support import Process, agent, control_plane, free_port, wait_for
@@ -170,7 +171,7 @@ def test_pages_follow_a_live_agent(browser, processes, tmp_path, screenshot):
     expect(log).to_contain_text(f"linked to control plane ws://127.0.0.1:{port}", timeout=WAIT_MS)
     marker = f"marker-{uuid.uuid4().hex}"
     # A signed command whose handling the agent logs, naming the marker.
-    off_loop(commands.send, node_id, "agent.engine_check", [marker], 30)
+    off_loop(commands.send, node_id, EngineCheck(engine=marker), 30)
     expect(log).to_contain_text(marker, timeout=WAIT_MS)
     assert_not_reloaded(page)
     screenshot(page, "logs")
