@@ -47,7 +47,10 @@ class AgentConfig:
     weights_dir: Path = DEFAULT_WEIGHTS_DIR
     install_dirs: tuple[Path, ...] = ()
     fabrics: dict[str, list[str]] = field(default_factory=dict)
-    sglang_python: str = "python3"
+    # engine -> what the agent file names for it (llama-server, a vLLM venv, SGLang's Python)
+    engines: dict[str, str] = field(default_factory=dict)
+    # Where llmgw installs vLLM and SGLang from; "" is pip's own default (or pip.conf).
+    pip_index_url: str = ""
     heartbeat_interval: float = 5.0
     probe_interval: float = 60.0
     log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
@@ -123,13 +126,39 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
         weights_dir=Path(
             environ.get("LLMGW_WEIGHTS_DIR") or data.get("weights_dir") or DEFAULT_WEIGHTS_DIR
         ),
-        install_dirs=tuple(Path(d) for d in install_dirs) + (agent_dir / "engines",),
+        install_dirs=tuple(Path(d) for d in install_dirs),
         fabrics={str(k): [str(a) for a in v] for k, v in fabrics.items()},
-        sglang_python=data.get("sglang_python", "python3"),
+        engines=engines_from(environ, data, path),
+        pip_index_url=str(environ.get("LLMGW_PIP_INDEX_URL") or data.get("pip_index_url") or ""),
         heartbeat_interval=float(environ.get("LLMGW_HEARTBEAT_INTERVAL") or 5.0),
         log_max_bytes=log_max_bytes,
         log_keep=log_keep,
     )
+
+
+def engines_from(environ: Mapping[str, str], data: dict[str, Any], path: Path) -> dict[str, str]:
+    """``engines:`` in the agent file, then ``LLMGW_ENGINES`` (``llama.cpp=/opt/llama-server,
+    vllm=/opt/vllm-venv``), which wins engine by engine."""
+    named = data.get("engines") or {}
+    if not isinstance(named, dict):
+        raise AgentConfigError(
+            f"{path}: engines: must map an engine to its path, e.g. "
+            "{llama.cpp: /opt/llama/bin/llama-server, vllm: /opt/vllm-venv}"
+        )
+    engines = {str(engine): str(where) for engine, where in named.items()}
+    if data.get("sglang_python"):  # the older spelling of engines: {sglang: …}
+        engines.setdefault("sglang", str(data["sglang_python"]))
+    for pair in (environ.get("LLMGW_ENGINES") or "").split(","):
+        engine, equals, where = pair.strip().partition("=")
+        if not pair.strip():
+            continue
+        if not equals or not engine or not where:
+            raise AgentConfigError(
+                f"LLMGW_ENGINES: {pair.strip()!r} is not ENGINE=PATH; write it like "
+                "llama.cpp=/opt/llama/bin/llama-server,vllm=/opt/vllm-venv"
+            )
+        engines[engine] = where
+    return engines
 
 
 def log_rotation_from(

@@ -28,7 +28,7 @@ class ShardLauncher:
         node_id: str,
         supervisor: Supervisor,
         weights: WeightStore,
-        engine_paths: Callable[[], dict[str, str]],
+        find_engine: Callable[[str, str], str | None],
         report: Callable[[ShardTransition], None],
         send: Callable[[messages.ShardProgress], None],
         sequence: StatusSequence | None = None,
@@ -36,7 +36,8 @@ class ShardLauncher:
         self.node_id = node_id
         self.supervisor = supervisor
         self.weights = weights
-        self.engine_paths = engine_paths
+        # (engine, version; "" any) -> the executable to run it with, None if not here
+        self.find_engine = find_engine
         self.report = report
         self.send = send
         self.sequence = sequence or StatusSequence()
@@ -50,12 +51,12 @@ class ShardLauncher:
         try:
             resolved = self.weights.resolve(spec.source)
         except WeightSourceError as exc:
-            return self._refuse(spec, str(exc))
+            return self.refuse(spec, str(exc))
         if resolved.model_path and not spec.model_path:
             spec = spec.model_copy(update={"model_path": resolved.model_path})
         problems = self.problems(spec, check_file=resolved.kind == "local")
         if problems:
-            return self._refuse(spec, "; ".join(problems))
+            return self.refuse(spec, "; ".join(problems))
         if resolved.kind == "fetched" and resolved.path and not resolved.path.exists():
             return self._fetch_then_launch(spec)
         return self._launch(spec)
@@ -77,19 +78,19 @@ class ShardLauncher:
     def problems(self, spec: ShardSpec, check_file: bool) -> list[str]:
         """Everything wrong with a spec, found in milliseconds, before anything loads."""
         problems = get_adapter(spec.engine).validate(spec)
-        engine_paths = self.engine_paths()
-        if spec.engine not in engine_paths:
-            problems.append(
-                f"engine {spec.engine} is not installed on {self.node_id}; "
-                f"found: {', '.join(sorted(engine_paths)) or 'none'}"
-            )
+        if self.find_engine(spec.engine, spec.engine_version) is None:
+            wanted = f"{spec.engine} {spec.engine_version}".strip()
+            problems.append(f"engine {wanted} is not installed on {self.node_id}")
         if check_file and spec.model_path and not Path(spec.model_path).exists():
             problems.append(f"model file {spec.model_path} is not on this node")
         return problems
 
     def _launch(self, spec: ShardSpec) -> ShardState:
         adapter = get_adapter(spec.engine)
-        commands = adapter.commands(spec, self.engine_paths()[spec.engine])
+        path = self.find_engine(spec.engine, spec.engine_version)
+        if path is None:  # removed between the check and now
+            return self.refuse(spec, f"engine {spec.engine} is no longer installed here")
+        commands = adapter.commands(spec, path)
         return self.supervisor.start(
             spec, commands, adapter.serves_http(spec.rank), adapter.health_path
         )
@@ -119,7 +120,7 @@ class ShardLauncher:
             return
         except WeightFetchError as exc:
             self._forget(spec.shard_id)
-            self._refuse(spec, f"fetching {spec.source} failed: {exc}")
+            self.refuse(spec, f"fetching {spec.source} failed: {exc}")
             return
         if not self._forget(spec.shard_id):
             # The stop came as the download finished: it is answered all the same.
@@ -131,7 +132,7 @@ class ShardLauncher:
         with self._lock:
             return self._downloads.pop(shard_id, None) is not None
 
-    def _refuse(self, spec: ShardSpec, reason: str) -> ShardState:
+    def refuse(self, spec: ShardSpec, reason: str) -> ShardState:
         log.error("refusing shard %s: %s", spec.shard_id, reason)
         self._transition(spec, "failed", reason)
         return "failed"

@@ -14,16 +14,25 @@ import time
 from agent_worker.agent_state import AgentState
 from agent_worker.config import AgentConfig
 from agent_worker.discovery import DiscoveryConfig, UsageSampler, discover, storage_dirs
-from agent_worker.discovery.nvidia import gpu_process_pids
+from agent_worker.discovery.nvidia import discover_gpus, gpu_process_pids
 from agent_worker.engines import get_adapter
-from agent_worker.engines.probe import ProbeConfig, probe_engines
+from agent_worker.engines.install import (
+    AptSettings,
+    EngineInstaller,
+    InstallSettings,
+    NodeTarget,
+)
+from agent_worker.engines.install.python_env import PipSettings
+from agent_worker.engines.probe import ProbeConfig
 from agent_worker.launcher import ShardLauncher
 from agent_worker.link import AgentLink, LinkCallbacks
 from agent_worker.logbuffer import AGENT_SOURCE, LogBuffer
+from agent_worker.node_engines import NodeEngines
 from agent_worker.supervision.shard import StatusSequence
 from agent_worker.supervisor import ShardTransition, Supervisor
-from agent_worker.weights import WeightStore, fingerprint
+from agent_worker.weights import FetchSettings, WeightStore, fingerprint
 from protocol import messages
+from protocol.engines import WantedEngine
 from protocol.gpu_users import UnexpectedGpuUser
 from protocol.shard import ShardSpec, ShardState
 
@@ -49,6 +58,9 @@ class AgentRuntime:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.node_id = config.identity
+        # Which engine builds fit: the driver's CUDA version, asked once (discovery asks
+        # again on every register, and logs what it finds there).
+        cuda_version = discover_gpus().cuda_version
         self.logs = LogBuffer()
         logging.getLogger().addHandler(self.logs.handler())
         for directory in (config.agent_dir, config.state_dir, config.log_dir):
@@ -68,8 +80,24 @@ class AgentRuntime:
             sequence=self.sequence,
         )  # fmt: skip
         self.sampler = UsageSampler(storage_dirs(self.discovery_config))
-        self.engines: dict[str, messages.EngineInstall] = {}
-        self.engine_paths: dict[str, str] = {}
+        self.engines = NodeEngines(
+            ProbeConfig(install_dirs=config.install_dirs, engine_paths=config.engines),
+            EngineInstaller(
+                InstallSettings(
+                    root=config.agent_dir / "engines",
+                    staging=config.agent_dir / "engines-staging",
+                    downloads=config.agent_dir / "engine-downloads",
+                    apt=AptSettings(),
+                    fetch=FetchSettings(),
+                    pip=PipSettings(index_url=config.pip_index_url),
+                ),
+                NodeTarget.of_this_machine(cuda_version),
+                on_change=self._engines_changed,
+                in_use=self._engines_in_use,
+            ),
+        )
+        # Set by the control plane's drain: running shards stay, new ones are refused.
+        self.draining = False
         self.link = AgentLink(
             config.servers,
             self.node_id,
@@ -80,7 +108,7 @@ class AgentRuntime:
         )
         self.weights = WeightStore(config.weights_dir)
         self.launcher = ShardLauncher(
-            self.node_id, self.supervisor, self.weights, lambda: self.engine_paths,
+            self.node_id, self.supervisor, self.weights, self.engines.find,
             self._on_transition, self.link.send, self.sequence,
         )  # fmt: skip
         self.unexpected_gpu_users: list[UnexpectedGpuUser] = []
@@ -95,7 +123,7 @@ class AgentRuntime:
     def start(self) -> None:
         global _current
         _current = self
-        self.probe_engines()
+        self.engines.probe()
         adopted = self.supervisor.adopt_all()
         if adopted:
             log.info("adopted %d running shard(s) from a previous agent", len(adopted))
@@ -106,12 +134,16 @@ class AgentRuntime:
         self.unexpected_gpu_users = sweep.unexpected
         self._thread = threading.Thread(target=self._run_loop, name="llmgw-link", daemon=True)
         self._thread.start()
+        if self.engines.installer is not None:
+            self.engines.installer.start()
 
     def stop(self) -> None:
         """End the link and watchers within STOP_TIMEOUT; engines keep running."""
         global _current
         self._stopping.set()
         self.link.stop()
+        if self.engines.installer is not None:
+            self.engines.installer.stop()
         if self._thread:
             self._thread.join(timeout=STOP_TIMEOUT)
         self.supervisor.shutdown()
@@ -160,31 +192,32 @@ class AgentRuntime:
         return self.supervisor.rotate_logs(self.config.log_max_bytes, self.config.log_keep)
 
     async def _probe_once(self) -> None:
-        before = dict(self.engines)
-        await asyncio.to_thread(self.probe_engines)
-        if self.engines != before:
-            log.info("installed engines changed: %s", ", ".join(sorted(self.engines)) or "none")
-            self.link.send(messages.Engines(engines=self.engines))
+        await asyncio.to_thread(self.engines.probe)
+        self._engines_changed()
         weights = await asyncio.to_thread(self.weights_changed)
         if weights is not None:
             self.link.send(weights)
 
     # -- what the node says ----------------------------------------------------------
 
-    def probe_engines(self) -> None:
-        found = probe_engines(
-            ProbeConfig(
-                install_dirs=self.config.install_dirs,
-                engine_paths={"sglang": self.config.sglang_python}
-                if self.config.sglang_python != "python3"
-                else {},
-            )
-        )
-        self.engine_paths = {name: install.path for name, install in found.items()}
-        self.engines = {
-            name: messages.EngineInstall(version=install.version, path=install.path)
-            for name, install in found.items()
-        }
+    def _engines_changed(self) -> None:
+        """Tell the control plane how the engines stand, when that changed (any thread)."""
+        statuses = self.engines.changed()
+        if statuses is not None:
+            self.link.send(messages.Engines(engines=statuses))
+
+    def _engines_in_use(self) -> set[tuple[str, str]]:
+        # A shard started without a version pins every version of its engine: which one
+        # it runs is not written down, and removing the wrong one would end it.
+        pinned: set[tuple[str, str]] = set()
+        installed = self.engines.statuses()
+        for shard in self.supervisor.running():
+            engine, version = shard.spec.engine, shard.spec.engine_version
+            if version:
+                pinned.add((engine, version))
+            else:
+                pinned.update((i.engine, i.version) for i in installed if i.engine == engine)
+        return pinned
 
     def register_message(self) -> messages.Register:
         inventory = discover(self.discovery_config)
@@ -203,7 +236,7 @@ class AgentRuntime:
             agent_version=AGENT_VERSION,
             inventory=inventory,
             engines_probed=True,
-            engines=self.engines,
+            engines=self.engines.statuses(),
             weights=self.weights_held(),
             shards=shards,
             problems=self.supervisor.problems,
@@ -254,7 +287,22 @@ class AgentRuntime:
             return known
         if not self._from_current_leader("start", spec.shard_id, spec.epoch):
             return "pending"
+        if self.draining:
+            return self.launcher.refuse(
+                spec, f"node {self.node_id} is draining: it takes no new shards"
+            )
         return self.launcher.start(spec)
+
+    def converge_engines(self, engines: list[WantedEngine]) -> None:
+        """Install what the catalog names and this node lacks; remove what it dropped."""
+        log.info("told to have engines: %s",
+                 ", ".join(f"{e.name} {e.version}" for e in engines) or "none")  # fmt: skip
+        self.engines.want(engines)
+
+    def drain(self, draining: bool) -> None:
+        if draining != self.draining:
+            log.info("draining: taking no new shards" if draining else "taking new shards again")
+        self.draining = draining
 
     def stop_shard(self, shard_id: str, epoch: int = 0) -> bool:
         """Stop a shard; False when the command came from a deposed leader and is ignored."""
@@ -278,9 +326,9 @@ class AgentRuntime:
     def engine_check(self, engine: str) -> dict:
         # Running an engine is only ever done on request; say so where operators look.
         log.info("engine check of %s requested by the control plane", engine)
-        path = self.engine_paths.get(engine)
+        path = self.engines.find(engine)
         if path is None:
-            known = ", ".join(sorted(self.engine_paths)) or "none"
+            known = ", ".join(self.engines.names()) or "none"
             return {"ok": False, "output": f"{engine} is not installed here (found: {known})"}
         command = get_adapter(engine).version_command(path)
         try:

@@ -12,7 +12,16 @@ from typing import Any
 from celery import shared_task
 
 from agent_worker.runtime import current
-from protocol.commands import COLLECT_WEIGHTS, ENGINE_CHECK, READ_LOGS, START_SHARD, STOP_SHARD
+from protocol.commands import (
+    COLLECT_WEIGHTS,
+    CONVERGE_ENGINES,
+    DRAIN,
+    ENGINE_CHECK,
+    READ_LOGS,
+    START_SHARD,
+    STOP_SHARD,
+)
+from protocol.engines import WantedEngine
 from protocol.shard import ShardSpec
 from protocol.signing import BadSignature, verify
 
@@ -66,3 +75,20 @@ def collect_weights_task(keep: list[str], deadline: float = 0, signature: str = 
     if not _checked(COLLECT_WEIGHTS, [keep], deadline, signature):
         return {"deleted": [], "refused": True}
     return {"deleted": current().collect_weights(keep)}
+
+
+@shared_task(name=CONVERGE_ENGINES)
+def converge_engines_task(engines: list[dict], deadline: float = 0, signature: str = "") -> str:
+    """Have exactly these engine versions; the install runs beside heartbeats and shards."""
+    if not _checked(CONVERGE_ENGINES, [engines], deadline, signature):
+        return "refused"
+    current().converge_engines([WantedEngine.model_validate(engine) for engine in engines])
+    return "converging"
+
+
+@shared_task(name=DRAIN)
+def drain_task(draining: bool = True, deadline: float = 0, signature: str = "") -> str:
+    if not _checked(DRAIN, [draining], deadline, signature):
+        return "refused"
+    current().drain(draining)
+    return "draining" if draining else "taking shards"

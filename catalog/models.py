@@ -8,6 +8,8 @@ import json
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
+from protocol.engines import WantedEngine
+
 KNOWN_ENGINES = ("llama.cpp", "vllm", "sglang")
 LAUNCH_MODES = ("native", "ray", "mp")
 STRATEGIES = ("pack", "spread")
@@ -27,6 +29,10 @@ class Engine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} {self.version}"
+
+    def wanted(self) -> WantedEngine:
+        """This version as a node is told to have it (the ``converge_engines`` command)."""
+        return WantedEngine(name=self.name, version=self.version, builds=self.builds)
 
 
 class Pool(models.Model):

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from catalog.models import KNOWN_ENGINES, LAUNCH_MODES, STRATEGIES
+from protocol.engines import PIP_ENGINES, EngineBuild
 from protocol.units import parse_duration, parse_size
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -57,19 +58,22 @@ def _check_engine(value: str) -> str:
     return value
 
 
-class EngineBuild(_Strict):
-    name: str
-    url: str
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    packages: list[str] = []
-
-
 class EngineEntry(_Strict):
     name: str
     version: str
+    # One archive per platform and accelerator; vLLM and SGLang are pip installs, no builds.
     builds: list[EngineBuild] = []
 
     _engine = field_validator("name")(_check_engine)
+
+    @model_validator(mode="after")
+    def builds_only_for_archives(self) -> EngineEntry:
+        if self.builds and self.name in PIP_ENGINES:
+            raise ValueError(
+                f"{self.name} is installed on each node with pip ({self.name}=={self.version}), "
+                "not from an archive; remove its builds:"
+            )
+        return self
 
 
 class NamedEntry(_Strict):

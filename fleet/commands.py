@@ -17,12 +17,15 @@ from fleet import leadership
 from fleet.node_auth import node_token
 from protocol.commands import (
     CollectWeights,
+    ConvergeEngines,
+    Drain,
     EngineCheck,
     NodeCommand,
     ReadLogs,
     StartShard,
     StopShard,
 )
+from protocol.engines import WantedEngine
 from protocol.shard import ShardSpec
 from protocol.signing import sign
 
@@ -30,6 +33,8 @@ log = logging.getLogger("llmgw.fleet.commands")
 
 START_EXPIRES = 120
 STOP_EXPIRES = 600
+# A node away longer is told again when it links; an hour-old engine list is no order.
+CONVERGE_EXPIRES = 600
 REPLY_TIMEOUT = 10.0
 
 
@@ -69,6 +74,15 @@ def send_stop_shard(node_id: str, shard_id: str, epoch: int | None = None) -> No
         lease = leadership.current()
         epoch = lease.epoch if lease is not None else 0
     send(node_id, StopShard(shard_id=shard_id, epoch=epoch), STOP_EXPIRES)
+
+
+def send_converge_engines(node_id: str, engines: list[WantedEngine]) -> None:
+    send(node_id, ConvergeEngines(engines=engines), CONVERGE_EXPIRES)
+
+
+def send_drain(node_id: str, draining: bool) -> None:
+    """Tell the agent to take no new shards (or to take them again)."""
+    send(node_id, Drain(draining=draining), CONVERGE_EXPIRES)
 
 
 def read_logs(node_id: str, source: str = "agent", lines: int = 200) -> dict:

@@ -14,7 +14,7 @@ from fleet.actions.nodes import drain_node, undrain_node
 from fleet.models import Node, Replica, ReplicaState
 from fleet.node_auth import node_token
 from fleet.rollout import rollout_status
-from fleet.selectors import live_replicas, model_rows, progress_line
+from fleet.selectors import engine_row, live_replicas, model_rows, progress_line
 
 
 def add_parsers(subparsers) -> None:
@@ -101,7 +101,7 @@ def _seconds_since(moment) -> float:
 
 def _node_row(node: Node) -> dict:
     facts, usage = node.inventory_facts(), node.latest_usage()
-    engines = node.engines
+    installs = node.engine_installs()
     return {
         "id": node.id,
         "state": node.state + (" (draining)" if node.draining else ""),
@@ -111,7 +111,7 @@ def _node_row(node: Node) -> dict:
             f"{format_bytes(usage.memory_used)}/{format_bytes(usage.memory_total)}" if usage else ""
         ),
         "gpus": len(facts.gpus) if facts else 0,
-        "engines": "(not reported)" if engines is None else ",".join(sorted(engines)) or "none",
+        "engines": None if installs is None else [engine_row(install) for install in installs],
         "warnings": "; ".join(node.warnings),
         "last_heartbeat": _ago(node.last_heartbeat),
     }
@@ -125,7 +125,16 @@ def nodes_command(options, out) -> None:
     headers = ["NODE", "STATE", "ADDRESS", "CPU", "RAM", "GPUS", "ENGINES", "HEARD", "WARNINGS"]
     keys = ["id", "state", "address", "cpu", "ram", "gpus", "engines", "last_heartbeat",
             "warnings"]  # fmt: skip
-    out.write(render_table(headers, [[row[k] for k in keys] for row in rows]))
+    table = [dict(row, engines=_engines_cell(row["engines"])) for row in rows]
+    out.write(render_table(headers, [[row[k] for k in keys] for row in table]))
+
+
+def _engines_cell(engines: list[dict] | None) -> str:
+    if engines is None:
+        return "(not reported)"
+    if not engines:
+        return "none"
+    return "; ".join(f"{e['engine']} {e['version']} {e['words']}".strip() for e in engines)
 
 
 def _replica_dicts() -> list[dict]:

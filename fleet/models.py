@@ -13,6 +13,7 @@ from django.db import models
 from django.utils.crypto import salted_hmac
 from pydantic import BaseModel, ValidationError
 
+from protocol.engines import EngineInstall
 from protocol.inventory import Inventory, Usage
 
 log = logging.getLogger("llmgw.fleet")
@@ -23,6 +24,8 @@ REPLICA_SECRET_SALT = "llmgw.replica-secret"  # noqa: S105 (a salt, not a secret
 # leaves it out and placement trusts the inventory's totals instead. Twelve heartbeats
 # missed, so a node is long called unreachable before its numbers stop counting.
 USAGE_FRESH_FOR = timedelta(seconds=60)
+# Engine lists are sent again this often, so a lost command costs this much at most.
+ENGINES_RETOLD_AFTER = timedelta(minutes=10)
 
 
 class NodeState(models.TextChoices):
@@ -82,9 +85,13 @@ class Node(models.Model):
     agent_version = models.CharField(max_length=64, blank=True)
     # The whole register message's inventory (protocol.inventory.Inventory as JSON).
     inventory = models.JSONField(default=dict, blank=True)
-    # engine -> {"version", "path", "status"}; null means the agent never sent a list.
+    # One protocol EngineInstall per engine version, as JSON; null means the agent never
+    # sent a list (an agent older than engine probing), [] that it has none.
     engines = models.JSONField(null=True, blank=True)
     weights = models.JSONField(default=list, blank=True)
+    # What the node was last told to have (a digest of the engine list), and when.
+    engines_told = models.CharField(max_length=64, blank=True)
+    engines_told_at = models.DateTimeField(null=True, blank=True)
     # GPU holders llmgw did not start and left alone (protocol UnexpectedGpuUser as JSON).
     unexpected_gpu_users = models.JSONField(default=list, blank=True)
     # The latest heartbeat's measurements (protocol Usage as JSON), with its time.
@@ -104,6 +111,35 @@ class Node(models.Model):
     def latest_usage(self) -> Usage | None:
         """Return the latest heartbeat's usage however old it is; None before the first."""
         return _stored(Usage, self.usage, self.id) if self.usage else None
+
+    def engine_installs(self) -> list[EngineInstall] | None:
+        """Every engine version the node reported, with its status; None if it never said."""
+        if self.engines is None:
+            return None
+        installs = [
+            install
+            for stored in self.engines
+            if (install := _stored(EngineInstall, stored, self.id)) is not None
+        ]
+        return sorted(installs, key=lambda install: (install.engine, install.version))
+
+    def installed_engines(self) -> dict[str, set[str]]:
+        """Engine name -> the versions installed and seen to run; only these take shards."""
+        installed: dict[str, set[str]] = {}
+        for install in self.engine_installs() or []:
+            if install.installed:
+                installed.setdefault(install.engine, set()).add(install.version)
+        return installed
+
+    def engines_due(self, digest: str, now: datetime) -> bool:
+        """Whether the node must be told its engines: never told since it linked, the
+        catalog's list changed since, or ENGINES_RETOLD_AFTER has passed."""
+        told = self.engines_told_at
+        if told is None or self.engines_told != digest:
+            return True
+        if self.registered_at is not None and self.registered_at >= told:
+            return True
+        return now - told >= ENGINES_RETOLD_AFTER
 
     def usage_fresh_at(self, now: datetime) -> bool:
         """Say whether the latest heartbeat is recent enough to be taken as current."""

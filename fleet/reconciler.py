@@ -29,6 +29,7 @@ from fleet.models import (
     Shard,
     ShardState,
 )  # fmt: skip
+from fleet.node_engines import tell_nodes_their_engines
 from fleet.services import refresh_replica_state
 from fleet.shard_specs import allocate_port, shard_spec
 from fleet.snapshot import node_snapshots, placement_request
@@ -57,6 +58,8 @@ class ReconcileReport:
     stopped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     draining: list[str] = field(default_factory=list)
+    # Nodes told which engines to have (on link, on a catalog change, every 10 minutes).
+    told_engines: list[str] = field(default_factory=list)
     # Why the pass did not run (or stopped early), if it did not run whole.
     skipped: str = ""
 
@@ -101,6 +104,7 @@ def reconcile(
             lambda: scale(report, epoch),
             lambda: place_waiting(now, epoch, report),
             lambda: finish_stops(report),
+            lambda: report.told_engines.extend(tell_nodes_their_engines(now)),
         ]
         for step in steps:
             if still_leading is not None and not still_leading():

@@ -12,6 +12,7 @@ from audit.models import Event
 from catalog.models import Model
 from core.humanize import format_bytes, format_progress
 from fleet.models import Node, Replica, ReplicaState, Shard
+from protocol.engines import EngineInstall
 from protocol.inventory import Filesystem, Inventory, Usage
 
 
@@ -88,6 +89,19 @@ def _percent(part: float | None, whole: float | None) -> float | None:
     return max(0.0, min(100.0, 100.0 * part / whole))
 
 
+def engine_row(install: EngineInstall) -> dict[str, Any]:
+    """One engine version on a node, as pages, ``llmgw_ctl nodes --json`` and the API say it."""
+    return {
+        "engine": install.engine,
+        "version": install.version,
+        "status": install.status,
+        "managed": install.managed,
+        "detail": install.detail,
+        "words": install.words,
+        "installed": install.installed,
+    }
+
+
 def node_row(node: Node, now: datetime) -> dict[str, Any]:
     """A node as the cluster and node pages show it: its latest use against what it has.
 
@@ -96,19 +110,8 @@ def node_row(node: Node, now: datetime) -> dict[str, Any]:
     facts, usage = node.inventory_facts(), node.latest_usage()
     fresh = node.usage_fresh_at(now)
     memory_total = (usage.memory_total if usage else 0) or (facts.memory_total if facts else None)
-    engines = (
-        None
-        if node.engines is None
-        else [
-            {
-                "name": name,
-                "version": info.get("version", ""),
-                "status": info.get("status", "installed"),
-                "installed": info.get("status", "installed") == "installed",
-            }
-            for name, info in sorted(node.engines.items())
-        ]
-    )
+    installs = node.engine_installs()
+    engines = None if installs is None else [engine_row(install) for install in installs]
     filesystems = (usage.filesystems if usage else []) or (facts.filesystems if facts else [])
     cpu_percent = usage.cpu_percent if usage else None
     memory_used = usage.memory_used if usage else None

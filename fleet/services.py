@@ -28,6 +28,7 @@ from fleet.models import (
 )  # fmt: skip
 from fleet.transitions import transition
 from protocol import messages
+from protocol.engines import EngineInstall
 
 log = logging.getLogger("llmgw.fleet")
 
@@ -54,11 +55,7 @@ def register_node(node_id: str, message: messages.Register, now: datetime | None
     """Create or refresh a node from its register message and mark it connected."""
     now = now or timezone.now()
     inventory = message.inventory.model_dump(mode="json")
-    engines = (
-        {name: install.model_dump(mode="json") for name, install in message.engines.items()}
-        if message.engines_probed
-        else None
-    )
+    engines = _engines_json(message.engines) if message.engines_probed else None
     with transaction.atomic():
         node, created = Node.objects.select_for_update().get_or_create(
             id=node_id,
@@ -102,7 +99,7 @@ def _qualifications(node: Node) -> dict[str, object]:
     return {
         "memory": facts.memory_total if facts else 0,
         "gpus": len(facts.gpus) if facts else 0,
-        "engines": set(node.engines or {}),
+        "engines": set(node.installed_engines()),
     }
 
 
@@ -124,14 +121,31 @@ def _log_new_qualifications(node: Node, before: dict[str, object]) -> None:
 
 
 def update_engines(node_id: str, message: messages.Engines) -> None:
-    engines = {name: install.model_dump(mode="json") for name, install in message.engines.items()}
     node = Node.objects.filter(id=node_id).first()
     if node is None:
         return
-    before = _qualifications(node)
-    node.engines = engines if message.probed else None
+    before, before_installs = _qualifications(node), node.engine_installs() or []
+    node.engines = _engines_json(message.engines) if message.probed else None
     node.save(update_fields=["engines"])
     _log_new_qualifications(node, before)
+    _record_install_outcomes(node_id, before_installs, node.engine_installs() or [])
+    notices.pages_changed_on_commit("node", node_id)
+
+
+def _record_install_outcomes(
+    node_id: str, before: list[EngineInstall], after: list[EngineInstall]
+) -> None:
+    """An Event when an engine version ends an install (installed, or failed and why);
+    progress on the way is status, not history."""
+    said = {(install.engine, install.version): install.words for install in before}
+    for install in after:
+        key = (install.engine, install.version)
+        if install.status in ("installed", "failed") and said.get(key) != install.words:
+            record_event("node", node_id, f"{install.engine} {install.version} {install.words}")
+
+
+def _engines_json(installs: list[EngineInstall]) -> list[dict]:
+    return [install.model_dump(mode="json") for install in installs]
 
 
 def update_weights(node_id: str, message: messages.Weights) -> None:

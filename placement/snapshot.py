@@ -57,12 +57,12 @@ class NodeSnapshot:
     id: str
     state: str  # CONNECTED | UNREACHABLE | LOST | DRAINING
     pool: str = ""
-    # Engine name -> version. None: the agent sent no list (an agent older than
-    # engine probing), which never excludes a node; {}: it probed and has none.
-    engines: Mapping[str, str] | None = None
-    # Engine name -> the node's own status words, e.g.
-    # "installing: downloading llama-b6000-bin-ubuntu-x64.tar.gz (16 MB)".
-    engines_installing: Mapping[str, str] = field(default_factory=dict)
+    # Engine name -> the versions installed. None: the agent sent no list (an agent
+    # older than engine probing), which never excludes a node; {}: it probed and has none.
+    engines: Mapping[str, tuple[str, ...]] | None = None
+    # (engine, version) -> the node's own words for a version not installed (yet), e.g.
+    # "installing: downloading llama-b6000-bin-ubuntu-x64.tar.gz (16 MiB, 40%)".
+    engine_progress: Mapping[tuple[str, str], str] = field(default_factory=dict)
     gpus: tuple[GpuSnapshot, ...] = ()  # only the GPUs no shard holds
     ram_free: int = 0
     disk_free: int = 0

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from protocol.engines import WantedEngine
 from protocol.shard import ShardSpec
 
 START_SHARD = "agent.start_shard"
@@ -17,6 +18,8 @@ STOP_SHARD = "agent.stop_shard"
 READ_LOGS = "agent.read_logs"
 ENGINE_CHECK = "agent.engine_check"
 COLLECT_WEIGHTS = "agent.collect_weights"
+CONVERGE_ENGINES = "agent.converge_engines"
+DRAIN = "agent.drain"
 
 
 class NodeCommand(BaseModel):
@@ -62,3 +65,21 @@ class CollectWeights(NodeCommand):
 
     task: ClassVar[str] = COLLECT_WEIGHTS
     keep: list[str]
+
+
+class ConvergeEngines(NodeCommand):
+    """Have exactly these engine versions: install what is missing, remove what llmgw
+    installed and nothing wants any more (and no shard runs on)."""
+
+    task: ClassVar[str] = CONVERGE_ENGINES
+    engines: list[WantedEngine]
+
+    def args(self) -> list[Any]:
+        return [[engine.model_dump(mode="json") for engine in self.engines]]
+
+
+class Drain(NodeCommand):
+    """Take no new shards (``draining``), or take them again; running shards stay."""
+
+    task: ClassVar[str] = DRAIN
+    draining: bool = True

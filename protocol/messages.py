@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
+from protocol.engines import EngineInstall
 from protocol.gpu_users import UnexpectedGpuUser
 from protocol.inventory import Inventory, Usage
 from protocol.shard import ShardSpec, ShardState
@@ -22,12 +23,15 @@ class _Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class EngineInstall(_Message):
-    """An engine the node can run, as its agent found it (by path, never by running it)."""
+def _engines_as_list(value: object) -> object:
+    # Agents before per-version statuses sent {engine: {version, path, status}}.
+    if isinstance(value, dict):
+        return [{**dict(install or {}), "engine": name} for name, install in value.items()]
+    return value
 
-    version: str = ""
-    path: str = ""
-    status: str = Field(default="installed", description="installed, or the node's own words")
+
+# Every engine version on the node, each with its status.
+EngineList = Annotated[list[EngineInstall], BeforeValidator(_engines_as_list)]
 
 
 class RunningShard(_Message):
@@ -58,7 +62,7 @@ class Register(_Message):
     inventory: Inventory
     # False only from an agent too old to probe: its empty list then means "did not say".
     engines_probed: bool = False
-    engines: dict[str, EngineInstall] = Field(default_factory=dict)
+    engines: EngineList = Field(default_factory=list)
     weights: list[WeightFile] = Field(default_factory=list)
     shards: list[RunningShard] = Field(default_factory=list)
     problems: list[str] = Field(
@@ -108,7 +112,7 @@ class Engines(_Message):
 
     type: Literal["engines"] = "engines"
     probed: bool = True
-    engines: dict[str, EngineInstall] = Field(default_factory=dict)
+    engines: EngineList = Field(default_factory=list)
 
 
 class Weights(_Message):

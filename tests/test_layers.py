@@ -23,7 +23,7 @@ MAY_IMPORT = {
     "catalog": {"protocol", "core", "audit"},
     "fleet": {"protocol", "core", "placement", "audit", "catalog"},
     "router": {"protocol", "core", "audit", "catalog", "fleet"},
-    "agent_worker": {"protocol"},
+    "agent_worker": {"protocol", "core"},
     "llmgw_site": {"protocol", "core", "audit", "catalog", "fleet", "router"},
     "llmgw_cli": OURS,
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from agent_worker.engines.base import EngineAdapter
 from agent_worker.engines.command import LaunchCommand
 from agent_worker.engines.llama_cpp import LlamaCppAdapter
-from agent_worker.engines.probe import EngineInstall, ProbeConfig, probe_engines
+from agent_worker.engines.probe import FoundEngine, ProbeConfig, probe_engines
 from agent_worker.engines.sglang import SglangAdapter
 from agent_worker.engines.validation import validate_args, validate_env
 from agent_worker.engines.vllm import VllmAdapter
@@ -31,7 +31,7 @@ def get_adapter(name: str) -> EngineAdapter:
 __all__ = [
     "ADAPTERS",
     "EngineAdapter",
-    "EngineInstall",
+    "FoundEngine",
     "LaunchCommand",
     "LlamaCppAdapter",
     "ProbeConfig",

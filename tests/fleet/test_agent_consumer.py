@@ -50,7 +50,7 @@ async def linked(node_id: str) -> WebsocketCommunicator:
 async def test_register_creates_the_node_connected():
     ws = await linked("node01")
     node = await sync_to_async(Node.objects.get)(id="node01")
-    assert (node.state, node.address, node.engines) == ("connected", "10.0.0.1", {})
+    assert (node.state, node.address, node.engines) == ("connected", "10.0.0.1", [])
     await ws.disconnect()
 
 

@@ -9,6 +9,7 @@ from fleet import services
 from fleet.models import Node, Replica, Shard, ShardState
 from fleet.services import link_node
 from protocol import messages
+from protocol.engines import EngineInstall
 from tests.fleet.inventories import inventory
 from tests.fleet.test_reconciler import catalog, connect, run
 
@@ -19,7 +20,7 @@ def register(node_id: str, **fields) -> messages.Register:
     return messages.Register(
         inventory=inventory(node_id, gpus=2),
         engines_probed=True,
-        engines={"llama.cpp": messages.EngineInstall(version="b6000")},
+        engines=[EngineInstall(engine="llama.cpp", version="b6000")],
         **fields,
     )
 

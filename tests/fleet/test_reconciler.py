@@ -22,6 +22,7 @@ from fleet.services import (
 )
 from fleet.transitions import transition
 from protocol import messages
+from protocol.engines import EngineInstall
 from protocol.shard import ShardSpec
 from protocol.signing import BadSignature, verify
 from tests.factories import make_profile, make_replica
@@ -49,7 +50,7 @@ def connect(node_id, engines=("llama.cpp",), **fields):
     register = messages.Register(
         inventory=inventory(node_id, **fields),
         engines_probed=True,
-        engines={name: messages.EngineInstall(version="b6000") for name in engines},
+        engines=[EngineInstall(engine=name, version="b6000") for name in engines],
     )
     return register_node(node_id, register)
 
@@ -246,7 +247,7 @@ def test_a_restarted_control_plane_rebuilds_replicas_from_reports_without_a_seco
                      fingerprint=profile_fingerprint, port=20000, api_key=secret)  # fmt: skip
     register = messages.Register(
         inventory=inventory(node_ids[0]), engines_probed=True,
-        engines={"llama.cpp": messages.EngineInstall()},
+        engines=[EngineInstall(engine="llama.cpp")],
         shards=[messages.RunningShard(spec=spec, state="ready", pid=99)],
     )  # fmt: skip
     register_node(node_ids[0], register)

@@ -21,6 +21,7 @@ from fleet.services import (
     register_node,
 )
 from protocol import messages
+from protocol.engines import EngineInstall
 from protocol.shard import ShardSpec
 from tests.fleet.inventories import inventory
 from tests.fleet.queues import queued_commands
@@ -44,7 +45,7 @@ def register_with(node_id, *running: messages.RunningShard) -> messages.Register
     register = messages.Register(
         inventory=inventory(node_id),
         engines_probed=True,
-        engines={"llama.cpp": messages.EngineInstall(version="b6000")},
+        engines=[EngineInstall(engine="llama.cpp", version="b6000")],
         shards=list(running),
     )
     register_node(node_id, register)

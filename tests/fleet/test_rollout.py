@@ -26,6 +26,7 @@ from fleet.rollout import rollout_status
 from fleet.routing_table import routing_snapshot
 from fleet.services import record_shard_status, register_node
 from protocol import messages
+from protocol.engines import EngineInstall
 from protocol.routing import INFLIGHT_KEY_PREFIX, RoutingSnapshot
 from router.balancer import Balancer
 from router.inflight import inflight_report
@@ -50,7 +51,7 @@ def connect(node_id: str, gpus: int) -> None:
     register = messages.Register(
         inventory=inventory(node_id, gpus=gpus),
         engines_probed=True,
-        engines={"llama.cpp": messages.EngineInstall(version="b6000")},
+        engines=[EngineInstall(engine="llama.cpp", version="b6000")],
     )
     register_node(node_id, register)
 

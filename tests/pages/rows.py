@@ -39,10 +39,16 @@ def heartbeating_node(node_id: str = "node01", **fields) -> Node:
     fields.setdefault("address", "10.0.0.1")
     fields.setdefault(
         "engines",
-        {
-            "llama.cpp": {"version": "b5000", "path": "/x", "status": "installed"},
-            "vllm": {"version": "0.9", "path": "", "status": "install failed: sha256 mismatch"},
-        },
+        [
+            {"engine": "llama.cpp", "version": "b5000", "path": "/x", "status": "installed"},
+            {
+                "engine": "vllm",
+                "version": "0.9",
+                "status": "failed",
+                "detail": "vllm-0.9.tar.gz: sha256 mismatch",
+                "managed": True,
+            },
+        ],
     )
     return make_node(
         node_id,

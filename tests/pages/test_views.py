@@ -158,7 +158,7 @@ def test_the_cluster_page_shows_nodes_and_models_as_operators_need_them(fleet, r
     assert "41%" in html  # CPU bar label
     assert "14.9 GiB / 59.6 GiB" in html  # RAM bar label
     assert "11.2 GiB / 80 GiB" in html  # GPU memory used / total
-    assert "vllm 0.9: install failed: sha256 mismatch" in html
+    assert "vllm 0.9 failed: vllm-0.9.tar.gz: sha256 mismatch" in html
     assert "186.3 GiB" in html  # disk free where the weights go
     assert "no AVX2: llama.cpp runs slowly" in html
     assert "fabric ib0: adapter mlx5_0 is DOWN" in html

@@ -43,7 +43,7 @@ def node(node_id: str = "node01", **changes: Any) -> NodeSnapshot:
     """A connected node with vLLM 0.7.0, eight free 80 GiB GPUs, 512 GiB RAM, 2000 GiB disk."""
     values: dict[str, Any] = {
         "state": "connected",
-        "engines": {"vllm": "0.7.0"},
+        "engines": {"vllm": ("0.7.0",)},
         "gpus": gpus(),
         "ram_free": 512 * GIB,
         "disk_free": 2000 * GIB,

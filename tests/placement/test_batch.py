@@ -123,7 +123,7 @@ def _random_fleet(rng: random.Random) -> list[NodeSnapshot]:
                 f"node{n:02d}",
                 state=rng.choice(("connected",) * 8 + ("draining", "lost")),
                 pool=rng.choice(("", "a", "b")),
-                engines=rng.choice((None, {}, {"vllm": "0.7.0"}, {"vllm": "0.7.0"})),
+                engines=rng.choice((None, {}, {"vllm": ("0.7.0",)}, {"vllm": ("0.7.0",)})),
                 gpus=gpus(count, free=rng.choice((20, 50, 80)) * GIB, links=links),
                 ram_free=rng.choice((32, 128, 512)) * GIB,
                 disk_free=rng.choice((100, 300, 1000)) * GIB,

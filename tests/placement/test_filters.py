@@ -10,7 +10,8 @@ from core.humanize import format_bytes, format_need_and_have
 from placement import place
 from tests.placement.builders import GIB, fabric, gpus, node, request
 
-INSTALLING = "installing: downloading llama-b6000-bin-ubuntu-x64.tar.gz (16 MB)"
+INSTALLING = "installing: downloading vllm 0.8.1 wheels (40%)"
+FAILED = "failed: libgomp.so.1 not found"
 
 REFUSALS: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
     ("draining", {"state": "draining"}, {}, ["node01: draining: takes no new replicas"]),
@@ -23,10 +24,16 @@ REFUSALS: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
         ["node01: booting: only connected nodes take replicas"],
     ),
     (
-        "engine-missing-with-installing-words",
-        {"engines": {"llama.cpp": "b6000"}, "engines_installing": {"vllm": INSTALLING}},
+        "engine-installing-in-the-nodes-words",
+        {"engines": {"llama.cpp": ("b6000",)}, "engine_progress": {("vllm", "0.8.1"): INSTALLING}},
         {},
-        [f"node01: engine vllm not installed ({INSTALLING})"],
+        [f"node01: vllm 0.8.1 {INSTALLING}"],
+    ),
+    (
+        "engine-failed-in-the-nodes-words",
+        {"engine_progress": {("vllm", "0.8.1"): FAILED, ("vllm", "0.9.0"): INSTALLING}},
+        {"engine_version": "0.8.1"},
+        [f"node01: vllm 0.8.1 {FAILED}"],
     ),
     ("engines-probed-none", {"engines": {}}, {}, ["node01: engine vllm not installed"]),
     (
@@ -125,7 +132,8 @@ def test_refusal_reads_exactly(
 
 PASSES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
     ("old-agent-sent-no-engine-list", {"engines": None}, {}),
-    ("any-version-when-none-asked", {"engines": {"vllm": "0.6.0"}}, {}),
+    ("any-version-when-none-asked", {"engines": {"vllm": ("0.6.0",)}}, {}),
+    ("one-of-two-versions", {"engines": {"vllm": ("0.6.0", "0.7.0")}}, {"engine_version": "0.6.0"}),
     ("same-version", {}, {"engine_version": "0.7.0"}),
     ("no-pool-asked", {"pool": "batch"}, {}),
     (
@@ -169,7 +177,7 @@ def test_summary_counts_a_node_under_every_shortfall_and_speaks_of_one_node_sing
     nodes = [
         node("node01", state="draining", ram_free=GIB),
         node("node02", gpus=gpus(8, free=GIB)),
-        node("node03", gpus=gpus(8, free=GIB), engines={"vllm": "0.6.0"}),
+        node("node03", gpus=gpus(8, free=GIB), engines={"vllm": ("0.6.0",)}),
     ]
 
     decision = place(request(engine_version="0.7.0"), nodes)

@@ -14,6 +14,8 @@ from urllib.parse import quote
 
 from django.conf import settings
 
+from llmgw_cli.local_engine import local_engines
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -126,6 +128,8 @@ def agent(
         LLMGW_WEIGHTS_DIR=str(home / "weights"),
         LLMGW_AGENT_CONFIG=str(home / "no-agent-file.yaml"),
         LLMGW_HEARTBEAT_INTERVAL="1",
+        # As `llmgw up` does: the agent counts only engines its file names.
+        LLMGW_ENGINES=local_engines(),
         **extra,
     )
     env.pop("DJANGO_SETTINGS_MODULE")
@@ -152,7 +156,7 @@ def router(port: int, log_dir: Path, **extra: str) -> Process:
     return Process(f"router-{port}", argv, base_env(**extra), log_dir)
 
 
-# A stand-in for llama-server and vllm: the agent finds it on PATH and launches it with
+# A stand-in for llama-server and vllm: the agent file names it and the agent launches it with
 # the adapter's real command line. Rank 0 also listens on --master-port (its rendezvous);
 # a --headless worker serves nothing and only stays alive, as vLLM's do.
 _FAKE_ENGINE = """#!{python}
@@ -178,8 +182,8 @@ os.execv(stub[0], stub)
 """
 
 
-def fake_engines(directory: Path) -> Path:
-    """A bin directory with fake ``llama-server`` and ``vllm``; put it first on an agent's PATH."""
+def fake_engines(directory: Path) -> str:
+    """Fake ``llama-server`` and ``vllm``, as ``LLMGW_ENGINES`` naming them for an agent."""
     bin_dir = directory / "fake-bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     stub = REPO / "tests" / "agent" / "stub_engine.py"
@@ -188,4 +192,4 @@ def fake_engines(directory: Path) -> Path:
         path = bin_dir / name
         path.write_text(script)
         path.chmod(0o755)
-    return bin_dir
+    return f"llama.cpp={bin_dir / 'llama-server'},vllm={bin_dir / 'vllm'}"

@@ -1,6 +1,6 @@
 """The control loop after restarts, with real daphne, reconciler, agents and engine processes.
 
-The engines are stand-ins (``support.fake_engines``) that the agents find on PATH and
+The engines are stand-ins (``support.fake_engines``) that the agents are told of and
 launch with the adapters' real command lines, so each case takes seconds, not a model load.
 """
 
@@ -58,7 +58,7 @@ class Cluster:
             "LLMGW_DEMO": "0",
             **settings,
         }
-        self.path = f"{fake_engines(tmp_path)}:{os.environ['PATH']}"
+        self.engines = fake_engines(tmp_path)
         self.nodes: list[str] = []
 
     def start_control_plane(self) -> Process:
@@ -76,7 +76,9 @@ class Cluster:
     def start_agent(self, node_id: str) -> Process:
         home = self.tmp_path / node_id
         server = f"ws://127.0.0.1:{self.port}"
-        worker = agent(node_id, server, node_token(node_id), home, self.tmp_path, PATH=self.path)
+        worker = agent(
+            node_id, server, node_token(node_id), home, self.tmp_path, LLMGW_ENGINES=self.engines
+        )
         self.processes.append(worker.start())
         if node_id not in self.nodes:
             self.nodes.append(node_id)
@@ -236,7 +238,7 @@ def test_agent_restarted_during_an_outage_does_not_take_a_ready_replica_back(clu
     engine_env = psutil.Process(shard.pid).environ()
     leaked = [name for name in engine_env if name.startswith(("LLMGW_", "CELERY", "DJANGO"))]
     leaked += [name for name in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY") if name in engine_env]
-    assert not leaked and engine_env["PATH"] == c.path
+    assert not leaked and engine_env["PATH"] == worker.env["PATH"]
 
     # The outage: the control plane goes down, and the agent restarts while it is down.
     web.kill()

@@ -111,8 +111,8 @@ ThreadingHTTPServer((flag("--host", "127.0.0.1"), int(flag("--port"))), Handler)
 """
 
 
-def streaming_engines(directory: Path) -> Path:
-    """A bin directory whose ``llama-server`` is the streaming stand-in."""
+def streaming_engines(directory: Path) -> str:
+    """``LLMGW_ENGINES`` naming the streaming stand-in as the agent's ``llama-server``."""
     bin_dir = directory / "streaming-bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
     path = bin_dir / "llama-server"
@@ -120,7 +120,7 @@ def streaming_engines(directory: Path) -> Path:
         _STREAMING_ENGINE.format(python=sys.executable, chunks=CHUNKS, delay=CHUNK_SECONDS)
     )
     path.chmod(0o755)
-    return bin_dir
+    return f"llama.cpp={path}"
 
 
 def catalog(source: Path, threads: int) -> str:
@@ -213,10 +213,9 @@ def test_a_two_replica_profile_rolls_with_no_failed_request_under_a_streaming_lo
     processes.append(reconciler("reconciler-rollout", tmp_path, **env).start())
     processes.append(router(router_port, tmp_path).start())
     wait_for(lambda: listening(port), 60, "the control plane")
-    path = f"{streaming_engines(tmp_path)}:{os.environ['PATH']}"
     processes.append(
         agent(node_id, f"ws://127.0.0.1:{port}", node_token(node_id), tmp_path / node_id,
-              tmp_path, PATH=path).start()
+              tmp_path, LLMGW_ENGINES=streaming_engines(tmp_path)).start()
     )  # fmt: skip
     wait_for(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
              "the agent to register")  # fmt: skip

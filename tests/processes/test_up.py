@@ -48,7 +48,14 @@ def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_p
         # Another terminal with the same home reaches the same database and Redis.
         other = up.manage("llmgw_ctl", "nodes", "--json")
         assert other.returncode == 0, other.stderr[-2000:]
-        assert [node["state"] for node in json.loads(other.stdout)] == ["connected"]
+        [node] = json.loads(other.stdout)
+        assert node["state"] == "connected"
+        # No archive needed: the demo's engine is the wheel, named by `llmgw up` itself.
+        [engine] = node["engines"]
+        assert (engine["engine"], engine["status"], engine["managed"]) == (
+            "llama.cpp", "installed", False,
+        )  # fmt: skip
+        assert engine["detail"] == "named in the agent file"
         password_file = home / "admin-password"
         assert password_file.exists() and oct(password_file.stat().st_mode)[-3:] == "600"
         assert (home / "postgres" / "PG_VERSION").exists()

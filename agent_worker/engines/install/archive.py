@@ -1,0 +1,105 @@
+"""Unpacking an engine archive so that nothing in it can reach outside its directory.
+
+Every member is checked before anything is written: an absolute path, a ``..`` part, a
+link whose target leaves the directory (or a hard link to no member), a device file or
+a fifo refuses the whole archive, naming the member. Links that stay inside are fine:
+llama.cpp's libraries are ``libggml.so -> libggml.so.0 -> libggml.so.0.26.0``.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+import tarfile
+import zipfile
+from pathlib import Path
+
+from agent_worker.engines.install.errors import InstallError
+
+TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tar")
+
+
+def unpack(archive: Path, into: Path) -> None:
+    """Unpack ``archive`` (tar or zip) into the existing, empty directory ``into``."""
+    name = archive.name
+    try:
+        if name.endswith(".zip"):
+            with zipfile.ZipFile(archive) as zipped:
+                for info in zipped.infolist():
+                    _check_zip_member(zipped, info, name)
+                zipped.extractall(into)  # noqa: S202 (every member was checked above)
+                _restore_zip_modes(zipped, into)
+        elif name.endswith(TAR_SUFFIXES):
+            with tarfile.open(archive) as tar:
+                members = tar.getmembers()  # reads the whole archive: truncation shows here
+                names = {posixpath.normpath(member.name) for member in members}
+                for member in members:
+                    _check_tar_member(member, names, name)
+                tar.extractall(into, members=members, filter="tar")
+        else:
+            raise InstallError(f"{name} is neither a tar archive nor a zip; llmgw unpacks "
+                               f"{', '.join(TAR_SUFFIXES)} and .zip")  # fmt: skip
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError) as exc:
+        raise InstallError(f"{name} is truncated or corrupt: {exc}") from None
+    except OSError as exc:
+        raise InstallError(f"unpacking {name} failed: {exc}") from None
+
+
+def _check_path(path: str, archive: str) -> str:
+    if path.startswith("/") or (len(path) > 1 and path[1] == ":"):
+        raise InstallError(f"{archive}: member {path!r} has an absolute path; refused")
+    if ".." in path.replace("\\", "/").split("/"):
+        raise InstallError(f"{archive}: member {path!r} climbs out with '..'; refused")
+    return posixpath.normpath(path)
+
+
+def _check_link(member: str, target: str, archive: str) -> None:
+    if target.startswith("/"):
+        raise InstallError(f"{archive}: link {member!r} points to {target!r}, outside; refused")
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(member), target))
+    if resolved == ".." or resolved.startswith("../"):
+        raise InstallError(f"{archive}: link {member!r} points to {target!r}, outside; refused")
+
+
+def _check_tar_member(member: tarfile.TarInfo, names: set[str], archive: str) -> None:
+    path = _check_path(member.name, archive)
+    if member.issym():
+        _check_link(path, member.linkname, archive)
+    elif member.islnk():
+        # A hard link names another member, from the archive's top.
+        target = member.linkname
+        if target.startswith("/") or ".." in target.split("/"):
+            raise InstallError(
+                f"{archive}: hard link {member.name!r} points to {target!r}, outside; refused"
+            )
+        if posixpath.normpath(target) not in names:
+            raise InstallError(
+                f"{archive}: hard link {member.name!r} points to {target!r}, which is not in "
+                "the archive; refused"
+            )
+    elif member.isdev() or member.isfifo():
+        raise InstallError(f"{archive}: member {member.name!r} is a device or fifo; refused")
+    elif not (member.isfile() or member.isdir()):
+        raise InstallError(f"{archive}: member {member.name!r} is of an unknown type; refused")
+
+
+def _check_zip_member(zipped: zipfile.ZipFile, info: zipfile.ZipInfo, archive: str) -> None:
+    path = _check_path(info.filename, archive)
+    mode = info.external_attr >> 16
+    if stat.S_ISLNK(mode):
+        # extractall would write the link's target as a file; refuse rather than guess.
+        target = zipped.read(info).decode("utf-8", "replace")
+        _check_link(path, target, archive)
+        raise InstallError(f"{archive}: member {info.filename!r} is a symlink, which llmgw "
+                           "unpacks only from tar archives; refused")  # fmt: skip
+    if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise InstallError(f"{archive}: member {info.filename!r} is a device or fifo; refused")
+
+
+def _restore_zip_modes(zipped: zipfile.ZipFile, into: Path) -> None:
+    # zipfile drops the permission bits: without them llama-server is not executable.
+    for info in zipped.infolist():
+        mode = (info.external_attr >> 16) & 0o777
+        if mode and not info.is_dir():
+            os.chmod(into / info.filename, mode)

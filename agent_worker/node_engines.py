@@ -1,0 +1,72 @@
+"""The engines this node has, from the two places an engine may come from: the agent
+file, which names engines installed by other means (reported as not managed), and
+llmgw's own installer, which reports every version it installs, how far it has got,
+and why one failed. Only ``installed`` entries run shards.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from agent_worker.engines.install import EngineInstaller
+from agent_worker.engines.probe import FoundEngine, ProbeConfig, natural_key, probe_engines
+from protocol.engines import EngineInstall, WantedEngine
+
+
+class NodeEngines:
+    def __init__(self, probe_config: ProbeConfig, installer: EngineInstaller | None) -> None:
+        self.probe_config = probe_config
+        self.installer = installer
+        self._named: list[EngineInstall] = []
+        self._lock = threading.Lock()
+        self._last_said: list[EngineInstall] | None = None
+
+    def probe(self) -> None:
+        """Look again at the engines the agent file names (none is run)."""
+        named = [_named(found) for found in probe_engines(self.probe_config).values()]
+        with self._lock:
+            self._named = named
+
+    def want(self, engines: list[WantedEngine]) -> None:
+        if self.installer is not None:
+            self.installer.want(engines)
+
+    def statuses(self) -> list[EngineInstall]:
+        """Every engine version here with its status: llmgw's installs, then the named."""
+        managed = self.installer.statuses() if self.installer is not None else []
+        with self._lock:
+            return [*managed, *self._named]
+
+    def changed(self) -> list[EngineInstall] | None:
+        """The statuses if they differ from what was last said, else None."""
+        statuses = self.statuses()
+        with self._lock:
+            if statuses == self._last_said:
+                return None
+            self._last_said = statuses
+        return statuses
+
+    def find(self, engine: str, version: str = "") -> str | None:
+        """The executable for ``engine`` at ``version`` ("" any): llmgw's install first,
+        since the catalog named it, then the newest version."""
+        candidates = [
+            install
+            for install in self.statuses()
+            if install.installed
+            and install.engine == engine
+            and (not version or install.version == version)
+        ]
+        if not candidates:
+            return None
+        best = max(candidates, key=lambda i: (i.managed, natural_key(i.version)))
+        return best.path
+
+    def names(self) -> list[str]:
+        return sorted({install.engine for install in self.statuses() if install.installed})
+
+
+def _named(found: FoundEngine) -> EngineInstall:
+    where = "named in the agent file" if found.found_by == "configured" else found.found_by
+    return EngineInstall(
+        engine=found.engine, version=found.version, path=found.path, detail=where, managed=False
+    )

