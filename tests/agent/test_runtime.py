@@ -7,6 +7,8 @@ import threading
 
 from agent_worker.config import AgentConfig
 from agent_worker.runtime import AgentRuntime
+from protocol import messages
+from protocol.shard import ShardSpec
 
 
 def runtime(tmp_path, **fields) -> AgentRuntime:
@@ -63,3 +65,38 @@ def test_weights_changes_are_told_once_when_threads_ask_together(tmp_path):
         thread.join()
     agent.stop()
     assert len([message for message in told if message is not None]) == 1
+
+
+def test_a_draining_agent_refuses_new_shards_and_says_why(tmp_path):
+    agent = runtime(tmp_path)
+    told = []
+    agent.link.send = told.append  # type: ignore[method-assign]
+    spec = ShardSpec(shard_id="a" * 32, replica_id="r1", model="m", source="/models/m.gguf",
+                     engine="llama.cpp", profile="cpu", port=20000)  # fmt: skip
+
+    agent.drain(True)
+    state = agent.start_shard(spec)
+    agent.drain(False)
+
+    assert state == "failed"
+    [refusal] = [m for m in told if isinstance(m, messages.ShardStatus)]
+    assert refusal.reason == "node node01 is draining: it takes no new shards"
+    assert agent.start_shard(spec.model_copy(update={"shard_id": "b" * 32})) == "failed"
+    assert "draining" not in told[-1].reason  # undrained: refused for another reason
+
+
+def test_engines_named_in_the_agent_file_are_reported_as_not_managed(tmp_path):
+    binary = tmp_path / "opt" / "llama-server"
+    binary.parent.mkdir()
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    agent = runtime(tmp_path, engines={"llama.cpp": str(binary)})
+
+    agent.engines.probe()
+
+    [named] = agent.register_message().engines
+    assert (named.engine, named.path, named.status, named.managed) == (
+        "llama.cpp", str(binary), "installed", False,
+    )  # fmt: skip
+    assert agent.engines.find("llama.cpp") == str(binary)
+    assert agent.engines.find("llama.cpp", "b6000") is None

@@ -36,9 +36,10 @@ _RANGE = re.compile(r"bytes=(\d+)-")
 
 @dataclass
 class WeightsServer:
-    """Serves ``data`` at /files/model.gguf and counts what it sent."""
+    """Serves ``data`` at /files/<name> and counts what it sent."""
 
     data: bytes
+    name: str = "model.gguf"
     send_length: bool = True
     honour_range: bool = True
     break_after: int | None = None  # close the connection after this many body bytes, once
@@ -54,7 +55,7 @@ class WeightsServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/files/model.gguf"
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/files/{self.name}"
 
     @property
     def sha256(self) -> str:
@@ -75,7 +76,7 @@ def _handler(server: WeightsServer) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:  # noqa: N802
             with server.lock:
                 server.requests.append(dict(self.headers.items()))
-            if self.path.split("?")[0] != "/files/model.gguf":
+            if self.path.split("?")[0] != f"/files/{server.name}":
                 self.send_error(404)
                 return
             size = len(server.data)

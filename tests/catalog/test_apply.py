@@ -229,3 +229,34 @@ def test_delete_model_removes_it_and_its_profiles():
     assert delete_entry("model", "qwen") is True
     assert delete_entry("model", "qwen") is False
     assert not Profile.objects.filter(model__name="qwen").exists()
+
+
+ENGINE_BUILD = """
+engines:
+  - name: {engine}
+    version: "1"
+    builds:
+      - name: b
+        url: https://example.org/b.tar.gz
+        sha256: "{sha}"
+        {field}
+"""
+
+
+@pytest.mark.parametrize(
+    ("engine", "field", "problem"),
+    [
+        ("llama.cpp", "platform: windows-x64", "unknown platform 'windows-x64'; use one of"),
+        ("llama.cpp", "accelerator: rocm", "unknown accelerator 'rocm'; use cpu, cuda, or cuda>="),
+        ("vllm", "packages: []", "vllm is installed on each node with pip (vllm==1), not from"),
+    ],
+)
+def test_an_engine_build_a_node_could_not_use_is_refused_naming_the_field(engine, field, problem):
+    text = ENGINE_BUILD.format(engine=engine, sha="a" * 64, field=field)
+
+    with pytest.raises(CatalogError) as refused:
+        apply_catalog(text)
+
+    assert any(problem in p for p in refused.value.problems), refused.value.problems
+    if engine == "llama.cpp":
+        assert any("builds" in p for p in refused.value.problems), refused.value.problems

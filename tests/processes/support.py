@@ -128,9 +128,7 @@ def agent(
         LLMGW_WEIGHTS_DIR=str(home / "weights"),
         LLMGW_AGENT_CONFIG=str(home / "no-agent-file.yaml"),
         LLMGW_HEARTBEAT_INTERVAL="1",
-        # As `llmgw up` does: the agent counts only engines its file names.
-        LLMGW_ENGINES=local_engines(),
-        **extra,
+        **{"LLMGW_ENGINES": local_engines(), **extra},  # as `llmgw up` names the wheel
     )
     env.pop("DJANGO_SETTINGS_MODULE")
     return Process(f"agent-{node_id}", argv, env, log_dir)

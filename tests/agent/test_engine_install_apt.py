@@ -1,0 +1,153 @@
+"""A new machine's apt, which cloud-init may hold for minutes; the retry schedule of a
+failed install; and which build fits which node."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from agent_worker.engines.install import AptSettings, InstallError, NodeTarget, choose_build
+from protocol.engines import EngineBuild, WantedEngine
+from tests.agent.engine_archives import Clock, make_installer, release, tar_gz, wanted
+from tests.agent.test_weights import WeightsServer
+
+HOLD_LOCK = """
+import fcntl, sys
+lock = open(sys.argv[1], "w")
+fcntl.lockf(lock, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def archive_server():
+    server = WeightsServer(tar_gz(release()), name="llama-b6000.tar.gz")
+    yield server
+    server.stop()
+
+
+def fake_apt(tmp_path: Path, exit_code: int = 0, says: str = "") -> Path:
+    """An apt-get that records its arguments, says ``says`` and exits ``exit_code``."""
+    script = tmp_path / "apt-get"
+    script.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'apt-calls'}\n"
+                      f"echo '{says}' >&2\nexit {exit_code}\n")  # fmt: skip
+    script.chmod(0o755)
+    return script
+
+
+def apt_settings(tmp_path: Path, script: Path, lock: Path) -> AptSettings:
+    return AptSettings(command=(str(script),), lock_paths=(str(lock),), lock_wait=30, poll=0.05)
+
+
+def wait_for(condition, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_a_held_apt_lock_is_waited_for_then_the_install_goes_on(archive_server, tmp_path):
+    lock = tmp_path / "lock-frontend"
+    lock.touch()
+    script = fake_apt(tmp_path)
+    installer = make_installer(tmp_path, apt=apt_settings(tmp_path, script, lock))
+    # Another process holds the lock, as cloud-init's apt would.
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock)], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        installer.want([wanted(archive_server.url, archive_server.sha256, packages=["libgomp1"])])
+        passing = threading.Thread(target=installer.converge_once)
+        passing.start()
+        wait_for(lambda: installer.statuses()[0].words == "waiting: another apt-get is running")
+        assert not (tmp_path / "apt-calls").exists()  # not run while the lock is held
+    finally:
+        holder.stdin.close()  # the other apt-get finishes
+        holder.wait(10)
+    passing.join(20)
+
+    assert installer.statuses()[0].status == "installed"
+    assert (tmp_path / "apt-calls").read_text().split() == [
+        "install", "-y", "--no-install-recommends", "libgomp1"
+    ]  # fmt: skip
+
+
+def test_any_other_apt_failure_is_reported_at_once_with_its_last_lines(archive_server, tmp_path):
+    script = fake_apt(tmp_path, exit_code=100, says="E: Unable to locate package libgomp9")
+    installer = make_installer(tmp_path, apt=apt_settings(tmp_path, script, tmp_path / "none"))
+
+    installer.want([wanted(archive_server.url, archive_server.sha256, packages=["libgomp9"])])
+    installer.converge_once()
+
+    status = installer.statuses()[0]
+    assert status.status == "failed"
+    assert "install -y --no-install-recommends libgomp9 failed" in status.detail
+    assert "E: Unable to locate package libgomp9" in status.detail
+    assert len((tmp_path / "apt-calls").read_text().splitlines()) == 1  # not retried
+
+
+def test_a_failed_install_is_retried_after_1_2_4_8_then_every_10_minutes(tmp_path):
+    clock = Clock()
+    installer = make_installer(tmp_path, clock=clock)
+    arm_only = wanted("http://127.0.0.1:9/x.tar.gz", "0" * 64, platform="linux-aarch64")
+    installer.want([arm_only])
+
+    delays = []
+    for _ in range(6):
+        installer.converge_once()
+        due = installer.next_attempt_at("llama.cpp", "b6000")
+        delays.append(due - clock.now)
+        clock.now = due - 1
+        installer.converge_once()  # a second early: not tried
+        assert installer.next_attempt_at("llama.cpp", "b6000") == due
+        clock.now = due
+
+    assert delays == [60, 120, 240, 480, 600, 600]
+    assert "has no build for linux-x86_64" in installer.statuses()[0].detail
+
+
+def build(name: str, **fields) -> EngineBuild:
+    return EngineBuild(name=name, url=f"https://x/{name}.tar.gz", sha256="a" * 64, **fields)
+
+
+ENGINE = WantedEngine(
+    name="llama.cpp",
+    version="b6000",
+    builds=[
+        build("cpu-x64"),
+        build("cuda-x64", accelerator="cuda>=12.4"),
+        build("cpu-arm", platform="linux-aarch64"),
+        build("cuda-arm", platform="linux-aarch64", accelerator="cuda>=12.8"),
+    ],
+)
+
+
+@pytest.mark.parametrize(
+    ("platform", "cuda", "chosen"),
+    [
+        ("linux-x86_64", "12.6", "cuda-x64"),  # a driver, and a build it can run
+        ("linux-x86_64", "", "cpu-x64"),  # no driver
+        ("linux-x86_64", "12.2", "cpu-x64"),  # the driver is too old for the CUDA build
+        ("linux-aarch64", "12.8", "cuda-arm"),
+    ],
+)
+def test_the_build_that_fits_the_node_is_chosen(platform, cuda, chosen):
+    assert choose_build(ENGINE, NodeTarget(platform, cuda)).name == chosen
+
+
+def test_no_fitting_build_is_explained():
+    cuda_only = WantedEngine(name="llama.cpp", version="b6000",
+                             builds=[build("cuda-x64", accelerator="cuda>=12.4")])  # fmt: skip
+
+    with pytest.raises(InstallError, match="only CUDA builds this node's driver \\(CUDA 12.2\\)"):
+        choose_build(cuda_only, NodeTarget("linux-x86_64", "12.2"))
+    with pytest.raises(InstallError, match="only CUDA builds, and this node has no NVIDIA driver"):
+        choose_build(cuda_only, NodeTarget("linux-x86_64"))
+    with pytest.raises(InstallError, match="no build for linux-aarch64 \\(builds: cuda-x64 for"):
+        choose_build(cuda_only, NodeTarget("linux-aarch64"))
