@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from agent_worker.engines.install import InstallError
+from agent_worker.engines.install.checks import check_version
 from llmgw_cli.local_engine import wheel_llama_server
 from tests.agent.engine_archives import (
     Clock,
@@ -206,3 +208,12 @@ def test_nothing_is_removed_before_a_restarted_agent_is_told_what_to_have(serve,
 
     assert one(fresh).status == "installed"
     assert (tmp_path / "engines" / "llama.cpp" / "b6000").is_dir()
+
+
+def test_a_binary_that_hangs_on_version_is_killed_and_named(tmp_path):
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\nsleep 30 &\nwait\n")
+    binary.chmod(0o755)
+
+    with pytest.raises(InstallError, match="llama-server --version did not finish within 0.3 s"):
+        check_version(binary, timeout=0.3)

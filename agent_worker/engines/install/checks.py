@@ -31,27 +31,40 @@ def check_libraries(binary: Path, ldd: str = "ldd") -> None:
 
 def check_version(binary: Path, timeout: float) -> str:
     """Run ``BINARY --version`` in its own process group; return its last output line."""
+    what = f"{binary.name} --version"
+    code, out = run_bounded([str(binary), "--version"], what, timeout, cwd=binary.parent)
+    lines = [line for line in out.splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else ""
+    if code < 0:
+        raise InstallError(f"{what} was killed by signal {signal.Signals(-code).name}")
+    if code != 0:
+        raise InstallError(f"{what} exited with code {code}" + (f": {last}" if last else ""))
+    return last
+
+
+def run_bounded(
+    command: list[str],
+    what: str,
+    timeout: float,
+    cwd: Path | str = "/",
+    env: dict[str, str] | None = None,
+) -> tuple[int, str]:
+    """Run ``command`` in a session of its own, killed whole past ``timeout``; return its
+    exit code (negative: the signal) and its output, stdout and stderr together."""
     try:
-        process = subprocess.Popen(
-            [str(binary), "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True, cwd=binary.parent,
-        )  # fmt: skip
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, cwd=cwd, env=env,
+                                   start_new_session=True)  # fmt: skip
     except OSError as exc:
-        raise InstallError(f"{binary.name} cannot be run: {exc}") from None
+        raise InstallError(f"{what}: cannot run {command[0]}: {exc}") from None
     try:
         out, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
-        raise InstallError(f"{binary.name} did not answer --version within {timeout:g} s") from None
-    lines = [line for line in out.decode("utf-8", "replace").splitlines() if line.strip()]
-    last = lines[-1].strip() if lines else ""
-    if process.returncode < 0:
-        name = signal.Signals(-process.returncode).name
-        raise InstallError(f"{binary.name} --version was killed by signal {name}")
-    if process.returncode != 0:
-        raise InstallError(
-            f"{binary.name} --version exited with code {process.returncode}"
-            + (f": {last}" if last else "")
-        )
-    return last
+        raise InstallError(f"{what} did not finish within {_duration(timeout)}") from None
+    return process.returncode, out.decode("utf-8", "replace")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 120 else f"{seconds:g} s"

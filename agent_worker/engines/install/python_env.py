@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent_worker.engines.install.checks import run_bounded
 from agent_worker.engines.install.errors import InstallError
 
 # engine -> (the requirement pip installs, the executable the adapter runs)
@@ -90,24 +89,11 @@ def _check(engine: str, version: str, target_dir: Path, timeout: float) -> None:
 
 
 def _run(command: list[str], what: str, timeout: float) -> str:
-    """Run in its own process group (killed whole on timeout); return its output."""
     env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
-    try:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, env=env, cwd="/",
-                                   start_new_session=True)  # fmt: skip
-    except OSError as exc:
-        raise InstallError(f"{what}: {exc}") from None
-    try:
-        out, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise InstallError(f"{what} did not finish within {timeout / 60:g} min") from None
-    text = out.decode("utf-8", "replace")
-    if process.returncode != 0:
+    code, text = run_bounded(command, what, timeout, env=env)
+    if code != 0:
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         meaningful = [line for line in lines if line.startswith("ERROR")] or lines
         tail = " / ".join(meaningful[-3:])
-        raise InstallError(f"{what} failed (exit code {process.returncode}): {tail}")
+        raise InstallError(f"{what} failed (exit code {code}): {tail}")
     return text
