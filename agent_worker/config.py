@@ -46,6 +46,9 @@ class AgentConfig:
     agent_dir: Path = DEFAULT_AGENT_DIR
     weights_dir: Path = DEFAULT_WEIGHTS_DIR
     install_dirs: tuple[Path, ...] = ()
+    # Directories to find weights in, read-only (``weights: {look: [...], shared: [...]}``).
+    look_dirs: tuple[Path, ...] = ()
+    shared_dirs: tuple[Path, ...] = ()
     fabrics: dict[str, list[str]] = field(default_factory=dict)
     # engine -> what the agent file names for it (llama-server, a vLLM venv, SGLang's Python)
     engines: dict[str, str] = field(default_factory=dict)
@@ -129,11 +132,35 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
         install_dirs=tuple(Path(d) for d in install_dirs),
         fabrics={str(k): [str(a) for a in v] for k, v in fabrics.items()},
         engines=engines_from(environ, data, path),
+        look_dirs=_dirs(environ, data, path, "LLMGW_WEIGHTS_LOOK", "look"),
+        shared_dirs=_dirs(environ, data, path, "LLMGW_WEIGHTS_SHARED", "shared"),
         pip_index_url=str(environ.get("LLMGW_PIP_INDEX_URL") or data.get("pip_index_url") or ""),
         heartbeat_interval=float(environ.get("LLMGW_HEARTBEAT_INTERVAL") or 5.0),
         log_max_bytes=log_max_bytes,
         log_keep=log_keep,
     )
+
+
+def _dirs(
+    environ: Mapping[str, str], data: dict[str, Any], path: Path, env_name: str, key: str
+) -> tuple[Path, ...]:
+    """``weights: {KEY: [dirs]}`` in the agent file, or ENV_NAME (separated by ``:``)."""
+    weights = data.get("weights") or {}
+    if not isinstance(weights, dict):
+        raise AgentConfigError(
+            f"{path}: weights: must be a mapping, e.g. "
+            "{look: [/nfs/models], shared: [/nfs/models]}"
+        )
+    named = environ.get(env_name)
+    listed = named.split(os.pathsep) if named else weights.get(key) or []
+    if isinstance(listed, str) or not isinstance(listed, list):
+        raise AgentConfigError(f"{path}: weights: {key}: must be a list of directories")
+    for directory in listed:
+        if not str(directory).startswith("/"):
+            raise AgentConfigError(
+                f"{path}: weights: {key}: {directory!r} is not an absolute path; write it as /…"
+            )
+    return tuple(Path(str(d)) for d in listed if str(d))
 
 
 def engines_from(environ: Mapping[str, str], data: dict[str, Any], path: Path) -> dict[str, str]:

@@ -30,7 +30,14 @@ from agent_worker.logbuffer import AGENT_SOURCE, LogBuffer
 from agent_worker.node_engines import NodeEngines
 from agent_worker.supervision.shard import StatusSequence
 from agent_worker.supervisor import ShardTransition, Supervisor
-from agent_worker.weights import FetchSettings, WeightStore, fingerprint
+from agent_worker.weights import (
+    FetchSettings,
+    WeightFetchError,
+    WeightSourceError,
+    WeightStore,
+    fingerprint,
+)
+from agent_worker.weights.look import LookDirs, list_look_dirs
 from protocol import messages
 from protocol.engines import WantedEngine
 from protocol.gpu_users import UnexpectedGpuUser
@@ -107,6 +114,7 @@ class AgentRuntime:
             ssl_context=self._ssl_context(),
         )
         self.weights = WeightStore(config.weights_dir)
+        self.look_dirs = LookDirs(look=config.look_dirs, shared=config.shared_dirs)
         self.launcher = ShardLauncher(
             self.node_id, self.supervisor, self.weights, self.engines.find,
             self._on_transition, self.link.send, self.sequence,
@@ -257,7 +265,7 @@ class AgentRuntime:
 
     def _list_weights(self) -> tuple[list[messages.WeightFile], str]:
         """What the node holds, and the fingerprint it replaced; call under _weights_lock."""
-        held = self.weights.list_weights()
+        held = self.weights.list_weights() + list_look_dirs(self.look_dirs)
         before, self._weights_fingerprint = self._weights_fingerprint, fingerprint(held)
         return [messages.WeightFile(**weight) for weight in held], before
 
@@ -349,6 +357,33 @@ class AgentRuntime:
         if changed is not None:
             self.link.send(changed)
         return [str(path) for path in deleted]
+
+    def prefetch(self, source: str, sha256: str = "") -> dict:
+        """Fetch ``source`` into the weights directory in a thread of its own; the weights
+        message says when it is here. Only a URL is fetched: a path or a hub id is not."""
+        try:
+            resolved = self.weights.resolve(source)
+        except WeightSourceError as exc:
+            return {"fetching": False, "reason": str(exc)}
+        if resolved.kind != "fetched" or resolved.path is None:
+            return {"fetching": False, "reason": f"{source} is not a URL llmgw fetches"}
+        if resolved.path.exists():
+            return {"fetching": False, "reason": f"{source} is already here"}
+
+        def fetch() -> None:
+            try:
+                self.weights.fetch(source, sha256)
+            except WeightFetchError as exc:
+                log.error("fetching %s ahead of need failed: %s", source, exc)
+                return
+            log.info("fetched %s ahead of need", source)
+            changed = self.weights_changed()
+            if changed is not None:
+                self.link.send(changed)
+
+        log.info("fetching %s ahead of need, as the control plane asked", source)
+        threading.Thread(target=fetch, name="llmgw-prefetch", daemon=True).start()
+        return {"fetching": True, "reason": ""}
 
     def read_logs(self, source: str, lines: int) -> list[str]:
         """The last lines of ``source``: a shard's from its files on disk, across their

@@ -17,6 +17,7 @@ from protocol.commands import (
     CONVERGE_ENGINES,
     DRAIN,
     ENGINE_CHECK,
+    FETCH_WEIGHTS,
     READ_LOGS,
     START_SHARD,
     STOP_SHARD,
@@ -92,3 +93,13 @@ def drain_task(draining: bool = True, deadline: float = 0, signature: str = "") 
         return "refused"
     current().drain(draining)
     return "draining" if draining else "taking shards"
+
+
+@shared_task(name=FETCH_WEIGHTS)
+def fetch_weights_task(
+    source: str, sha256: str = "", deadline: float = 0, signature: str = ""
+) -> dict:
+    """Start fetching a model's weights ahead of need; answers at once, fetches beside."""
+    if not _checked(FETCH_WEIGHTS, [source, sha256], deadline, signature):
+        return {"fetching": False, "reason": "refused: the command was not signed for this node"}
+    return current().prefetch(source, sha256)

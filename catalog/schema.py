@@ -23,6 +23,7 @@ from pydantic import (
 
 from catalog.models import KNOWN_ENGINES, LAUNCH_MODES, STRATEGIES
 from protocol.engines import PIP_ENGINES, EngineBuild
+from protocol.sources import is_loopback_url
 from protocol.units import parse_duration, parse_size
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -182,6 +183,8 @@ class ModelEntry(_Strict):
     def source_is_usable(cls, value: str) -> str:
         if value.startswith("/") or value.startswith("https://") or HUB_ID.match(value):
             return value
+        if value.startswith("http://") and is_loopback_url(value):
+            return value  # this machine's own server: nothing on the way to read or alter
         if value.startswith("http://"):
             raise ValueError(f"source {value!r} uses plain http; use https://")
         raise ValueError(

@@ -20,6 +20,7 @@ from protocol.commands import (
     ConvergeEngines,
     Drain,
     EngineCheck,
+    FetchWeights,
     NodeCommand,
     ReadLogs,
     StartShard,
@@ -101,6 +102,11 @@ def collect_weights(node_id: str) -> dict:
 
     keep = sorted(set(Model.objects.values_list("source", flat=True)))
     return _ask(node_id, CollectWeights(keep=keep))
+
+
+def fetch_weights(node_id: str, source: str, sha256: str = "") -> dict:
+    """Have the node start fetching ``source`` ahead of need; ``fetching`` or the reason not."""
+    return _ask(node_id, FetchWeights(source=source, sha256=sha256))
 
 
 def _ask(node_id: str, command: NodeCommand) -> dict:

@@ -8,6 +8,7 @@ from datetime import datetime
 
 from catalog.models import Profile
 from fleet.models import Node, Shard, ShardState
+from fleet.weights_map import weights_map
 from placement import (
     CONNECTED,
     DRAINING,
@@ -30,13 +31,22 @@ def node_snapshots(now: datetime) -> list[NodeSnapshot]:
         if state in ShardState.LOADING:
             # An engine still loading has not taken its memory yet; count it as taken.
             loading_memory[node_id] += memory or 0
+    nodes = list(Node.objects.all())
+    # What each node holds, its own and what it sees on shared stores.
+    weights = weights_map(nodes).held
     return [
-        snapshot_of(node, held_gpus[node.id], loading_memory[node.id], now)
-        for node in Node.objects.all()
+        snapshot_of(node, held_gpus[node.id], loading_memory[node.id], now, weights[node.id])
+        for node in nodes
     ]
 
 
-def snapshot_of(node: Node, held: set[int], loading_memory: int, now: datetime) -> NodeSnapshot:
+def snapshot_of(
+    node: Node,
+    held: set[int],
+    loading_memory: int,
+    now: datetime,
+    weights: frozenset[str],
+) -> NodeSnapshot:
     """One node as placement sees it; usage that is not fresh gives way to the inventory."""
     facts, usage = node.inventory_facts(), node.usage_at(now)
     used_by_gpu = usage.gpu_memory_used if usage else {}
@@ -72,7 +82,7 @@ def snapshot_of(node: Node, held: set[int], loading_memory: int, now: datetime) 
         fabrics=tuple(
             fabric_snapshot(fabric, adapters) for fabric in (facts.fabrics if facts else [])
         ),
-        weights=frozenset(w["source"] for w in node.weights or [] if "source" in w),
+        weights=weights,
     )
 
 

@@ -20,6 +20,7 @@ ENGINE_CHECK = "agent.engine_check"
 COLLECT_WEIGHTS = "agent.collect_weights"
 CONVERGE_ENGINES = "agent.converge_engines"
 DRAIN = "agent.drain"
+FETCH_WEIGHTS = "agent.fetch_weights"
 
 
 class NodeCommand(BaseModel):
@@ -83,3 +84,11 @@ class Drain(NodeCommand):
 
     task: ClassVar[str] = DRAIN
     draining: bool = True
+
+
+class FetchWeights(NodeCommand):
+    """Fetch a model's weights ahead of need, with the fetcher shards use."""
+
+    task: ClassVar[str] = FETCH_WEIGHTS
+    source: str
+    sha256: str = ""

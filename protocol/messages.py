@@ -51,6 +51,11 @@ class WeightFile(_Message):
     path: str
     size: int = Field(default=0, ge=0)
     fetched: bool = Field(default=False, description="llmgw fetched it, so llmgw may delete it")
+    store: str = Field(
+        default="",
+        description="the shared store it lies on (a declared shared directory, or a network "
+        'filesystem by type, source and device); "" is this node\'s own storage',
+    )
 
 
 class Register(_Message):

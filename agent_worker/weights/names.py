@@ -12,6 +12,8 @@ import re
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
+from protocol.sources import is_loopback_url
+
 SourceKind = Literal["local", "fetched", "hub"]
 
 PARTIAL_SUFFIX = ".partial"
@@ -22,7 +24,6 @@ _BASENAME_RE = re.compile(_BASENAME)
 _CACHE_NAME_RE = re.compile(rf"([0-9a-f]{{{HASH_LENGTH}}})-({_BASENAME})")
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 # Plain http only from this machine: a test server or a local mirror, never the network.
-_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 class WeightSourceError(ValueError):
@@ -48,11 +49,6 @@ def source_kind(source: str) -> SourceKind:
         )
     # Anything else is a hub id that vLLM and SGLang resolve themselves.
     return "hub"
-
-
-def is_loopback_url(url: str) -> bool:
-    """Say whether a URL names this machine (plain http is allowed only there)."""
-    return (urlsplit(url).hostname or "") in _LOOPBACK
 
 
 def url_basename(source: str) -> str:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import httpx
 
-from agent_worker.weights.names import is_loopback_url
+from protocol.sources import is_loopback_url
 
 log = logging.getLogger("llmgw.agent.weights")
 

@@ -317,7 +317,9 @@ class WeightStore:
 
 def fingerprint(weights: list[dict[str, Any]]) -> str:
     """Return a short digest of paths, sizes and sources, independent of their order."""
-    rows = sorted((w["path"], w["size"], w["source"], w["fetched"]) for w in weights)
+    rows = sorted(
+        (w["path"], w["size"], w["source"], w["fetched"], w.get("store", "")) for w in weights
+    )
     return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
 
 

@@ -1,0 +1,118 @@
+"""Weights the node did not fetch and must never delete: model files in the directories
+the agent file names to look in (``weights: {look: [...], shared: [...]}``).
+
+A look directory may be a shared filer: a directory declared shared, or one on a network
+filesystem (by ``/proc/mounts``), is reported with a store id, so the control plane counts
+it once and knows who else sees it. Local storage is never taken for shared.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("llmgw.agent.weights")
+
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "cephfs", "ceph", "beegfs", "fuse.cephfs")
+# Filers hold thousands of files; models lie near the top.
+MAX_DEPTH = 3
+
+
+@dataclass(frozen=True)
+class LookDirs:
+    look: tuple[Path, ...] = ()
+    shared: tuple[Path, ...] = ()  # declared shared (each also looked in)
+    mounts: Path = Path("/proc/mounts")
+
+    @property
+    def all(self) -> tuple[Path, ...]:
+        return tuple(dict.fromkeys((*self.look, *self.shared)))
+
+
+@dataclass(frozen=True)
+class Mount:
+    point: str
+    source: str
+    fstype: str
+
+
+def list_look_dirs(dirs: LookDirs) -> list[dict[str, Any]]:
+    """Every model file under the look directories, as WeightFile fields, never fetched."""
+    mounts = read_mounts(dirs.mounts)
+    found: list[dict[str, Any]] = []
+    for directory in dirs.all:
+        if not directory.is_dir():
+            continue
+        store = store_of(directory, dirs, mounts)
+        for path, size in _models_under(directory):
+            found.append({"source": str(path), "path": str(path), "size": size,
+                          "fetched": False, "store": store})  # fmt: skip
+    return found
+
+
+def store_of(directory: Path, dirs: LookDirs, mounts: Sequence[Mount]) -> str:
+    """The shared store a directory is on, or "" for this node's own storage."""
+    resolved = directory.resolve()
+    for shared in dirs.shared:
+        if resolved.is_relative_to(shared.resolve()):
+            return f"shared:{shared.resolve()}"
+    mount = mount_of(resolved, mounts)
+    if mount is not None and mount.fstype in NETWORK_FILESYSTEMS:
+        device = os.stat(resolved).st_dev
+        return f"{mount.fstype}:{mount.source}:{device}"
+    return ""
+
+
+def read_mounts(path: Path) -> list[Mount]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    mounts = []
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 3:
+            # /proc/mounts escapes spaces in paths as \040.
+            point = fields[1].replace("\\040", " ")
+            mounts.append(Mount(point=point, source=fields[0], fstype=fields[2]))
+    return mounts
+
+
+def mount_of(path: Path, mounts: Sequence[Mount]) -> Mount | None:
+    """The mount ``path`` lies on: the longest mount point above it."""
+    best = None
+    for mount in mounts:
+        if path.is_relative_to(mount.point) and (
+            best is None or len(mount.point) > len(best.point)
+        ):
+            best = mount
+    return best
+
+
+def _models_under(top: Path) -> list[tuple[Path, int]]:
+    """GGUF files, and directories of safetensors with a config.json, with their sizes."""
+    found = []
+    for root, dirs, files in os.walk(top):
+        here = Path(root)
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        if len(here.relative_to(top).parts) >= MAX_DEPTH:
+            dirs[:] = []
+        if "config.json" in files and any(name.endswith(".safetensors") for name in files):
+            found.append((here, sum(_size(here / name) for name in files)))
+            dirs[:] = []  # a model directory is one model
+            continue
+        for name in sorted(files):
+            if name.endswith(".gguf") and not name.startswith("."):
+                found.append((here / name, _size(here / name)))
+    return [(path, size) for path, size in found if size]
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path, follow_symlinks=True).st_size
+    except OSError:
+        return 0

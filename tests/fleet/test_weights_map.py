@@ -1,0 +1,134 @@
+"""Where the weights are, with real directories: a shared look directory seen by two nodes
+of one fabric (found from fake sysfs trees), a local look directory seen by one, and
+llmgw refusing to delete anything it did not fetch."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from agent_worker.discovery.infiniband import discover_adapters, usable_fabrics
+from agent_worker.weights import WeightStore
+from agent_worker.weights.look import LookDirs, list_look_dirs
+from catalog.actions import apply_catalog
+from fleet.services import register_node
+from fleet.snapshot import node_snapshots
+from fleet.weights_map import model_weights, weights_map
+from protocol import messages
+from tests.agent.fakes.sysfs import add_adapter
+from tests.fleet.inventories import inventory
+
+pytestmark = pytest.mark.django_db
+
+GIB = 1 << 30
+
+
+def model_file(path: Path, size: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as out:
+        out.truncate(size)  # sparse: the size is what counts
+    return path
+
+
+def node_on(tmp_path: Path, node_id: str, fabric: str | None, look: LookDirs) -> None:
+    """Register ``node_id`` as its agent would: fabrics from its sysfs, weights listed."""
+    sysfs = tmp_path / f"sysfs-{node_id}"
+    add_adapter(sysfs, "mlx5_0", {1: ("ACTIVE", 200)})
+    declared = {fabric: ["mlx5_0"]} if fabric else {}
+    fabrics, _warnings = usable_fabrics(declared, discover_adapters(sysfs))
+    weights = [messages.WeightFile(**weight) for weight in list_look_dirs(look)]
+    register = messages.Register(
+        inventory=inventory(node_id, fabrics=fabrics), engines_probed=True, weights=weights
+    )
+    register_node(node_id, register)
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    shared = tmp_path / "lustre" / "models"
+    gemma = model_file(shared / "gemma-3.gguf", 4 * GIB)
+    local = tmp_path / "node-a-scratch"
+    qwen = model_file(local / "qwen" / "qwen.gguf", 2 * GIB)
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"/dev/sda1 / ext4 rw 0 0\n/dev/sdb1 {local} xfs rw 0 0\n")
+    node_on(tmp_path, "a", "ib-a", LookDirs(look=(local,), shared=(shared,), mounts=mounts))
+    node_on(tmp_path, "b", "ib-a", LookDirs(shared=(shared,), mounts=mounts))
+    node_on(tmp_path, "c", "ib-b", LookDirs(mounts=mounts))
+    apply_catalog(f"""
+models:
+  - name: gemma-3
+    source: {gemma}
+    profiles: [{{name: cpu, engine: llama.cpp, replicas: 0, disk: 8GiB}}]
+  - name: qwen
+    source: {qwen}
+    profiles: [{{name: cpu, engine: llama.cpp, replicas: 0, disk: 8GiB}}]
+""")
+    return gemma, qwen, local, shared
+
+
+def test_a_shared_model_is_held_by_both_nodes_of_its_fabric_and_counted_once(fleet):
+    gemma, qwen, _local, _shared = fleet
+
+    mapped = weights_map()
+    rows = {row.model: row for row in model_weights(mapped)}
+
+    assert rows["gemma-3"].nodes == ["a", "b"] and rows["gemma-3"].fabrics == ["ib-a"]
+    assert rows["gemma-3"].size == 4 * GIB  # two nodes see it; one copy
+    assert rows["qwen"].nodes == ["a"] and rows["qwen"].stores == []
+    assert mapped.total == 6 * GIB
+    # Placement sees the same: both hold gemma (so its disk need is waived), only a qwen.
+    held = {snapshot.id: snapshot.weights for snapshot in node_snapshots(timezone.now())}
+    assert str(gemma) in held["a"] and str(gemma) in held["b"] and str(gemma) not in held["c"]
+    assert str(qwen) in held["a"] and str(qwen) not in held["b"]
+
+
+def test_a_node_of_the_fabric_that_does_not_list_the_share_still_holds_it(fleet, tmp_path):
+    gemma, *_ = fleet
+    node_on(tmp_path, "d", "ib-a", LookDirs(mounts=tmp_path / "mounts"))
+
+    assert "d" in weights_map().holders(str(gemma))
+
+
+def test_a_network_filesystem_is_one_store_for_the_nodes_that_mount_it(tmp_path):
+    filer = tmp_path / "nfs"
+    model_file(filer / "m.gguf", GIB)
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"filer:/export/llm {filer} nfs4 rw 0 0\n")
+    local_mounts = tmp_path / "local-mounts"
+    local_mounts.write_text(f"/dev/sdc1 {filer} ext4 rw 0 0\n")
+
+    [on_nfs] = list_look_dirs(LookDirs(look=(filer,), mounts=mounts))
+    [on_disk] = list_look_dirs(LookDirs(look=(filer,), mounts=local_mounts))
+
+    assert on_nfs["store"].startswith(f"nfs4:filer:/export/llm:{filer.stat().st_dev}")
+    assert on_disk["store"] == ""  # local storage is never taken for shared
+
+
+def test_nothing_in_a_look_directory_is_ever_deleted(fleet, tmp_path):
+    _gemma, qwen, local, shared = fleet
+    before = sorted(p for p in (*local.rglob("*"), *shared.rglob("*")))
+    # Even a weights directory that is the look directory itself: nothing there was fetched.
+    for directory in (local, shared, tmp_path / "weights"):
+        assert WeightStore(directory).reclaim_unused_weights(keep=[]) == []
+
+    assert sorted(p for p in (*local.rglob("*"), *shared.rglob("*"))) == before
+    assert qwen.exists()
+
+
+def test_llmgw_ctl_weights_by_fabric_says_who_holds_what(fleet):
+    out = StringIO()
+    call_command("llmgw_ctl", "weights", "--by-fabric", stdout=out)
+    table = out.getvalue()
+    call_command("llmgw_ctl", "weights", "--by-fabric", "--json", stdout=(out := StringIO()))
+    data = json.loads(out.getvalue())
+
+    assert "total held: 6 GiB (a shared store counted once)" in table
+    [gemma_line] = [line for line in table.splitlines() if line.startswith("gemma-3")]
+    assert gemma_line.split()[:4] == ["gemma-3", "ib-a", "a,b", "4"]
+    models = {row["model"]: row for row in data["models"]}
+    assert models["qwen"]["nodes"] == ["a"] and data["total_bytes"] == 6 * GIB
