@@ -15,6 +15,7 @@ from fleet.models import Node, Replica, ReplicaState
 from fleet.node_auth import node_token
 from fleet.rollout import rollout_status
 from fleet.selectors import engine_row, live_replicas, model_rows, progress_line
+from fleet.weights_map import ModelWeights, model_weights
 
 
 def add_parsers(subparsers) -> None:
@@ -190,16 +191,23 @@ def _replicas_text(replicas: list[dict]) -> str:
 
 
 def status_command(options, out) -> None:
-    models = [{"name": r["name"], "wanted": r["wanted"], "ready": r["ready"]} for r in model_rows()]
+    weights = {row.model: row for row in model_weights()}
+    models = []
+    for row in model_rows():
+        where = weights.get(row["name"]) or ModelWeights(model=row["name"], source="")
+        models.append({"name": row["name"], "wanted": row["wanted"], "ready": row["ready"],
+                       "held_by": where.nodes, "fabrics": where.fabrics,
+                       "fetching": sorted(where.fetching)})  # fmt: skip
     replicas = _replica_dicts()
     if options["json"]:
         out.write(render_json({"models": models, "replicas": replicas}))
         return
-    out.write(
-        render_table(
-            ["MODEL", "WANTED", "READY"], [[m["name"], m["wanted"], m["ready"]] for m in models]
-        )
-    )
+    table = [
+        [m["name"], m["wanted"], m["ready"], ",".join(m["held_by"]) or "none",
+         ",".join(m["fabrics"]) or "-", ",".join(m["fetching"]) or "-"]
+        for m in models
+    ]  # fmt: skip
+    out.write(render_table(["MODEL", "WANTED", "READY", "HELD BY", "FABRICS", "FETCHING"], table))
     if replicas:
         out.write("")
         out.write(_replicas_text(replicas))

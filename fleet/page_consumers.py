@@ -118,3 +118,7 @@ class LogsPageConsumer(PageConsumer):
 
 class ModelPageConsumer(PageConsumer):
     page = "model"
+
+
+class MirrorPageConsumer(PageConsumer):
+    page = "mirror"

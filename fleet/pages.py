@@ -14,7 +14,7 @@ from typing import Any
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from fleet import history, selectors
+from fleet import history, mirror, selectors
 from fleet.models import Node
 
 # Kinds of change that alter what the models table shows.
@@ -37,6 +37,10 @@ def node_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None:
 
 def model_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None:
     return selectors.model_detail(key)
+
+
+def mirror_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None:
+    return mirror.mirror_detail(key)
 
 
 def logs_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None:
@@ -71,6 +75,10 @@ def _model_touched(key: str, kind: str, subjects: list[str]) -> set[str]:
     return {"profiles", "replicas"} if kind in MODEL_KINDS else set()
 
 
+def _mirror_touched(key: str, kind: str, subjects: list[str]) -> set[str]:
+    return {"holders"} if kind in MODEL_KINDS else set()
+
+
 def _logs_touched(key: str, kind: str, subjects: list[str]) -> set[str]:
     return {"node-state"} if kind in ("node", "usage") and key in subjects else set()
 
@@ -94,6 +102,7 @@ PAGES: dict[str, Page] = {
     ),
     "model": Page("fleet/model.html", ("profiles", "replicas"), model_context, _model_touched),
     "logs": Page("fleet/logs.html", ("node-state",), logs_context, _logs_touched),
+    "mirror": Page("fleet/mirror.html", ("holders",), mirror_context, _mirror_touched),
 }
 
 

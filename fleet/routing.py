@@ -4,6 +4,7 @@ from fleet.consumers import AgentConsumer
 from fleet.page_consumers import (
     ClusterPageConsumer,
     LogsPageConsumer,
+    MirrorPageConsumer,
     ModelPageConsumer,
     NodePageConsumer,
 )
@@ -15,4 +16,5 @@ websocket_urlpatterns = [
     path("ws/pages/nodes/<str:node_id>/", NodePageConsumer.as_asgi()),
     path("ws/pages/nodes/<str:node_id>/logs/", LogsPageConsumer.as_asgi()),
     path("ws/pages/models/<path:name>/", ModelPageConsumer.as_asgi()),
+    path("ws/pages/weights/<path:name>/", MirrorPageConsumer.as_asgi()),
 ]

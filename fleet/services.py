@@ -154,6 +154,7 @@ def update_weights(node_id: str, message: messages.Weights) -> None:
     Node.objects.filter(id=node_id).update(
         weights=[weight.model_dump(mode="json") for weight in message.weights]
     )
+    notices.pages_changed_on_commit("node", node_id)  # the mirror pages show holders
 
 
 def record_shard_status(node_id: str, message: messages.ShardStatus) -> bool:

@@ -12,6 +12,7 @@ urlpatterns = [
     path("nodes/<str:node_id>/undrain/", views_actions.undrain, name="node-undrain"),
     path("replicas/<uuid:replica_id>/restart/", views_actions.restart, name="replica-restart"),
     path("profiles/<int:profile_id>/scale/", views_actions.scale, name="profile-scale"),
+    path("weights/<path:name>/", views.weights, name="model-weights"),
     # Last: a model's name may hold slashes (org/model), so it takes the rest of the path.
     path("models/<path:name>/", views.model, name="model"),
 ]

@@ -54,6 +54,12 @@ def model(request: HttpRequest, name: str) -> HttpResponse:
 
 
 @login_required
+def weights(request: HttpRequest, name: str) -> HttpResponse:
+    """Where a model's weights are: the mirror page."""
+    return _page(request, "mirror", name)
+
+
+@login_required
 def node_logs(request: HttpRequest, node_id: str) -> HttpResponse:
     """The node's recent log lines for one source, read from its agent's memory."""
     node = Node.objects.filter(id=node_id).first()

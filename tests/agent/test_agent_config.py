@@ -49,3 +49,32 @@ def test_a_bad_log_limit_in_the_file_names_the_key_and_the_file(tmp_path):
     with pytest.raises(AgentConfigError) as refused:
         config(tmp_path, "log_keep: many\n")
     assert f"{tmp_path / 'agent.yaml'}: log_keep='many'" in str(refused.value)
+
+
+def test_engines_and_weights_directories_come_from_the_file_and_the_environment(tmp_path):
+    loaded = config(
+        tmp_path,
+        "engines: {llama.cpp: /opt/llama/bin/llama-server, vllm: /opt/vllm-venv}\n"
+        "weights: {look: [/nfs/llm, /lustre/models], shared: [/lustre/models]}\n",
+        LLMGW_ENGINES="llama.cpp=/usr/local/bin/llama-server",
+    )
+
+    assert loaded.engines == {"llama.cpp": "/usr/local/bin/llama-server", "vllm": "/opt/vllm-venv"}
+    assert [str(d) for d in loaded.look_dirs] == ["/nfs/llm", "/lustre/models"]
+    assert [str(d) for d in loaded.shared_dirs] == ["/lustre/models"]
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "environ", "says"),
+    [
+        ("weights: {look: [models]}\n", {}, "weights: look: 'models' is not an absolute path"),
+        ("weights: [/nfs]\n", {}, "weights: must be a mapping"),
+        ("engines: [llama-server]\n", {}, "engines: must map an engine to its path"),
+        ("", {"LLMGW_ENGINES": "llama-server"}, "LLMGW_ENGINES: 'llama-server' is not ENGINE=PATH"),
+    ],
+)
+def test_engines_and_weights_directories_that_cannot_be_used_are_refused(
+    tmp_path, yaml_text, environ, says
+):
+    with pytest.raises(AgentConfigError, match=says):
+        config(tmp_path, yaml_text, **environ)

@@ -16,11 +16,13 @@ from agent_worker.discovery.infiniband import discover_adapters, usable_fabrics
 from agent_worker.weights import WeightStore
 from agent_worker.weights.look import LookDirs, list_look_dirs
 from catalog.actions import apply_catalog
+from fleet.mirror import mirror_detail
 from fleet.services import register_node
 from fleet.snapshot import node_snapshots
 from fleet.weights_map import model_weights, weights_map
 from protocol import messages
 from tests.agent.fakes.sysfs import add_adapter
+from tests.factories import make_user
 from tests.fleet.inventories import inventory
 
 pytestmark = pytest.mark.django_db
@@ -132,3 +134,44 @@ def test_llmgw_ctl_weights_by_fabric_says_who_holds_what(fleet):
     assert gemma_line.split()[:4] == ["gemma-3", "ib-a", "a,b", "4"]
     models = {row["model"]: row for row in data["models"]}
     assert models["qwen"]["nodes"] == ["a"] and data["total_bytes"] == 6 * GIB
+
+
+def test_the_mirror_warns_when_no_node_able_to_serve_holds_or_can_fetch(fleet):
+    apply_catalog("""
+models:
+  - name: big
+    source: https://models.example/big.gguf
+    profiles: [{name: cpu, engine: llama.cpp, replicas: 0, memory: 1TiB}]
+""")
+
+    detail = mirror_detail("big")
+    gemma = mirror_detail("gemma-3")
+
+    assert detail["warnings"] == [
+        "no node with llama.cpp and 1 TiB free holds big or can reach its URL"
+    ]
+    assert [row["node"] for row in gemma["holders"]] == ["a", "b"]
+    assert gemma["held_bytes"] == 4 * GIB
+    assert mirror_detail("nothing-of-that-name") is None
+
+
+def test_the_mirror_page_needs_a_login_and_shows_readers_the_holders(fleet, client):
+    assert client.get("/weights/gemma-3/").status_code == 302
+    client.force_login(make_user("rita"))
+
+    html = client.get("/weights/gemma-3/").content.decode()
+
+    assert 'data-node="a"' in html and 'data-node="b"' in html and "4 GiB held" in html
+    assert client.get("/weights/nothing/").status_code == 404
+
+
+def test_llmgw_ctl_status_says_who_holds_each_model(fleet):
+    out = StringIO()
+    call_command("llmgw_ctl", "status", stdout=out)
+    call_command("llmgw_ctl", "status", "--json", stdout=(as_json := StringIO()))
+
+    lines = {line.split()[0]: line.split() for line in out.getvalue().splitlines()}
+    assert lines["MODEL"][3:5] == ["HELD", "BY"]
+    assert lines["gemma-3"][3:5] == ["a,b", "ib-a"] and lines["qwen"][3] == "a"
+    models = {m["name"]: m for m in json.loads(as_json.getvalue())["models"]}
+    assert models["gemma-3"]["held_by"] == ["a", "b"] and models["gemma-3"]["fetching"] == []
