@@ -12,6 +12,7 @@ from typing import Any
 from celery import shared_task
 
 from agent_worker.runtime import current
+from protocol import messages
 from protocol.commands import (
     COLLECT_WEIGHTS,
     CONVERGE_ENGINES,
@@ -33,7 +34,9 @@ def _checked(task: str, args: list[Any], deadline: float, signature: str) -> boo
     try:
         verify(current().config.token, task, args, deadline, signature)
     except BadSignature as exc:
-        log.error("refusing a command: %s", exc)
+        log.error("refusing a command %s: %s", task, exc)
+        # Said where operators look too: whoever put it on this queue was not llmgw.
+        current().link.send(messages.CommandRefused(task=task[:200], reason=str(exc)[:2000]))
         return False
     return True
 

@@ -98,6 +98,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await database_sync_to_async(services.update_engines)(self.node_id, message)
         elif isinstance(message, messages.Weights):
             await database_sync_to_async(services.update_weights)(self.node_id, message)
+        elif isinstance(message, messages.CommandRefused):
+            await database_sync_to_async(services.record_refused_command)(self.node_id, message)
 
     async def _register(self, message: messages.Register) -> None:
         assert self.node_id is not None

@@ -295,3 +295,19 @@ class LeaderEpoch(models.Model):
 
     def __str__(self) -> str:
         return f"{self.lease_key}: epoch {self.highest}"
+
+
+class NodeCertificate(models.Model):
+    """A certificate llmgw's CA issued to a node; a revoked one is refused on every link."""
+
+    serial = models.CharField(max_length=64, primary_key=True)  # decimal: 159 bits
+    node_id = models.CharField(max_length=253, db_index=True)
+    issued_at = models.DateTimeField(auto_now_add=True)
+    not_after = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node_id", "issued_at"]
+
+    def __str__(self) -> str:
+        return f"{self.node_id} #{self.serial}"

@@ -157,6 +157,13 @@ def update_weights(node_id: str, message: messages.Weights) -> None:
     notices.pages_changed_on_commit("node", node_id)  # the mirror pages show holders
 
 
+def record_refused_command(node_id: str, message: messages.CommandRefused) -> None:
+    """The node dropped a command it could not trust: someone put it on its queue."""
+    reason = f"agent refused a command {message.task}: {message.reason}"
+    log.warning("node %s: %s", node_id, reason)
+    record_event("node", node_id, reason)
+
+
 def record_shard_status(node_id: str, message: messages.ShardStatus) -> bool:
     """Apply a shard's transition as its node reports it; False if refused, stale or unknown."""
     shard = Shard.objects.filter(id=message.shard_id).only("node_id", "state", "status_seq").first()

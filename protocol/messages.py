@@ -128,8 +128,16 @@ class Weights(_Message):
     weights: list[WeightFile] = Field(default_factory=list)
 
 
+class CommandRefused(_Message):
+    """A command the agent dropped: unsigned, signed for another node, altered or expired."""
+
+    type: Literal["command_refused"] = "command_refused"
+    task: str = Field(max_length=200)
+    reason: str = Field(max_length=2000)
+
+
 AgentMessage = Annotated[
-    Register | Heartbeat | ShardStatus | ShardProgress | Engines | Weights,
+    Register | Heartbeat | ShardStatus | ShardProgress | Engines | Weights | CommandRefused,
     Field(discriminator="type"),
 ]
 _adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)

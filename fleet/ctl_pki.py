@@ -1,0 +1,140 @@
+"""``llmgw_ctl ca init | server-cert | revoke`` and ``llmgw_ctl onboard NODE``: llmgw's own
+CA, and the bundle a new node needs, the same on every node apart from its certificate."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+from pathlib import Path
+
+import yaml
+from django.core.management.base import CommandError
+
+from core.secret_files import write_secret_file
+from fleet import pki
+
+INSTALL_SH = Path(__file__).with_name("onboard_install.sh")
+
+
+def add_parsers(subparsers) -> None:
+    ca = subparsers.add_parser("ca", help="llmgw's own certificate authority")
+    actions = ca.add_subparsers(dest="ca_action", required=True)
+    init = actions.add_parser("init", help="create the CA (its key is 0600)")
+    init.add_argument("--force", action="store_true", help="replace an existing CA")
+    init.set_defaults(handler=ca_init_command)
+    server = actions.add_parser("server-cert", help="the control plane's serving certificate")
+    server.add_argument("hosts", nargs="+", metavar="HOST")
+    server.add_argument("--days", type=int, default=365)
+    server.add_argument("--out", default=".", help="directory for server.pem, server-key.pem")
+    server.set_defaults(handler=server_cert_command)
+    revoke = actions.add_parser("revoke", help="revoke every certificate of a node")
+    revoke.add_argument("node")
+    revoke.set_defaults(handler=revoke_command)
+
+    onboard = subparsers.add_parser("onboard", help="issue a node certificate and its bundle")
+    onboard.add_argument("node")
+    onboard.add_argument(
+        "--servers", required=True, help="control plane addresses, comma separated: wss://a:8443,…"
+    )
+    onboard.add_argument("--broker", default="", help="the Redis URL agents use")
+    onboard.add_argument("--out", default="", help="directory for the bundle (default: NODE/)")
+    onboard.add_argument("--days", type=int, default=365)
+    onboard.add_argument("--wheel", default="", help="a llmgw wheel to carry in the bundle")
+    onboard.set_defaults(handler=onboard_command)  # fmt: skip
+
+
+def ca_init_command(options, out) -> None:
+    try:
+        directory = pki.init_ca(force=options["force"])
+    except pki.PkiError as exc:
+        raise CommandError(str(exc)) from None
+    out.write(f"created llmgw's CA in {directory} (key {directory / pki.CA_KEY}, mode 0600)")
+
+
+def server_cert_command(options, out) -> None:
+    try:
+        issued = pki.issue_server_certificate(options["hosts"], options["days"])
+    except pki.PkiError as exc:
+        raise CommandError(str(exc)) from None
+    target = Path(options["out"])
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "server.pem").write_bytes(issued.cert_pem)
+    _replace_secret(target / "server-key.pem", issued.key_pem)
+    hosts = ", ".join(options["hosts"])
+    out.write(f"wrote {target / 'server.pem'} and {target / 'server-key.pem'} for {hosts}, "
+              f"valid until {issued.not_after:%Y-%m-%d}")  # fmt: skip
+
+
+def revoke_command(options, out) -> None:
+    revoked = pki.revoke_node(options["node"])
+    if not revoked:
+        raise CommandError(f"node {options['node']!r} has no certificate left to revoke")
+    out.write(f"revoked {revoked} certificate(s) of {options['node']}; every control plane "
+              "refuses them from now on")  # fmt: skip
+
+
+def onboard_command(options, out) -> None:
+    node_id = options["node"]
+    servers = [s.strip() for s in options["servers"].split(",") if s.strip()]
+    bad = [s for s in servers if not s.startswith(("wss://", "ws://"))]
+    if not servers or bad:
+        raise CommandError(
+            f"--servers must be wss:// addresses, comma separated (got {options['servers']!r})"
+        )
+    try:
+        issued = pki.issue_node_certificate(node_id, options["days"])
+        ca = pki.ca_pem()
+    except pki.PkiError as exc:
+        raise CommandError(str(exc)) from None
+    bundle = Path(options["out"] or node_id)
+    bundle.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (bundle / "ca.pem").write_bytes(ca)
+    (bundle / "node.pem").write_bytes(issued.cert_pem)
+    _replace_secret(bundle / "node-key.pem", issued.key_pem)
+    (bundle / "agent.yaml").write_text(agent_file(servers, options["broker"]))
+    wheel = _carry_wheel(options["wheel"], bundle)
+    (bundle / "install.sh").write_text(install_script(wheel))
+    (bundle / "install.sh").chmod(0o755)
+    out.write(f"wrote the bundle for {node_id} to {bundle}/ (certificate valid until "
+              f"{issued.not_after:%Y-%m-%d}); on the node, run: sudo ./install.sh")  # fmt: skip
+
+
+def agent_file(servers: list[str], broker: str) -> str:
+    """The agent file, the same on every node: the certificate files name the node."""
+    data = {
+        "servers": servers,
+        "broker": broker or "redis://CHANGE-ME:6379/0",
+        "tls": {
+            "ca": "/etc/llmgw/ca.pem",
+            "cert": "/etc/llmgw/node.pem",
+            "key": "/etc/llmgw/node-key.pem",
+        },  # fmt: skip
+    }
+    text = yaml.safe_dump(data, sort_keys=False)
+    return (
+        text
+        + "# Which adapters are on which fabric, if any: {ib-a: [mlx5_0, mlx5_1]}\nfabrics: {}\n"
+    )
+
+
+def install_script(wheel: tuple[str, str] | None) -> str:
+    version = importlib.metadata.version("llmgw")
+    script = INSTALL_SH.read_text().replace("@VERSION@", version)
+    name, digest = wheel or ("", "")
+    return script.replace("@WHEEL@", name).replace("@WHEEL_SHA256@", digest)
+
+
+def _carry_wheel(path: str, bundle: Path) -> tuple[str, str] | None:
+    if not path:
+        return None
+    source = Path(path)
+    if not source.is_file() or not source.name.endswith(".whl"):
+        raise CommandError(f"--wheel {path}: not a wheel file")
+    data = source.read_bytes()
+    (bundle / source.name).write_bytes(data)
+    return source.name, hashlib.sha256(data).hexdigest()
+
+
+def _replace_secret(path: Path, data: bytes) -> None:
+    path.unlink(missing_ok=True)
+    write_secret_file(path, data.decode())

@@ -1,0 +1,231 @@
+"""llmgw's own certificate authority: node certificates (CN and DNS name = the node id),
+the control plane's serving certificate, and revocation that every control plane sees at
+once, since revoked serials live in the database.
+
+All of it with ``cryptography``; nothing shells out to openssl.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from django.conf import settings
+from django.utils import timezone
+
+from core.secret_files import write_secret_file
+from fleet.models import NodeCertificate
+
+CA_CERT = "ca.pem"
+CA_KEY = "ca-key.pem"
+CA_NAME = "llmgw CA"
+CA_DAYS = 3650
+
+
+class PkiError(Exception):
+    """A certificate operation that cannot be done, saying why and what to do."""
+
+
+@dataclass(frozen=True)
+class Issued:
+    cert_pem: bytes
+    key_pem: bytes
+    serial: int
+    not_after: dt.datetime
+
+
+def ca_dir() -> Path:
+    return Path(getattr(settings, "LLMGW_CA_DIR", "") or settings.LLMGW_HOME / "ca")
+
+
+def init_ca(directory: Path | None = None, force: bool = False) -> Path:
+    """Create the CA's key (0600) and certificate; refuse to replace one without ``force``."""
+    directory = directory or ca_dir()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cert_path, key_path = directory / CA_CERT, directory / CA_KEY
+    if cert_path.exists() or key_path.exists():
+        if not force:
+            raise PkiError(
+                f"a CA already exists in {directory}; every node certificate it issued would "
+                "stop linking if it were replaced. Pass --force to replace it anyway"
+            )
+        cert_path.unlink(missing_ok=True)
+        key_path.unlink(missing_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_NAME)])
+    now = timezone.now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=CA_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_usage(cert_sign=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
+        .sign(key, hashes.SHA256())
+    )
+    write_secret_file(key_path, _key_pem(key).decode())
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return directory
+
+
+def load_ca(directory: Path | None = None) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    directory = directory or ca_dir()
+    try:
+        cert = x509.load_pem_x509_certificate((directory / CA_CERT).read_bytes())
+        key = serialization.load_pem_private_key((directory / CA_KEY).read_bytes(), None)
+    except FileNotFoundError:
+        raise PkiError(f"no CA in {directory}: run llmgw_ctl ca init first") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise PkiError(f"{directory / CA_KEY} is not the EC key llmgw's CA uses")
+    return cert, key
+
+
+def ca_pem(directory: Path | None = None) -> bytes:
+    return load_ca(directory)[0].public_bytes(serialization.Encoding.PEM)
+
+
+def issue_node_certificate(
+    node_id: str, days: int = 365, directory: Path | None = None, now: dt.datetime | None = None
+) -> Issued:
+    """A client certificate for ``node_id`` (its CN and DNS name), recorded for revocation."""
+    if days < 1:
+        raise PkiError(f"--days must be at least 1, not {days}")
+    issued = _issue([x509.DNSName(node_id)], node_id, ExtendedKeyUsageOID.CLIENT_AUTH, days,
+                    directory, now)  # fmt: skip
+    NodeCertificate.objects.create(
+        serial=str(issued.serial), node_id=node_id, not_after=issued.not_after
+    )
+    return issued
+
+
+def issue_server_certificate(hosts: list[str], days: int = 365) -> Issued:
+    """The control plane's serving certificate, for every name and address it answers on."""
+    if not hosts:
+        raise PkiError("name the hosts the control plane answers on: ca server-cert HOST…")
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return _issue(names, hosts[0], ExtendedKeyUsageOID.SERVER_AUTH, days, None, None)
+
+
+def revoke_node(node_id: str) -> int:
+    """Revoke every certificate issued to ``node_id``; how many were still valid."""
+    return NodeCertificate.objects.filter(node_id=node_id, revoked_at=None).update(
+        revoked_at=timezone.now()
+    )
+
+
+def _issue(
+    names: list[x509.GeneralName],
+    common_name: str,
+    purpose: x509.ObjectIdentifier,
+    days: int,
+    directory: Path | None,
+    now: dt.datetime | None,
+) -> Issued:
+    ca_cert, ca_key = load_ca(directory)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = now or timezone.now()
+    not_after = now + dt.timedelta(days=days)
+    serial = x509.random_serial_number()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(serial)
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_usage(cert_sign=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([purpose]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key), serial, not_after)
+
+
+def _usage(cert_sign: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=not cert_sign, content_commitment=False, key_encipherment=False,
+        data_encipherment=False, key_agreement=not cert_sign, key_cert_sign=cert_sign,
+        crl_sign=cert_sign, encipher_only=False, decipher_only=False,
+    )  # fmt: skip
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+class CertificateRefused(PkiError):
+    """A node certificate the link must refuse; ``str()`` is the reason both sides log."""
+
+
+def check_node_certificate(
+    cert_pem: bytes, claimed_id: str, now: dt.datetime | None = None, directory: Path | None = None
+) -> x509.Certificate:
+    """Accept the certificate of ``claimed_id`` only if llmgw's CA issued it to that very
+    node, it is within its dates and not revoked; else say exactly which it is not."""
+    ca_cert, _key = load_ca(directory)
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError:
+        raise CertificateRefused("the node sent something that is not a PEM certificate") from None
+    issuer = cert.issuer.rfc4514_string()
+    if cert.issuer != ca_cert.subject:
+        raise CertificateRefused(f"certificate issued by {issuer}, not by llmgw's CA")
+    try:
+        cert.verify_directly_issued_by(ca_cert)
+    except (ValueError, TypeError, InvalidSignature):
+        raise CertificateRefused(
+            f"certificate claims {issuer} as issuer but is not signed by this llmgw CA"
+        ) from None
+    now = now or timezone.now()
+    if now > cert.not_valid_after_utc:
+        raise CertificateRefused(
+            f"certificate expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; "
+            f"issue a new one with llmgw_ctl onboard {claimed_id}"
+        )
+    if now < cert.not_valid_before_utc:
+        raise CertificateRefused(
+            f"certificate is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
+        )
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    owner = str(names[0].value) if names else ""
+    if owner != claimed_id:
+        raise CertificateRefused(
+            f"the agent claims node {claimed_id!r} with the certificate of node {owner!r}"
+        )
+    serial = cert.serial_number
+    record = NodeCertificate.objects.filter(serial=str(serial)).first()
+    if record is None:
+        raise CertificateRefused(
+            f"the certificate of node {claimed_id} (serial {serial}) is not one this llmgw issued"
+        )
+    if record.revoked_at is not None:
+        raise CertificateRefused(
+            f"the certificate of node {claimed_id} (serial {serial}) was revoked on "
+            f"{record.revoked_at:%Y-%m-%d %H:%M} UTC"
+        )
+    return cert

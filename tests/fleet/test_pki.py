@@ -1,0 +1,183 @@
+"""llmgw's own CA with real keys and certificates: init, onboarding bundles, server
+certificates, revocation, and the checks a link makes of a node's certificate."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import stat
+import subprocess
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from agent_worker.config import load_config
+from fleet import pki
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def ca(tmp_path, settings):
+    settings.LLMGW_CA_DIR = str(tmp_path / "ca")
+    call_command("llmgw_ctl", "ca", "init", stdout=StringIO())
+    return tmp_path / "ca"
+
+
+def ctl(*args: str) -> str:
+    out = StringIO()
+    call_command("llmgw_ctl", *args, stdout=out)
+    return out.getvalue()
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_the_ca_key_is_private_and_an_existing_ca_is_kept_without_force(ca):
+    assert mode(ca / "ca-key.pem") == 0o600
+    before = (ca / "ca.pem").read_bytes()
+
+    with pytest.raises(CommandError, match="a CA already exists .* Pass --force"):
+        ctl("ca", "init")
+    assert (ca / "ca.pem").read_bytes() == before
+    ctl("ca", "init", "--force")
+    assert (ca / "ca.pem").read_bytes() != before
+
+
+def test_onboarding_writes_a_bundle_the_agent_reads(ca, tmp_path):
+    bundle = tmp_path / "bundle"
+
+    said = ctl("onboard", "gpu07", "--servers", "wss://a:8443,wss://b:8443",
+               "--broker", "redis://r:6379/0", "--out", str(bundle))  # fmt: skip
+
+    assert "wrote the bundle for gpu07" in said
+    assert sorted(p.name for p in bundle.iterdir()) == [
+        "agent.yaml", "ca.pem", "install.sh", "node-key.pem", "node.pem",
+    ]  # fmt: skip
+    assert mode(bundle / "node-key.pem") == 0o600 and os.access(bundle / "install.sh", os.X_OK)
+    config = load_config(bundle / "agent.yaml", environ={})
+    assert config.servers == ("wss://a:8443", "wss://b:8443")
+    assert (config.broker, config.cert_file) == ("redis://r:6379/0", "/etc/llmgw/node.pem")
+    cert = x509.load_pem_x509_certificate((bundle / "node.pem").read_bytes())
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "gpu07"
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["gpu07"]
+    valid = cert.not_valid_after_utc - cert.not_valid_before_utc
+    assert dt.timedelta(days=365) <= valid <= dt.timedelta(days=366)
+    # The agent file is the same on every node: only the certificate names the node.
+    ctl("onboard", "gpu08", "--servers", "wss://a:8443,wss://b:8443",
+        "--broker", "redis://r:6379/0", "--out", str(tmp_path / "other"))  # fmt: skip
+    assert (tmp_path / "other" / "agent.yaml").read_text() == (bundle / "agent.yaml").read_text()
+
+
+def issue(node_id: str, **kwargs) -> bytes:
+    return pki.issue_node_certificate(node_id, **kwargs).cert_pem
+
+
+def test_a_nodes_own_certificate_is_accepted(ca):
+    cert = pki.check_node_certificate(issue("gpu07"), "gpu07")
+    assert cert.subject.rfc4514_string() == "CN=gpu07"
+
+
+def test_another_nodes_certificate_is_refused_naming_both(ca):
+    with pytest.raises(
+        pki.CertificateRefused,
+        match="the agent claims node 'gpu07' with the certificate of node 'gpu08'",
+    ):
+        pki.check_node_certificate(issue("gpu08"), "gpu07")  # fmt: skip
+
+
+def test_an_expired_certificate_is_refused_naming_its_expiry(ca):
+    long_ago = timezone.now() - dt.timedelta(days=400)
+    old = issue("gpu07", days=30, now=long_ago)
+    expiry = (long_ago + dt.timedelta(days=30)).strftime("%Y-%m-%d %H:%M")
+
+    with pytest.raises(pki.CertificateRefused, match=f"certificate expired on {expiry} UTC"):
+        pki.check_node_certificate(old, "gpu07")
+
+
+def test_a_certificate_of_another_ca_is_refused_naming_its_issuer(ca, tmp_path, settings):
+    settings.LLMGW_CA_DIR = str(tmp_path / "foreign")
+    pki.init_ca()
+    foreign = issue("gpu07")
+    settings.LLMGW_CA_DIR = str(ca)
+
+    # Both CAs are called "llmgw CA": the signature, not the name, tells them apart.
+    with pytest.raises(pki.CertificateRefused, match="claims CN=llmgw CA as issuer but is not"):
+        pki.check_node_certificate(foreign, "gpu07")
+
+
+def test_a_revoked_certificate_is_refused_from_then_on(ca):
+    cert = issue("gpu07")
+    pki.check_node_certificate(cert, "gpu07")
+
+    assert "revoked 1 certificate(s) of gpu07" in ctl("ca", "revoke", "gpu07")
+
+    with pytest.raises(pki.CertificateRefused, match="of node gpu07 .* was revoked on"):
+        pki.check_node_certificate(cert, "gpu07")
+    with pytest.raises(CommandError, match="no certificate left to revoke"):
+        ctl("ca", "revoke", "gpu07")
+
+
+def test_the_server_certificate_names_every_host_and_address(ca, tmp_path):
+    ctl("ca", "server-cert", "cp1.example", "10.0.0.5", "--out", str(tmp_path / "srv"))
+
+    cert = x509.load_pem_x509_certificate((tmp_path / "srv" / "server.pem").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["cp1.example"]
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["10.0.0.5"]
+    assert mode(tmp_path / "srv" / "server-key.pem") == 0o600
+
+
+FAKE_PYTHON = """#!/bin/sh
+# The venv's python: says which llmgw it has.
+cat "$(dirname "$0")/installed-version" 2>/dev/null || exit 1
+"""
+FAKE_PIP = """#!/bin/sh
+echo "$@" >> "$(dirname "$0")/pip-calls"
+echo 0.1.0 > "$(dirname "$0")/installed-version"
+"""
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "$@" >> "{log}"
+"""
+
+
+def test_install_sh_installs_once_and_a_second_run_changes_nothing(ca, tmp_path):
+    bundle = tmp_path / "bundle"
+    ctl("onboard", "gpu07", "--servers", "wss://a:8443", "--out", str(bundle))
+    root, tools = tmp_path / "root", tmp_path / "tools"
+    venv_bin = root / "opt" / "llmgw" / "bin"
+    for path, text in (
+        (venv_bin / "python", FAKE_PYTHON),
+        (venv_bin / "pip", FAKE_PIP),
+        (tools / "systemctl", FAKE_SYSTEMCTL.format(log=tmp_path / "systemctl")),
+    ):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o755)  # fmt: skip
+    env = {**os.environ, "ROOT": str(root), "PATH": f"{tools}:{os.environ['PATH']}"}
+
+    def install() -> str:
+        done = subprocess.run([str(bundle / "install.sh")], env=env, capture_output=True,
+                              text=True, check=True)  # fmt: skip
+        return done.stdout
+
+    first = install()
+    unit = root / "etc" / "systemd" / "system" / "llmgw-agent.service"
+    written = {p: p.stat().st_mtime_ns for p in (unit, *(root / "etc" / "llmgw").iterdir())}
+    second = install()
+
+    assert "installed llmgw 0.1.0" in first and "llmgw-agent is running" in first
+    assert (venv_bin / "pip-calls").read_text().split() == ["install", "--quiet", "llmgw==0.1.0"]
+    assert "Restart=always" in unit.read_text()
+    assert "worker -Q node-$$(hostname)" in unit.read_text()
+    assert mode(root / "etc" / "llmgw" / "node-key.pem") == 0o600
+    assert second.strip() == "install.sh: nothing to change"
+    assert {p: p.stat().st_mtime_ns for p in written} == written
+    assert (tmp_path / "systemctl").read_text().count("restart") == 1
