@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from agent_worker.identity import NodeIdentity
 from protocol.messages import CLOSE_BAD_MESSAGE, Heartbeat, Register
 
 log = logging.getLogger("llmgw.agent.link")
@@ -80,10 +81,15 @@ class AgentLink:
         *,
         heartbeat_interval: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
+        identity: NodeIdentity | None = None,
     ) -> None:
         self.servers = list(servers)
         self.node_id = node_id
         self.token = token
+        # With a certificate the agent proves itself by it, and learns its command key
+        # from the control plane once proven; with a token, the token is that key.
+        self.identity = identity
+        self.command_key = "" if identity else token
         self.callbacks = callbacks
         self.heartbeat_interval = heartbeat_interval
         self.ssl_context = ssl_context
@@ -147,7 +153,11 @@ class AgentLink:
     async def _session(self, server: str) -> bool:
         """One connection's life; True if it linked (however it ended)."""
         url = agent_url(server)
-        headers = {"Authorization": f"Bearer {self.token}", "X-Llmgw-Node": self.node_id}
+        headers = {"X-Llmgw-Node": self.node_id}
+        if self.identity is not None:
+            headers["X-Llmgw-Auth"] = "certificate"
+        else:
+            headers["Authorization"] = f"Bearer {self.token}"
         try:
             ws = await connect(
                 url,
@@ -164,6 +174,9 @@ class AgentLink:
             log.warning("cannot reach control plane %s: %s", url, exc or type(exc).__name__)
             return False
         try:
+            if self.identity is not None and not await self._prove(ws, url):
+                await ws.close()
+                return False
             register = await asyncio.to_thread(self.callbacks.register)
             with contextlib.suppress(ConnectionClosed):
                 # A standby refuses before reading: its reason may already be waiting.
@@ -183,6 +196,8 @@ class AgentLink:
             log.warning("control plane %s refused the link: %s", url, answer.get("reason", first))
             await ws.close()
             return False
+        if self.identity is not None:
+            self.command_key = str(answer.get("command_key") or self.command_key)
         log.info("linked to control plane %s as %s", url, self.node_id)
         self.connected_to = url
         self.sessions += 1
@@ -193,6 +208,18 @@ class AgentLink:
         finally:
             self.connected_to = None
             await ws.close()
+        return True
+
+    async def _prove(self, ws: ClientConnection, url: str) -> bool:
+        """Answer the control plane's challenge with the node certificate and a signature."""
+        assert self.identity is not None
+        challenge = _decode(await asyncio.wait_for(ws.recv(), timeout=OPEN_TIMEOUT))
+        if challenge.get("type") != "challenge" or not challenge.get("nonce"):
+            reason = challenge.get("reason") or challenge
+            log.warning("control plane %s refused the link: %s", url, reason)
+            return False
+        proof = self.identity.proof(str(challenge["nonce"]), self.node_id)
+        await ws.send(json.dumps(proof))
         return True
 
     async def _linked(self, ws: ClientConnection) -> None:

@@ -24,6 +24,7 @@ from agent_worker.engines.install import (
 )
 from agent_worker.engines.install.python_env import PipSettings
 from agent_worker.engines.probe import ProbeConfig
+from agent_worker.identity import NodeIdentity
 from agent_worker.launcher import ShardLauncher
 from agent_worker.link import AgentLink, LinkCallbacks
 from agent_worker.logbuffer import AGENT_SOURCE, LogBuffer
@@ -112,6 +113,7 @@ class AgentRuntime:
             LinkCallbacks(register=self.register_message, heartbeat=self.heartbeat_message),
             heartbeat_interval=config.heartbeat_interval,
             ssl_context=self._ssl_context(),
+            identity=self._identity(),
         )
         self.weights = WeightStore(config.weights_dir)
         self.look_dirs = LookDirs(look=config.look_dirs, shared=config.shared_dirs)
@@ -394,11 +396,18 @@ class AgentRuntime:
                 return found
         return self.logs.read(source, lines)
 
+    def _identity(self) -> NodeIdentity | None:
+        """The node certificate, when the agent file names one: the link then proves the
+        node by it, answering the control plane's challenge."""
+        if not (self.config.cert_file and self.config.key_file):
+            return None
+        return NodeIdentity(self.config.cert_file, self.config.key_file)
+
     def _ssl_context(self) -> ssl.SSLContext | None:
         if not any(s.startswith(("wss://", "https://")) for s in self.config.servers):
             return None
         context = ssl.create_default_context(cafile=self.config.ca_file or None)
-        if self.config.cert_file:
+        if self.config.cert_file:  # for a TLS front that asks for client certificates too
             context.load_cert_chain(self.config.cert_file, self.config.key_file or None)
         return context
 

@@ -32,7 +32,7 @@ log = logging.getLogger("llmgw.agent.commands")
 
 def _checked(task: str, args: list[Any], deadline: float, signature: str) -> bool:
     try:
-        verify(current().config.token, task, args, deadline, signature)
+        verify(current().link.command_key, task, args, deadline, signature)
     except BadSignature as exc:
         log.error("refusing a command %s: %s", task, exc)
         # Said where operators look too: whoever put it on this queue was not llmgw.

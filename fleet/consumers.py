@@ -7,17 +7,19 @@ Channels' per-message hop to the sync thread that closes old DB connections.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import secrets
 from typing import NoReturn
 
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from fleet import leadership, services
+from fleet import leadership, pki, services
 from fleet.heartbeats import batcher
-from fleet.node_auth import verify_node_token
+from fleet.node_auth import node_token, verify_node_token
 from protocol import messages
 
 log = logging.getLogger("llmgw.fleet.link")
@@ -30,6 +32,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
     channel_layer_alias = "agents-use-no-channel-layer"
     node_id: str | None = None
     registered = False
+    # Set while a certificate's proof of possession is awaited: the nonce it must sign.
+    nonce: str | None = None
+    claimed = ""
+    by_certificate = False
 
     async def dispatch(self, message) -> None:
         # Skip aclose_old_connections for the hot path; ORM work below goes through
@@ -45,13 +51,19 @@ class AgentConsumer(AsyncWebsocketConsumer):
         claimed = headers.get(b"x-llmgw-node", b"").decode(errors="replace")
         authorization = headers.get(b"authorization", b"").decode(errors="replace")
         token = authorization.removeprefix("Bearer ").strip()
+        if not token and headers.get(b"x-llmgw-auth") == b"certificate" and claimed:
+            # The agent proves itself with its certificate: a fresh nonce comes first.
+            self.claimed, self.nonce = claimed, secrets.token_hex(16)
+            await self.send(json.dumps({"type": "challenge", "nonce": self.nonce}))
+            return
         node_id = verify_node_token(token) if token else None
         # Authenticate first: who leads is not for just anyone to learn.
         if node_id is None:
             await self._refuse(
                 messages.CLOSE_UNAUTHENTICATED,
-                f"node {claimed or '(unnamed)'} sent no valid node token; put the output of "
-                f"`llmgw_ctl node-token {claimed or 'NODE'}` in the agent's token setting",
+                f"node {claimed or '(unnamed)'} sent no valid node token nor a certificate; "
+                f"give it a bundle from `llmgw_ctl onboard {claimed or 'NODE'}` (or the output "
+                f"of `llmgw_ctl node-token {claimed or 'NODE'}` in its token setting)",
             )
         if claimed and claimed != node_id:
             await self._refuse(
@@ -59,11 +71,36 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 f"this link claims to be node {claimed!r} but its token was issued to "
                 f"{node_id!r}; give each node its own token",
             )
+        await self._admit(node_id)
+
+    async def _admit(self, node_id: str) -> None:
         leader = await database_sync_to_async(leadership.leader_for_links)()
         if leader is not None:
             await self._refuse(messages.CLOSE_NOT_LEADER, f"this control plane is a standby; "
                                f"the leader is {leader}")  # fmt: skip
         self.node_id = node_id
+
+    async def _check_proof(self, text: str | None) -> None:
+        """The answer to the challenge: the node's certificate and its key's signature."""
+        assert self.nonce is not None
+        nonce, self.nonce = self.nonce, None
+        try:
+            proof = json.loads(text or "")
+            certificate = str(proof["certificate"]).encode()
+            signature = base64.b64decode(str(proof["signature"]), validate=True)
+        except (ValueError, KeyError, TypeError):
+            await self._refuse(messages.CLOSE_UNAUTHENTICATED,
+                               f"node {self.claimed} did not answer the challenge with a proof "
+                               "(its certificate and a signature)")  # fmt: skip
+        try:
+            await database_sync_to_async(pki.check_link_proof)(
+                certificate, self.claimed, nonce, signature
+            )
+        except pki.PkiError as exc:
+            await self._refuse(messages.CLOSE_UNAUTHENTICATED,
+                               f"node {self.claimed} refused: {exc}")  # fmt: skip
+        self.by_certificate = True
+        await self._admit(self.claimed)
 
     async def _refuse(self, code: int, reason: str) -> NoReturn:
         log.warning("refused an agent link: %s", reason)
@@ -75,6 +112,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         raise StopConsumer()
 
     async def receive(self, text_data=None, bytes_data=None) -> None:
+        if self.nonce is not None:
+            await self._check_proof(text_data)
+            return
         if self.node_id is None:
             return
         try:
@@ -111,6 +151,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
             )
             return
         answer = await database_sync_to_async(services.link_node)(self.node_id, message)
+        if self.by_certificate:
+            # The key its commands are signed with: only this link, proven, learns it.
+            answer["command_key"] = node_token(self.node_id)
         self.registered = True
         await self.send(json.dumps(answer))
 

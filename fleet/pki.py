@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from core.secret_files import write_secret_file
 from fleet.models import NodeCertificate
+from protocol.signing import proof_payload
 
 CA_CERT = "ca.pem"
 CA_KEY = "ca-key.pem"
@@ -42,7 +43,7 @@ class Issued:
 
 
 def ca_dir() -> Path:
-    return Path(getattr(settings, "LLMGW_CA_DIR", "") or settings.LLMGW_HOME / "ca")
+    return Path(settings.LLMGW_CA_DIR)
 
 
 def init_ca(directory: Path | None = None, force: bool = False) -> Path:
@@ -229,3 +230,17 @@ def check_node_certificate(
             f"{record.revoked_at:%Y-%m-%d %H:%M} UTC"
         )
     return cert
+
+
+def check_link_proof(cert_pem: bytes, claimed_id: str, nonce: str, signature: bytes) -> None:
+    """Accept a link only from the holder of the node's own, valid certificate's key."""
+    cert = check_node_certificate(cert_pem, claimed_id)
+    key = cert.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise CertificateRefused("the node's certificate does not hold an EC key")
+    try:
+        key.verify(signature, proof_payload(nonce, claimed_id), ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature:
+        raise CertificateRefused(
+            f"the agent claiming {claimed_id!r} holds that node's certificate but not its key"
+        ) from None

@@ -169,6 +169,8 @@ LOGGING = {
 NODE_UNREACHABLE_AFTER = env_int("LLMGW_NODE_UNREACHABLE_AFTER", 15)
 NODE_LOST_AFTER = env_int("LLMGW_NODE_LOST_AFTER", 60)
 METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN")
+# llmgw's own CA (``llmgw_ctl ca init``): its key, and node certificates' issuer.
+LLMGW_CA_DIR = env_str("LLMGW_CA_DIR") or str(LLMGW_HOME / "ca")
 # With no web server in front (llmgw up), daphne serves /static/ itself.
 SERVE_STATIC = env_bool("LLMGW_SERVE_STATIC", True)
 # Engines listen from here upward on each node (two ports per shard: HTTP and rendezvous).

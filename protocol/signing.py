@@ -48,3 +48,9 @@ def verify(
         raise BadSignature(f"{task} was not signed for this node")
     if (now if now is not None else time.time()) > deadline:
         raise BadSignature(f"{task} arrived after its deadline")
+
+
+def proof_payload(nonce: str, node_id: str) -> bytes:
+    """What an agent signs with its node certificate's key to prove a link is its own; the
+    control plane's fresh nonce makes every proof good for one link only."""
+    return f"llmgw-link-proof\n{nonce}\n{node_id}".encode()

@@ -108,9 +108,15 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def control_plane(port: int, log_dir: Path, **extra: str) -> Process:
-    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-            "llmgw_site.asgi:application"]  # fmt: skip
+def control_plane(
+    port: int, log_dir: Path, tls: tuple[Path, Path] | None = None, **extra: str
+) -> Process:
+    """Daphne serving the control plane; over TLS with ``tls`` (certificate, key)."""
+    listen = ["-b", "127.0.0.1", "-p", str(port)]
+    if tls is not None:
+        cert, key = tls
+        listen = ["-e", f"ssl:{port}:interface=127.0.0.1:privateKey={key}:certKey={cert}"]
+    argv = [sys.executable, "-m", "daphne", *listen, "llmgw_site.asgi:application"]
     return Process(f"control-plane-{port}", argv, base_env(**extra), log_dir)
 
 
@@ -119,6 +125,10 @@ def agent(
 ) -> Process:
     argv = [sys.executable, "-m", "celery", "-A", "agent_worker", "worker", "-Q",
             f"node-{node_id}", "-n", f"agent-{node_id}@%h", "--loglevel", "INFO"]  # fmt: skip
+    defaults = {
+        "LLMGW_AGENT_CONFIG": str(home / "no-agent-file.yaml"),
+        "LLMGW_ENGINES": local_engines(),  # as `llmgw up` names the wheel
+    }
     env = base_env(
         LLMGW_NODE_ID=node_id,
         LLMGW_AGENT_SERVERS=servers,
@@ -126,9 +136,8 @@ def agent(
         LLMGW_AGENT_BROKER=settings.REDIS_URL,
         LLMGW_AGENT_DIR=str(home / "agent"),
         LLMGW_WEIGHTS_DIR=str(home / "weights"),
-        LLMGW_AGENT_CONFIG=str(home / "no-agent-file.yaml"),
         LLMGW_HEARTBEAT_INTERVAL="1",
-        **{"LLMGW_ENGINES": local_engines(), **extra},  # as `llmgw up` names the wheel
+        **{**defaults, **extra},
     )
     env.pop("DJANGO_SETTINGS_MODULE")
     return Process(f"agent-{node_id}", argv, env, log_dir)

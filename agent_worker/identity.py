@@ -1,0 +1,30 @@
+"""The node's certificate and key (``tls: {cert, key}`` in the agent file), and the proof
+of possession a link answers the control plane's challenge with."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from protocol.signing import proof_payload
+
+
+class NodeIdentity:
+    def __init__(self, cert_file: str, key_file: str) -> None:
+        self.cert_pem = Path(cert_file).read_bytes()
+        key = serialization.load_pem_private_key(Path(key_file).read_bytes(), None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{key_file} is not the EC key of an llmgw node certificate")
+        self._key = key
+
+    def proof(self, nonce: str, node_id: str) -> dict[str, str]:
+        signature = self._key.sign(proof_payload(nonce, node_id), ec.ECDSA(hashes.SHA256()))
+        return {
+            "type": "proof",
+            "node": node_id,
+            "certificate": self.cert_pem.decode(),
+            "signature": base64.b64encode(signature).decode(),
+        }
