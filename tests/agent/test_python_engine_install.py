@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import subprocess
 import zipfile
 from pathlib import Path
@@ -32,19 +33,27 @@ def wheel(directory: Path, name: str, version: str, files: dict[str, str],
         lines = "".join(f"{script} = {target}\n" for script, target in scripts.items())
         contents[f"{dist}/entry_points.txt"] = f"[console_scripts]\n{lines}"
     record = []
-    for path, text in contents.items():
+    for member, text in contents.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
-        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+        record.append(f"{member},sha256={digest.decode()},{len(text.encode())}")
     record.append(f"{dist}/RECORD,,")
     contents[f"{dist}/RECORD"] = "\n".join(record) + "\n"
     path = directory / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as archive:
-        for name_in, text in contents.items():
-            archive.writestr(name_in, text)
+        for member, text in contents.items():
+            archive.writestr(member, text)
     return path
 
 
 VLLM_MAIN = "import sys\ndef main():\n    print({said!r})\n    sys.exit({code})\n"
+
+
+@pytest.fixture(autouse=True)
+def pip_without_this_machines_config(monkeypatch):
+    """Only the test's wheels: this machine's pip.conf and PIP_* name mirrors and constraints."""
+    for name in [name for name in os.environ if name.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +62,8 @@ def index(tmp_path_factory) -> PipSettings:
     wheel(links, "vllm", "0.6.3", {"vllm/__init__.py": VLLM_MAIN.format(said="0.6.3", code=0)},
           scripts={"vllm": "vllm:main"})  # fmt: skip
     wheel(links, "vllm", "0.6.4", {"vllm/__init__.py": VLLM_MAIN.format(said="oops", code=1)},
+          scripts={"vllm": "vllm:main"})  # fmt: skip
+    wheel(links, "vllm", "0.6.5", {"vllm/__init__.py": VLLM_MAIN.format(said="0.6.50", code=0)},
           scripts={"vllm": "vllm:main"})  # fmt: skip
     wheel(links, "sglang", "0.4.1", {"sglang/__init__.py": '__version__ = "0.4.1"\n'},
           extras=("all",))  # fmt: skip
@@ -69,10 +80,21 @@ def test_vllm_is_installed_into_a_venv_of_its_own_and_seen_to_run(index, tmp_pat
     assert said == ["creating a virtualenv", "pip install vllm==0.6.3", "checking vllm"]
 
 
-def test_sglang_with_its_all_extra_counts_when_its_import_says_the_version(index, tmp_path):
-    path = install_python_engine("sglang", "0.4.1", tmp_path / "0.4.1", index, print, 30)
+def test_sglang_with_its_all_extra_counts_when_its_import_says_the_version(
+    index, tmp_path, monkeypatch
+):
+    # A stray sglang/ where the agent runs, or on the agent's PYTHONPATH, is not the install.
+    stray = tmp_path / "stray"
+    (stray / "sglang").mkdir(parents=True)
+    (stray / "sglang" / "__init__.py").write_text('__version__ = "0.0.0"\n')
+    monkeypatch.chdir(stray)
+    monkeypatch.setenv("PYTHONPATH", str(stray))
+    said: list[str] = []
+
+    path = install_python_engine("sglang", "0.4.1", tmp_path / "0.4.1", index, said.append, 30)
 
     assert path == str(tmp_path / "0.4.1" / "bin" / "python")
+    assert said == ["creating a virtualenv", "pip install sglang[all]==0.4.1", "checking sglang"]
 
 
 def test_a_version_the_index_lacks_fails_naming_it_and_leaves_nothing(index, tmp_path):
@@ -84,11 +106,20 @@ def test_a_version_the_index_lacks_fails_naming_it_and_leaves_nothing(index, tmp
     assert not (tmp_path / "9.9.9").exists()
 
 
-def test_an_engine_that_does_not_run_does_not_count(index, tmp_path):
-    with pytest.raises(InstallError, match="vllm --version failed \\(exit code 1\\): oops"):
-        install_python_engine("vllm", "0.6.4", tmp_path / "0.6.4", index, print, 30)
+@pytest.mark.parametrize(
+    ("version", "reason"),
+    [
+        ("0.6.4", "checking vllm 0.6.4: vllm --version failed (exit code 1): oops"),
+        ("0.6.5", "checking vllm 0.6.5: vllm --version says '0.6.50', not 0.6.5"),
+    ],
+    ids=["exits-1", "another-version"],
+)
+def test_an_engine_that_does_not_run_as_asked_does_not_count(index, tmp_path, version, reason):
+    with pytest.raises(InstallError) as failure:
+        install_python_engine("vllm", version, tmp_path / version, index, print, 30)
 
-    assert not (tmp_path / "0.6.4").exists()
+    assert str(failure.value) == reason
+    assert not (tmp_path / version).exists()
 
 
 def test_unknown_engines_and_occupied_directories_are_refused(index, tmp_path):
@@ -98,7 +129,7 @@ def test_unknown_engines_and_occupied_directories_are_refused(index, tmp_path):
     occupied.mkdir()
     (occupied / "keep").write_text("mine")
 
-    with pytest.raises(InstallError, match="exists and is not empty"):
+    with pytest.raises(InstallError, match="is not an empty directory; llmgw leaves it alone"):
         install_python_engine("vllm", "0.6.3", occupied, index, print, 30)
 
     assert (occupied / "keep").read_text() == "mine"
