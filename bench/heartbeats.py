@@ -301,6 +301,8 @@ def main() -> None:
         "LLMGW_HOME": tempfile.mkdtemp(prefix="llmgw-bench-home-"),
         "LOG_LEVEL": os.environ.get("LOG_LEVEL", "INFO"),
         "PYTHONUNBUFFERED": "1",
+        # Simulated agents link with tokens: the migration path, as old agents do.
+        "LLMGW_NODE_AUTH": "token",
     }
     prepared = prepare_database(database_url, env)
     print(f"database {BENCH_DATABASE} ready in {prepared:.1f} s", flush=True)

@@ -16,6 +16,7 @@ from typing import NoReturn
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 
 from fleet import leadership, pki, services
 from fleet.heartbeats import batcher
@@ -56,6 +57,13 @@ class AgentConsumer(AsyncWebsocketConsumer):
             self.claimed, self.nonce = claimed, secrets.token_hex(16)
             await self.send(json.dumps({"type": "challenge", "nonce": self.nonce}))
             return
+        if token and settings.LLMGW_NODE_AUTH != "token":
+            await self._refuse(
+                messages.CLOSE_UNAUTHENTICATED,
+                f"node {claimed or '(unnamed)'} links with a token, and this control plane "
+                f"takes node certificates only: give it a bundle from `llmgw_ctl onboard "
+                f"{claimed or 'NODE'}`, or set LLMGW_NODE_AUTH=token while moving nodes over",
+            )
         node_id = verify_node_token(token) if token else None
         # Authenticate first: who leads is not for just anyone to learn.
         if node_id is None:

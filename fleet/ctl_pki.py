@@ -40,6 +40,11 @@ def add_parsers(subparsers) -> None:
     onboard.add_argument("--out", default="", help="directory for the bundle (default: NODE/)")
     onboard.add_argument("--days", type=int, default=365)
     onboard.add_argument("--wheel", default="", help="a llmgw wheel to carry in the bundle")
+    onboard.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the bundle's certificate if it is still good for 30 days",
+    )
     onboard.set_defaults(handler=onboard_command)  # fmt: skip
 
 
@@ -81,12 +86,15 @@ def onboard_command(options, out) -> None:
         raise CommandError(
             f"--servers must be wss:// addresses, comma separated (got {options['servers']!r})"
         )
+    bundle = Path(options["out"] or node_id)
+    if options["reuse"] and pki.still_good(bundle / "node.pem", node_id):
+        out.write(f"kept the certificate of {node_id} in {bundle}/")
+        return
     try:
         issued = pki.issue_node_certificate(node_id, options["days"])
         ca = pki.ca_pem()
     except pki.PkiError as exc:
         raise CommandError(str(exc)) from None
-    bundle = Path(options["out"] or node_id)
     bundle.mkdir(parents=True, exist_ok=True, mode=0o700)
     (bundle / "ca.pem").write_bytes(ca)
     (bundle / "node.pem").write_bytes(issued.cert_pem)

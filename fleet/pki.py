@@ -232,6 +232,15 @@ def check_node_certificate(
     return cert
 
 
+def still_good(cert_path: Path, node_id: str, margin: dt.timedelta = dt.timedelta(days=30)) -> bool:
+    """Whether a node's certificate file would still link, and for ``margin`` more."""
+    try:
+        check_node_certificate(cert_path.read_bytes(), node_id, timezone.now() + margin)
+    except (OSError, PkiError):
+        return False
+    return True
+
+
 def check_link_proof(cert_pem: bytes, claimed_id: str, nonce: str, signature: bytes) -> None:
     """Accept a link only from the holder of the node's own, valid certificate's key."""
     cert = check_node_certificate(cert_pem, claimed_id)

@@ -78,13 +78,19 @@ def prepare_environment(home: Path) -> dict[str, str]:
     return env
 
 
-def agent_token(python: str, env: dict[str, str]) -> str:
-    """The local agent's link token, signed by this control plane's key."""
-    result = subprocess.run(
-        [python, MANAGE, "llmgw_ctl", "node-token", socket.gethostname()],
-        env=env, check=True, capture_output=True, text=True,
-    )  # fmt: skip
-    return result.stdout.strip()
+def ensure_local_certificate(python: str, env: dict[str, str], home: Path) -> None:
+    """The local agent's node certificate, from this home's own CA, made on first start
+    (and again a month before it expires): `make run` needs no set-up to link by it."""
+    bundle = home / "agent-tls"
+    ctl = [python, MANAGE, "llmgw_ctl"]
+    if not (Path(env.get("LLMGW_CA_DIR") or home / "ca") / "ca.pem").exists():
+        subprocess.run([*ctl, "ca", "init"], env=env, check=True, capture_output=True)
+    # --reuse keeps a certificate this database knows, unrevoked, good for another month.
+    subprocess.run([*ctl, "onboard", socket.gethostname(), "--servers",
+                    env["LLMGW_AGENT_SERVERS"], "--out", str(bundle), "--reuse"],
+                   env=env, check=True, capture_output=True)  # fmt: skip
+    env.setdefault("LLMGW_AGENT_CERT", str(bundle / "node.pem"))
+    env.setdefault("LLMGW_AGENT_KEY", str(bundle / "node-key.pem"))
 
 
 def ensure_admin(python: str, env: dict[str, str], home: Path) -> None:
@@ -153,7 +159,7 @@ def run(argv: list[str] | None = None) -> int:
     services = embedded_services(home)
     subprocess.run([python, MANAGE, "migrate", "--no-input", "-v", "0"], env=env, check=True)
     ensure_admin(python, env, home)
-    env.setdefault("LLMGW_AGENT_TOKEN", agent_token(python, env))
+    ensure_local_certificate(python, env, home)
     apply_demo(python, env, home)
     key_file = ensure_api_key(python, env, home)
 

@@ -171,6 +171,14 @@ NODE_LOST_AFTER = env_int("LLMGW_NODE_LOST_AFTER", 60)
 METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN")
 # llmgw's own CA (``llmgw_ctl ca init``): its key, and node certificates' issuer.
 LLMGW_CA_DIR = env_str("LLMGW_CA_DIR") or str(LLMGW_HOME / "ca")
+# How nodes prove who they are on the link: their certificate from llmgw's CA, or, while
+# a fleet moves over, the older token (``token`` accepts both).
+LLMGW_NODE_AUTH = env_str("LLMGW_NODE_AUTH", "certificate")
+if LLMGW_NODE_AUTH not in ("certificate", "token"):
+    raise ImproperlyConfigured(
+        f"LLMGW_NODE_AUTH={LLMGW_NODE_AUTH!r}: use certificate (the default), or token to "
+        "also accept agents that link with a node token while they are moved to certificates"
+    )
 # With no web server in front (llmgw up), daphne serves /static/ itself.
 SERVE_STATIC = env_bool("LLMGW_SERVE_STATIC", True)
 # Engines listen from here upward on each node (two ports per shard: HTTP and rendezvous).

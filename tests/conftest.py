@@ -27,6 +27,12 @@ def api_client():
     return APIClient()
 
 
+@pytest.fixture(autouse=True)
+def links_by_token(settings):
+    """In-process link tests connect with node tokens; certificate links say so."""
+    settings.LLMGW_NODE_AUTH = "token"
+
+
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings():
     """Close connections after each use in tests: threads that Channels' database_sync_to_async

@@ -173,3 +173,30 @@ async def test_a_standby_names_its_leader_only_to_an_authenticated_node(settings
         assert "the leader is wss://the-leader:8443" in refusal["reason"]
     finally:
         await sync_to_async(leadership.release)("wss://the-leader:8443")
+
+
+async def test_a_control_plane_for_certificates_refuses_a_token_with_the_fix(settings):
+    settings.LLMGW_NODE_AUTH = "certificate"
+    ws = communicator("node01")
+    await ws.connect()
+    refusal = json.loads(await ws.receive_from())
+    assert refusal["type"] == "refused"
+    assert "links with a token" in refusal["reason"]
+    assert "llmgw_ctl onboard node01" in refusal["reason"]
+    assert "LLMGW_NODE_AUTH=token" in refusal["reason"]
+    assert await consumer_ended(ws)
+
+
+async def test_a_challenge_answered_with_nonsense_is_refused(settings):
+    settings.LLMGW_NODE_AUTH = "certificate"
+    headers = [(b"x-llmgw-node", b"node01"), (b"x-llmgw-auth", b"certificate")]
+    ws = WebsocketCommunicator(application(), "/agent/", headers=headers)
+    await ws.connect()
+    challenge = json.loads(await ws.receive_from())
+    assert challenge["type"] == "challenge" and len(challenge["nonce"]) == 32
+    await ws.send_to(text_data=register("node01"))  # a register where the proof belongs
+    refusal = json.loads(await ws.receive_from())
+    assert refusal["type"] == "refused"
+    assert "did not answer the challenge with a proof" in refusal["reason"]
+    assert await consumer_ended(ws)
+    assert not await sync_to_async(Node.objects.exists)()

@@ -103,6 +103,9 @@ def base_env(**extra: str) -> dict[str, str]:
         REDIS_URL=settings.REDIS_URL,
         DJANGO_SETTINGS_MODULE="llmgw_site.settings",
         PYTHONUNBUFFERED="1",
+        # Most process tests link agents by token, the migration path; the certificate
+        # link has tests of its own, and `llmgw up`'s tests use its local certificate.
+        LLMGW_NODE_AUTH="token",
     )
     env.update(extra)
     return env

@@ -53,7 +53,8 @@ def test_agents_link_by_certificate_and_wrong_ones_are_refused_by_name(
     port = free_port()
     server = f"wss://127.0.0.1:{port}"
     tls = (tmp_path / "server" / "server.pem", tmp_path / "server" / "server-key.pem")
-    processes.append(control_plane(port, tmp_path, tls=tls, LLMGW_CA_DIR=str(ca_dir)).start())
+    cp_env = {"LLMGW_CA_DIR": str(ca_dir), "LLMGW_NODE_AUTH": "certificate"}
+    processes.append(control_plane(port, tmp_path, tls=tls, **cp_env).start())
     wait_for(lambda: listening(port), 60, "the control plane on TLS")
     ca = ca_dir / "ca.pem"
     suffix = uuid.uuid4().hex[:6]

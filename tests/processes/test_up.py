@@ -56,6 +56,10 @@ def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_p
             "llama.cpp", "installed", False,
         )  # fmt: skip
         assert engine["detail"] == "named in the agent file"
+        # It linked by its own local certificate: no token, no set-up.
+        assert (home / "agent-tls" / "node.pem").exists()
+        assert oct((home / "agent-tls" / "node-key.pem").stat().st_mode)[-3:] == "600"
+        assert "LLMGW_AGENT_TOKEN" not in up.env
         password_file = home / "admin-password"
         assert password_file.exists() and oct(password_file.stat().st_mode)[-3:] == "600"
         assert (home / "postgres" / "PG_VERSION").exists()
