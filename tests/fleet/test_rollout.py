@@ -15,6 +15,7 @@ from io import StringIO
 import pytest
 import yaml
 from django.core.management import CommandError, call_command
+from django.test import override_settings
 from django.utils import timezone
 
 from audit.models import Event
@@ -253,13 +254,13 @@ def test_a_drain_ends_at_the_drain_timeout_with_requests_still_in_flight(fleet, 
     assert "drain_timeout of 30s" in old.reasons[0] and "1 request" in old.reasons[0]
 
 
-def test_without_redis_a_drain_waits_the_whole_drain_timeout(fleet, settings):
+def test_without_redis_a_drain_waits_the_whole_drain_timeout(fleet):
     f, old, _since = _draining_old_replica(fleet)
-    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
-    f.run(seconds=10)
-    assert Replica.objects.get(id=old.id).state == "ready"
-    f.run(seconds=21)
-    assert Replica.objects.get(id=old.id).state == "stopping"
+    with override_settings(REDIS_URL="redis://127.0.0.1:1/0"):  # nothing listens there
+        f.run(seconds=10)
+        assert Replica.objects.get(id=old.id).state == "ready"
+        f.run(seconds=21)
+        assert Replica.objects.get(id=old.id).state == "stopping"
 
 
 def test_a_paused_rollout_stays_put_until_resumed(fleet, operator):
