@@ -13,12 +13,12 @@ from celery import Celery
 from celery.signals import after_setup_logger
 
 from agent_worker.bootstep import AgentRuntimeStep
-from agent_worker.config import broker_url
+from agent_worker.config import celery_broker_config
 
 app = Celery("agent_worker")
 app.conf.update(
-    broker_url=broker_url(),
-    result_backend=broker_url(),
+    # broker_url, result_backend and, for rediss://, the TLS both verify the server with.
+    **celery_broker_config(),
     # The supervisor, the link and the log buffers must share one process for the
     # worker's whole life; prefork would run tasks in children that have none of them.
     worker_pool="threads",

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from core.redis_urls import RedisURL, RedisURLError, parse_redis_url
 from protocol.units import format_size, parse_size
 
 DEFAULT_CONFIG = Path("/etc/llmgw/agent.yaml")
@@ -88,16 +89,21 @@ def servers_from(data: dict[str, Any]) -> tuple[str, ...]:
     return tuple(servers)
 
 
+def read_agent_file(path: Path) -> dict[str, Any]:
+    """The agent file's mapping; empty when there is no file."""
+    if not path.exists():
+        return {}
+    loaded = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise AgentConfigError(f"{path}: the top level must be a mapping (server:, tls: …)")
+    return loaded
+
+
 def load_config(path: Path | None = None, environ: dict[str, str] | None = None) -> AgentConfig:
     """Read the agent file (if any) and the environment into an AgentConfig."""
     environ = dict(os.environ if environ is None else environ)
     path = path or Path(environ.get("LLMGW_AGENT_CONFIG", DEFAULT_CONFIG))
-    data: dict[str, Any] = {}
-    if path.exists():
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise AgentConfigError(f"{path}: the top level must be a mapping (server:, tls: …)")
-        data = loaded
+    data = read_agent_file(path)
     if environ.get("LLMGW_AGENT_SERVERS"):
         data["servers"] = environ["LLMGW_AGENT_SERVERS"]
         data.pop("server", None)
@@ -243,13 +249,37 @@ def _log_keep(name: str, value: Any) -> int:
     return keep
 
 
-def broker_url(environ: dict[str, str] | None = None, data: dict[str, Any] | None = None) -> str:
-    """The Redis the node's command queue lives on; unix:// becomes Celery's socket form."""
-    environ = dict(os.environ if environ is None else environ)
-    url = (
-        environ.get("LLMGW_AGENT_BROKER")
-        or (data or {}).get("broker")
-        or environ.get("REDIS_URL")
-        or "redis://127.0.0.1:6379/0"
+def broker_redis(
+    environ: Mapping[str, str] | None = None, data: Mapping[str, Any] | None = None
+) -> RedisURL:
+    """The Redis the node's command queue lives on, with its password and TLS options
+    (``rediss://…?ssl_ca_certs=``); a URL that cannot be used names where it was set."""
+    environ = os.environ if environ is None else environ
+    choices = (
+        ("LLMGW_AGENT_BROKER", environ.get("LLMGW_AGENT_BROKER")),
+        ("broker: in the agent file", (data or {}).get("broker")),
+        ("REDIS_URL", environ.get("REDIS_URL")),
     )
-    return url.replace("unix://", "redis+socket://", 1)
+    setting, url = next(
+        ((setting, url) for setting, url in choices if url),
+        ("the default broker", "redis://127.0.0.1:6379/0"),
+    )
+    try:
+        return parse_redis_url(str(url), setting)
+    except RedisURLError as exc:
+        raise AgentConfigError(str(exc)) from None
+
+
+def broker_url(
+    environ: Mapping[str, str] | None = None, data: Mapping[str, Any] | None = None
+) -> str:
+    """The broker's URL as Celery takes it: unix:// in its socket form, TLS options apart."""
+    return broker_redis(environ, data).celery_url
+
+
+def celery_broker_config(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The agent's Celery broker and result backend, from the environment or the agent
+    file, with the TLS dicts kombu and the result backend need for rediss://."""
+    environ = os.environ if environ is None else environ
+    path = Path(environ.get("LLMGW_AGENT_CONFIG", DEFAULT_CONFIG))
+    return broker_redis(environ, read_agent_file(path)).celery_config()

@@ -13,6 +13,7 @@ class EventKind(models.TextChoices):
     CATALOG = "catalog"
     PLACEMENT = "placement"
     KEY = "key"
+    SIGN_IN = "sign-in"  # a username and address locked out after failed sign-ins
 
 
 class Event(models.Model):

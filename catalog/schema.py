@@ -214,6 +214,8 @@ def parse_catalog(text: str, filename: str = "catalog.yaml") -> CatalogFile:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise CatalogError([f"{filename}: not valid YAML: {exc}"]) from None
+    except RecursionError:  # the YAML reader's own limit, reached by nesting alone
+        raise CatalogError([f"{filename}: nested too deeply to be read"]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -9,6 +9,8 @@ import functools
 import redis
 from django.conf import settings
 
+from core.redis_urls import parse_redis_url
+
 TIMEOUT = 2.0
 
 
@@ -18,4 +20,6 @@ def redis_client() -> redis.Redis:
 
 @functools.cache
 def _client_for(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT)
+    # The URL's TLS options in redis-py's spelling; a missing CA file is named here.
+    client_url = parse_redis_url(url, "REDIS_URL").client_url
+    return redis.Redis.from_url(client_url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT)

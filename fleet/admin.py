@@ -1,6 +1,10 @@
 from django.contrib import admin
 
 from fleet.models import Node, Replica, Shard
+from fleet.sign_in import AdminSignInForm
+
+# The admin's sign-in shares the pages' throttling: the same password, the same guesser.
+admin.site.login_form = AdminSignInForm
 
 
 @admin.register(Node)

@@ -120,13 +120,22 @@ class AgentConsumer(AsyncWebsocketConsumer):
         raise StopConsumer()
 
     async def receive(self, text_data=None, bytes_data=None) -> None:
+        frame = text_data if text_data is not None else bytes_data
+        if frame is not None and len(frame) > settings.LINK_MAX_FRAME:
+            # Refused by size before parsing: no agent sends this much in one message.
+            await self._refuse(
+                messages.CLOSE_BAD_MESSAGE,
+                f"node {self.node_id or self.claimed or '(unnamed)'} sent a frame of "
+                f"{len(frame)} bytes, over the limit of {settings.LINK_MAX_FRAME} "
+                "(LLMGW_LINK_MAX_FRAME)",
+            )
         if self.nonce is not None:
             await self._check_proof(text_data)
             return
         if self.node_id is None:
             return
         try:
-            message = messages.parse_message(text_data if text_data is not None else bytes_data)
+            message = messages.parse_message(frame)
         except messages.MessageError as exc:
             reason = f"malformed message from node {self.node_id}: {exc}"
             log.warning(reason)

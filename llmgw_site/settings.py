@@ -10,6 +10,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from core.env import env_bool, env_int, env_list, env_str, llmgw_home
+from core.redis_urls import RedisURL, RedisURLError, parse_redis_url
 from core.secret_files import ensure_private_dir, read_or_create_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -107,17 +108,33 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = _required_url("REDIS_URL", "Redis")
 
+
+def _read_redis_url(url: str) -> RedisURL:
+    """REDIS_URL read once, its password and TLS options (``rediss://…?ssl_ca_certs=``)
+    handed to each library; a TLS file that is missing stops every process here."""
+    try:
+        return parse_redis_url(url, "REDIS_URL")
+    except RedisURLError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+
+
+_redis = _read_redis_url(REDIS_URL)  # lower case: not a setting itself
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         # redis-py 8 reads with a 5 s timeout by default, the same as channels_redis'
         # blocking pop, so an idle consumer would time out; give reads room beyond it.
-        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}]},
+        "CONFIG": {"hosts": [_redis.channels_host(socket_timeout=15)]},
     },
 }
 
-CELERY_BROKER_URL = REDIS_URL.replace("unix://", "redis+socket://", 1)
-CELERY_RESULT_BACKEND = CELERY_BROKER_URL
+# kombu and the result backend take TLS as a dict: without one, kombu would not verify a
+# rediss:// server and the result backend would refuse to start.
+CELERY_BROKER_URL = _redis.celery_url
+CELERY_RESULT_BACKEND = _redis.celery_url
+CELERY_BROKER_USE_SSL = _redis.celery_ssl
+CELERY_REDIS_BACKEND_USE_SSL = _redis.celery_ssl
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -135,6 +152,12 @@ STATIC_ROOT = LLMGW_HOME / "static"
 
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
+# Sign-in throttling (fleet.sign_in), per username and client address. Five is more than a
+# person mistypes in a row, and five tries per 15 minutes leaves a guesser under 500 a day
+# per address, while the real operator elsewhere is never locked out by it.
+SIGN_IN_FAILURE_LIMIT = env_int("LLMGW_SIGN_IN_FAILURE_LIMIT", 5)
+# Seconds: the window the failures are counted in, and then how long the pair waits.
+SIGN_IN_WINDOW = env_int("LLMGW_SIGN_IN_WINDOW", 15 * 60)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -179,6 +202,12 @@ if LLMGW_NODE_AUTH not in ("certificate", "token"):
         f"LLMGW_NODE_AUTH={LLMGW_NODE_AUTH!r}: use certificate (the default), or token to "
         "also accept agents that link with a node token while they are moved to certificates"
     )
+# A catalog entry is a few KiB; 2.5 MiB (Django's default) leaves room for a long list
+# of builds, and anything larger is refused by its size before it is parsed.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("LLMGW_API_MAX_BODY", 2621440)
+# The largest agent message taken off the link: a register of a big node is well under
+# 1 MiB, so a larger frame is a broken or hostile agent, refused before it is parsed.
+LINK_MAX_FRAME = env_int("LLMGW_LINK_MAX_FRAME", 4 * 1024 * 1024)
 # With no web server in front (llmgw up), daphne serves /static/ itself.
 SERVE_STATIC = env_bool("LLMGW_SERVE_STATIC", True)
 # Engines listen from here upward on each node (two ports per shard: HTTP and rendezvous).
@@ -187,6 +216,17 @@ ENGINE_PORT_BASE = env_int("LLMGW_ENGINE_PORT_BASE", 20000)
 CONTROL_PLANE_ID = env_str(
     "LLMGW_CONTROL_PLANE_ID", f"ws://{socket.gethostname()}:{env_int('LLMGW_PORT', 8000)}"
 )
+# Session and CSRF cookies: out of scripts' reach, and not sent along with another site's
+# POST (Lax still lets a link from elsewhere open a page signed in).
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+# Secure cookies travel over TLS only. On by default when agents dial this control plane at
+# a wss:// address, i.e. it is served over TLS; off for `llmgw up`'s plain http on
+# loopback, where a Secure cookie would never come back and sign-in would loop.
+SECURE_COOKIES = env_bool("LLMGW_SECURE_COOKIES", CONTROL_PLANE_ID.startswith("wss://"))
+SESSION_COOKIE_SECURE = SECURE_COOKIES
+CSRF_COOKIE_SECURE = SECURE_COOKIES
 # The Redis key control planes of one cluster compete for; another cluster on the
 # same Redis (or a test) uses another key.
 LEADER_LEASE_KEY = env_str("LLMGW_LEADER_LEASE_KEY", "llmgw:leader")

@@ -7,6 +7,7 @@ from rest_framework.routers import DefaultRouter
 from catalog import api as catalog_api
 from fleet import api as fleet_api
 from fleet import views as fleet_views
+from fleet.sign_in import SignInForm
 
 router = DefaultRouter()
 router.register("engines", catalog_api.EngineViewSet)
@@ -23,7 +24,11 @@ router.register("events", fleet_api.EventViewSet)
 urlpatterns = [
     path("", include("fleet.urls")),
     path("metrics", fleet_views.metrics, name="metrics"),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path(
+        "accounts/login/",
+        auth_views.LoginView.as_view(authentication_form=SignInForm),
+        name="login",
+    ),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("api/v1/", include(router.urls)),

@@ -3,7 +3,8 @@
 A plain ASGI callable rather than a framework: every request passes through here, and
 the budget is well under a millisecond of added latency. The order of checks is fixed
 so clients get the most useful error first: 401 (key), 413 (size), 400 (JSON, model),
-404 (unknown model), 403 (key not allowed the model), 503 (nothing ready). A request
+404 (unknown model), 403 (key not allowed the model), 400 (a field an engine cannot use,
+body_checks.py), 503 (nothing ready). A request
 that passes them becomes a ``Call`` (call.py), which the proxy (proxy.py) forwards.
 """
 
@@ -18,6 +19,7 @@ from router import errors
 from router.accounting import Accounting
 from router.auth import KeyCache
 from router.balancer import Balancer
+from router.body_checks import check_body
 from router.call import CLIENT_CLOSED, Call, read_body, resolve
 from router.config import RouterConfig
 from router.errors import RouterError
@@ -225,6 +227,7 @@ class Router:
                 return
             route, payload = resolve(self.table, body, caller)
             model_label = route.name
+            check_body(path, payload, self.config.max_choices)
             if not route.endpoints:
                 message, retry_after = route.unavailable()
                 raise errors.unavailable(message, retry_after)

@@ -87,6 +87,10 @@ def resolve(table: RoutingTable, body: bytes, caller: Caller) -> tuple[ModelRout
         payload = json.loads(body)
     except ValueError as exc:
         raise errors.malformed(f"The body is not valid JSON: {exc}.", "invalid_json") from None
+    except RecursionError:  # the parser's own limit, reached by nesting alone
+        raise errors.malformed(
+            "The body is nested too deeply to be read.", "invalid_json"
+        ) from None
     if not isinstance(payload, dict):
         raise errors.malformed("The body must be a JSON object.", "invalid_json")
     model = payload.get("model")

@@ -13,6 +13,8 @@ class RouterConfig:
     static_path: str = ""
     # 16 MiB holds a long chat with images as data URLs; larger is almost surely a mistake.
     max_body: int = 16 * 1024 * 1024
+    # Choices per request: more than a handful is a mistake or an attack on the engine.
+    max_choices: int = 16
     # An engine that does not accept a connection in 5 s is down, not busy.
     connect_timeout: float = 5.0
     # Silence between bytes; prefill of a long prompt on a CPU can take minutes.
@@ -45,6 +47,7 @@ class RouterConfig:
         return cls(
             static_path=env_str("LLMGW_ROUTER_STATIC"),
             max_body=env_int("LLMGW_ROUTER_MAX_BODY", cls.max_body),
+            max_choices=env_int("LLMGW_ROUTER_MAX_N", cls.max_choices),
             connect_timeout=env_float("LLMGW_ROUTER_CONNECT_TIMEOUT", cls.connect_timeout),
             read_timeout=env_float("LLMGW_ROUTER_READ_TIMEOUT", cls.read_timeout),
             refresh_seconds=env_float("LLMGW_ROUTER_REFRESH_SECONDS", cls.refresh_seconds),

@@ -15,14 +15,15 @@ class RouterError(Exception):
     type: str = "invalid_request_error"
     code: str | None = None
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    param: str | None = None  # the body's field at fault, as OpenAI names it
 
     def body(self) -> bytes:
-        return error_body(self.message, self.type, self.code)
+        return error_body(self.message, self.type, self.code, self.param)
 
 
-def error_body(message: str, type_: str, code: str | None) -> bytes:
+def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
     return json.dumps(
-        {"error": {"message": message, "type": type_, "param": None, "code": code}}
+        {"error": {"message": message, "type": type_, "param": param, "code": code}}
     ).encode()
 
 
@@ -78,6 +79,10 @@ def unknown_model(model: str, known: list[str]) -> RouterError:
 
 def malformed(message: str, code: str) -> RouterError:
     return RouterError(400, message, "invalid_request_error", code)
+
+
+def invalid_field(param: str, message: str) -> RouterError:
+    return RouterError(400, message, "invalid_request_error", "invalid_value", param=param)
 
 
 def too_large(limit: int) -> RouterError:

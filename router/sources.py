@@ -24,6 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from core.redis_urls import parse_redis_url
 from protocol.routing import ROUTING_CHANNEL, RoutingSnapshot
 from router.accounting import Usage
 from router.saved_table import TableFile
@@ -78,7 +79,8 @@ class DatabaseSource:
         django.setup()
         from django.conf import settings
 
-        self.redis_url = settings.REDIS_URL
+        # redis-py's spelling of the URL's TLS options (ssl_cert_reqs=required, not CERT_…).
+        self.redis_url = parse_redis_url(settings.REDIS_URL, "REDIS_URL").client_url
         self._django_ready = True
 
     def _load(self) -> Loaded:

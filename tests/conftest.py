@@ -1,9 +1,21 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, settings
 from rest_framework.test import APIClient
 
 from tests.factories import make_user
+
+# The fuzz tests: a fixed seed and a bounded number of examples, so `make test` runs the
+# same inputs every time and stays well under a minute.
+settings.register_profile(
+    "llmgw-fuzz",
+    derandomize=True,  # the same examples on every run: a failure here is never a fluke
+    database=None,  # nothing written into the checkout
+    deadline=None,  # a loaded 2-core machine is slow; speed is for bench/
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+settings.load_profile("llmgw-fuzz")
 
 
 @pytest.fixture

@@ -38,6 +38,5 @@ def make_replica(profile: Profile | None = None, **fields) -> Replica:
 
 
 def make_shard(replica: Replica | None = None, rank: int = 0, **fields) -> Shard:
-    return Shard.objects.create(
-        id=Shard.new_id(), replica=replica or make_replica(), rank=rank, **fields
-    )
+    fields.setdefault("id", Shard.new_id())
+    return Shard.objects.create(replica=replica or make_replica(), rank=rank, **fields)
