@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, models, transaction
@@ -18,7 +19,17 @@ from django.utils import timezone
 from audit import notices
 from audit.events import record_event
 from audit.models import EventKind
-from catalog.keys import KEY_START, ApiKeyRefused, hash_key, key_prefix, known_model_names
+from catalog.keys import (
+    KEY_START,
+    ApiKeyRefused,
+    check_limits,
+    check_priority,
+    find_key,
+    hash_key,
+    key_limits,
+    key_prefix,
+    known_model_names,
+)  # fmt: skip
 from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile
 from catalog.plan import Change, check_references, make_change, plan_changes
 from catalog.schema import CatalogError, parse_catalog
@@ -152,24 +163,29 @@ def _set_rollout_paused(model_name: str, paused: bool, why: str, actor) -> bool:
     return bool(changed)
 
 
-def create_key(name: str, allowed_models: Iterable[str] = (), *, actor=None) -> tuple[ApiKey, str]:
+def create_key(
+    name: str,
+    allowed_models: Iterable[str] = (),
+    *,
+    limits: dict[str, int | None] | None = None,
+    expires_at: datetime | None = None,
+    priority: str = "normal",
+    actor=None,
+) -> tuple[ApiKey, str]:
     """Create a key for ``name``; return the row and the key, which is never shown again.
 
     ``allowed_models`` limits the key to those models (names or aliases); empty allows
     every model. Names the catalog does not know are refused, so a typo cannot leave a
-    key that silently works for nothing.
+    key that silently works for nothing. ``limits`` are enforced by the routers together.
     """
     name = name.strip()
     if not name:
         raise ApiKeyRefused("a key needs a name saying who or what uses it")
-    allowed = sorted({m.strip() for m in allowed_models if m.strip()})
-    unknown = sorted(set(allowed) - known_model_names())
-    if unknown:
-        known = ", ".join(sorted(known_model_names())) or "none"
-        raise ApiKeyRefused(
-            f"unknown model(s) {', '.join(unknown)}; the catalog has: {known}. "
-            "Apply the model first, or fix the name."
-        )
+    allowed = _known_models(allowed_models)
+    checked = check_limits(limits or {})
+    check_priority(priority)
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ApiKeyRefused("expires: the key would be expired already; give a future time")
     for _attempt in range(5):
         key = KEY_START + secrets.token_urlsafe(32)
         try:
@@ -179,16 +195,89 @@ def create_key(name: str, allowed_models: Iterable[str] = (), *, actor=None) -> 
                     prefix=key_prefix(key),
                     hashed_key=hash_key(key),
                     allowed_models=allowed,
+                    expires_at=expires_at,
+                    priority=priority,
+                    **checked,
                 )
                 scope = ", ".join(allowed) or "every model"
                 record_event(
-                    EventKind.KEY, row.prefix, f"created for {name} ({scope})", actor=actor
-                )
+                    EventKind.KEY, row.prefix, f"created for {name} ({scope}){_terms(row)}",
+                    actor=actor,
+                )  # fmt: skip
                 notices.routers_reload_on_commit("keys")
         except IntegrityError:
             continue  # two keys drew the same prefix; draw again
         return row, key
     raise ApiKeyRefused("could not draw a unique key prefix; try again")
+
+
+UNCHANGED: Any = object()
+
+
+def update_key(
+    identity: str,
+    *,
+    allowed_models: Iterable[str] | None = None,
+    limits: dict[str, int | None] | None = None,
+    expires_at: datetime | None = UNCHANGED,
+    priority: str | None = None,
+    actor=None,
+) -> ApiKey:
+    """Change a key's models, limits (None clears one), expiry or priority; routers apply
+    it within a second. A revoked key is refused: nothing set on it would ever apply."""
+    checked = check_limits(limits or {})
+    if priority is not None:
+        check_priority(priority)
+    allowed = _known_models(allowed_models) if allowed_models is not None else None
+    with transaction.atomic():
+        row = ApiKey.objects.select_for_update().get(id=find_key(identity).id)
+        if row.revoked_at is not None:
+            raise ApiKeyRefused(
+                f"key {row.prefix}… ({row.name}) is revoked; limits on it would never apply. "
+                "Create a new key instead."
+            )
+        changes = {**checked}
+        if allowed is not None:
+            changes["allowed_models"] = allowed
+        if expires_at is not UNCHANGED:
+            changes["expires_at"] = expires_at
+        if priority is not None:
+            changes["priority"] = priority
+        changed = [f for f, value in changes.items() if getattr(row, f) != value]
+        if changed:
+            for field, value in changes.items():
+                setattr(row, field, value)
+            row.save(update_fields=changed)
+            record_event(
+                EventKind.KEY, row.prefix,
+                f"updated {', '.join(changed)} of {row.name}'s key{_terms(row)}", actor=actor,
+            )  # fmt: skip
+            notices.routers_reload_on_commit("keys")
+    return row
+
+
+def _known_models(allowed_models: Iterable[str]) -> list[str]:
+    allowed = sorted({m.strip() for m in allowed_models if m.strip()})
+    unknown = sorted(set(allowed) - known_model_names())
+    if unknown:
+        known = ", ".join(sorted(known_model_names())) or "none"
+        raise ApiKeyRefused(
+            f"unknown model(s) {', '.join(unknown)}; the catalog has: {known}. "
+            "Apply the model first, or fix the name."
+        )
+    return allowed
+
+
+def _terms(row: ApiKey) -> str:
+    """A key's limits, expiry and priority in an Event's words; "" when it has none."""
+    terms = [
+        f"{value} {name.replace('_', ' ')}" for name, value in key_limits(row).as_dict().items()
+    ]
+    if row.expires_at is not None:
+        terms.append(f"expires {row.expires_at:%Y-%m-%d %H:%M} UTC")
+    if row.priority != "normal":
+        terms.append(f"priority {row.priority}")
+    return f": {', '.join(terms)}" if terms else ""
 
 
 def revoke_key(prefix: str, *, actor=None) -> ApiKey:

@@ -1,6 +1,7 @@
-from django.contrib import admin
+from django.contrib import admin, messages
 
-from catalog.actions import delete_row, save_entry
+from catalog.actions import delete_row, save_entry, update_key
+from catalog.keys import LIMIT_FIELDS, ApiKeyRefused
 from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile
 
 
@@ -55,5 +56,31 @@ admin.site.register(Fabric, CatalogEntryAdmin)
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["name", "prefix", "created_at", "revoked_at"]
-    readonly_fields = ["prefix", "hashed_key", "created_at"]
+    """Limits, expiry and priority are changed through the key verb, so routers hear of it
+    at once; keys are created where they can be shown once (`llmgw_ctl keys create`, the
+    API), and revoked rather than deleted, so their usage keeps a name."""
+
+    list_display = ["name", "prefix", *LIMIT_FIELDS, "priority", "expires_at", "revoked_at"]
+    readonly_fields = ["name", "prefix", "hashed_key", "created_at", "revoked_at"]
+    fields = ["name", "prefix", "allowed_models", *LIMIT_FIELDS, "priority", "expires_at",
+              "created_at", "revoked_at"]  # fmt: skip
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def save_model(self, request, obj, form, change) -> None:
+        data = form.cleaned_data
+        try:
+            update_key(
+                obj.prefix,
+                allowed_models=data["allowed_models"],
+                limits={name: data[name] for name in LIMIT_FIELDS},
+                expires_at=data["expires_at"],
+                priority=data["priority"],
+                actor=request.user,
+            )
+        except ApiKeyRefused as exc:
+            self.message_user(request, str(exc), level=messages.ERROR)

@@ -8,8 +8,16 @@ from rest_framework.decorators import action
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
-from catalog.actions import create_key, delete_row, revoke_key, save_entry, update_entry
-from catalog.keys import ApiKeyRefused
+from catalog.actions import (
+    UNCHANGED,
+    create_key,
+    delete_row,
+    revoke_key,
+    save_entry,
+    update_entry,
+    update_key,
+)  # fmt: skip
+from catalog.keys import LIMIT_FIELDS, ApiKeyRefused
 from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile
 from catalog.permissions import is_operator
 from catalog.serializers import (
@@ -69,8 +77,18 @@ class ApiKeySerializer(drf_serializers.ModelSerializer):
 
     class Meta:
         model = ApiKey
-        fields = ["id", "name", "prefix", "models", "created_at", "revoked_at"]
+        fields = ["id", "name", "prefix", "models", *LIMIT_FIELDS, "priority", "expires_at",
+                  "created_at", "revoked_at"]  # fmt: skip
         read_only_fields = ["prefix", "created_at", "revoked_at"]
+
+
+def refused_on_field(exc: ApiKeyRefused) -> drf_serializers.ValidationError:
+    """The verb's refusal, filed under the field it names ("tokens_per_day: …")."""
+    message = str(exc)
+    field, sep, _rest = message.partition(":")
+    known = {*LIMIT_FIELDS, "priority", "expires"}
+    key = ("expires_at" if field == "expires" else field) if sep and field in known else "models"
+    return drf_serializers.ValidationError({key: [message]})
 
 
 class OperatorsOnly(BasePermission):
@@ -84,9 +102,11 @@ class ApiKeyViewSet(
     mixins.CreateModelMixin,
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
+    mixins.UpdateModelMixin,
     viewsets.GenericViewSet,
 ):
-    """Keys for /v1: create (the key is in the answer, once), list, revoke. Operators only."""
+    """Keys for /v1: create (the key is in the answer, once), list, change limits, revoke.
+    Operators only."""
 
     queryset = ApiKey.objects.all()
     serializer_class = ApiKeySerializer
@@ -95,15 +115,33 @@ class ApiKeyViewSet(
     def create(self, request, *args, **kwargs):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
         try:
             row, key = create_key(
-                serializer.validated_data["name"],
-                serializer.validated_data.get("allowed_models", []),
+                data["name"],
+                data.get("allowed_models", []),
+                limits={name: data[name] for name in LIMIT_FIELDS if name in data},
+                expires_at=data.get("expires_at"),
+                priority=data.get("priority", "normal"),
                 actor=request.user,
             )
         except ApiKeyRefused as exc:
-            raise drf_serializers.ValidationError({"models": [str(exc)]}) from None
+            raise refused_on_field(exc) from None
         return Response({**self.get_serializer(row).data, "key": key}, status=201)
+
+    def perform_update(self, serializer) -> None:
+        data = serializer.validated_data
+        try:
+            serializer.instance = update_key(
+                serializer.instance.prefix,
+                allowed_models=data.get("allowed_models"),
+                limits={name: data[name] for name in LIMIT_FIELDS if name in data},
+                expires_at=data.get("expires_at", UNCHANGED),
+                priority=data.get("priority"),
+                actor=self.request.user,
+            )
+        except ApiKeyRefused as exc:
+            raise refused_on_field(exc) from None
 
     @action(detail=True, methods=["post"])
     def revoke(self, request, pk=None):

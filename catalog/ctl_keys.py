@@ -1,17 +1,33 @@
-"""``llmgw_ctl keys``: create, list and revoke the API keys clients send to ``/v1``."""
+"""``llmgw_ctl keys``: create, list, show, update and revoke the API keys clients send to
+``/v1``, with the limits the routers enforce for each."""
 
 from __future__ import annotations
 
-from django.core.management.base import CommandError
+import time
+from datetime import datetime, timedelta
 
-from catalog.actions import create_key, revoke_key
-from catalog.keys import ApiKeyRefused
+import redis
+from django.core.management.base import CommandError
+from django.utils import timezone
+
+from catalog.actions import UNCHANGED, create_key, revoke_key, update_key
+from catalog.keys import LIMIT_FIELDS, PRIORITIES, ApiKeyRefused, find_key, key_limits, key_usage
 from catalog.models import ApiKey
 from core.tables import render_json, render_table
+from protocol.units import parse_duration
+
+# Flag, limit field and what it counts, in the order `keys show` lists them.
+LIMIT_FLAGS = (
+    ("--rpm", "requests_per_minute", "requests per minute"),
+    ("--tpm", "tokens_per_minute", "tokens per minute (prompt and completion)"),
+    ("--tokens-per-day", "tokens_per_day", "tokens per UTC day"),
+    ("--tokens-per-month", "tokens_per_month", "tokens per UTC month"),
+    ("--concurrency", "concurrency", "requests in flight at once"),
+)
 
 
 def add_parsers(subparsers) -> None:
-    keys = subparsers.add_parser("keys", help="create, list and revoke API keys for /v1")
+    keys = subparsers.add_parser("keys", help="create, list, show, update and revoke API keys")
     verbs = keys.add_subparsers(dest="keys_verb", required=True, metavar="VERB")
 
     create = verbs.add_parser("create", help="create a key and print it (shown only once)")
@@ -19,20 +35,74 @@ def add_parsers(subparsers) -> None:
     create.add_argument(
         "--models", default="", help="comma-separated models the key may use (default: all)"
     )
+    _add_terms(create)
     create.set_defaults(handler=create_command)
 
-    listing = verbs.add_parser("list", help="list keys: name, prefix, models, revoked")
+    update = verbs.add_parser("update", help="change a key's models, limits, expiry or priority")
+    update.add_argument("key", help="the key's prefix (or the whole key), or its name")
+    update.add_argument("--models", help="comma-separated models; an empty string: all")
+    _add_terms(update, clearing=True)
+    update.set_defaults(handler=update_command)
+
+    listing = verbs.add_parser("list", help="list keys: name, prefix, models, limits, revoked")
     listing.add_argument("--json", action="store_true")
     listing.set_defaults(handler=list_command)
+
+    show = verbs.add_parser("show", help="a key's limits and what it used of each")
+    show.add_argument("key", help="the key's prefix (or the whole key), or its name")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(handler=show_command)
 
     revoke = verbs.add_parser("revoke", help="revoke a key by its prefix")
     revoke.add_argument("prefix", help="the prefix `keys list` shows (or the whole key)")
     revoke.set_defaults(handler=revoke_command)
 
 
+def _add_terms(parser, clearing: bool = False) -> None:
+    extra = "; none clears it" if clearing else ""
+    for flag, field, counts in LIMIT_FLAGS:
+        parser.add_argument(flag, dest=field, metavar="N", help=f"at most N {counts}{extra}")
+    parser.add_argument(
+        "--expires", metavar="AFTER", help=f"refuse the key after this long (30d, 12h){extra}"
+    )
+    parser.add_argument("--priority", choices=PRIORITIES, help="served first when busy: high")
+
+
+def _limits(options) -> dict[str, int | None]:
+    """The limit flags given, as numbers (None for `none`); a bad one names its flag."""
+    limits: dict[str, int | None] = {}
+    for flag, field, _counts in LIMIT_FLAGS:
+        value = options.get(field)
+        if value is None:
+            continue
+        if value.strip().lower() == "none":
+            limits[field] = None
+            continue
+        try:
+            limits[field] = int(value)
+        except ValueError:
+            raise CommandError(f"{flag} {value!r}: give a whole number, or none") from None
+    return limits
+
+
+def _expiry(value: str | None) -> datetime | None:
+    if value is None or value.strip().lower() == "none":
+        return None
+    try:
+        return timezone.now() + timedelta(seconds=parse_duration(value))
+    except ValueError as exc:
+        raise CommandError(f"--expires: {exc}") from None
+
+
 def create_command(options, out) -> None:
     try:
-        row, key = create_key(options["name"], options["models"].split(","))
+        row, key = create_key(
+            options["name"],
+            options["models"].split(","),
+            limits=_limits(options),
+            expires_at=_expiry(options.get("expires")),
+            priority=options.get("priority") or "normal",
+        )
     except ApiKeyRefused as exc:
         raise CommandError(str(exc)) from None
     out.write(key)
@@ -40,35 +110,62 @@ def create_command(options, out) -> None:
     out.write(f"created key {row.prefix}… for {row.name} ({models}); it is not shown again")
 
 
+def update_command(options, out) -> None:
+    models = options.get("models")
+    try:
+        row = update_key(
+            options["key"],
+            allowed_models=models.split(",") if models is not None else None,
+            limits=_limits(options),
+            expires_at=_expiry(options["expires"]) if options.get("expires") else UNCHANGED,
+            priority=options.get("priority"),
+        )
+    except ApiKeyRefused as exc:
+        raise CommandError(str(exc)) from None
+    out.write(f"key {row.prefix}… ({row.name}): {_describe_limits(row)}")
+
+
 def list_command(options, out) -> None:
     rows = list(ApiKey.objects.all())
     if options["json"]:
-        out.write(
-            render_json(
-                [
-                    {
-                        "name": r.name,
-                        "prefix": r.prefix,
-                        "models": r.allowed_models,
-                        "created_at": r.created_at,
-                        "revoked_at": r.revoked_at,
-                    }
-                    for r in rows
-                ]
-            )
-        )
+        out.write(render_json([_as_json(r) for r in rows]))
         return
     table = [
         [
             r.name,
             r.prefix,
             ",".join(r.allowed_models) or "all",
+            _describe_limits(r),
             r.created_at.strftime("%Y-%m-%d %H:%M"),
             r.revoked_at.strftime("%Y-%m-%d %H:%M") if r.revoked_at else "",
         ]
         for r in rows
     ]
-    out.write(render_table(["NAME", "PREFIX", "MODELS", "CREATED", "REVOKED"], table))
+    out.write(render_table(["NAME", "PREFIX", "MODELS", "LIMITS", "CREATED", "REVOKED"], table))
+
+
+def show_command(options, out) -> None:
+    try:
+        row = find_key(options["key"])
+    except ApiKeyRefused as exc:
+        raise CommandError(str(exc)) from None
+    try:
+        used = key_usage(row, time.time())
+    except redis.RedisError as exc:
+        raise CommandError(f"cannot read the routers' counters in Redis: {exc}") from None
+    limits = key_limits(row).as_dict()
+    if options["json"]:
+        usage = {f: {"limit": limits.get(f), "used": used[f]} for f in LIMIT_FIELDS}
+        out.write(render_json({**_as_json(row), "usage": usage}))
+        return
+    out.write(f"key {row.prefix}… ({row.name}), models: {', '.join(row.allowed_models) or 'all'}")
+    rows = [
+        [counts, str(limits.get(field, "none")), str(used[field]),
+         _share(used[field], limits.get(field))]
+        for _flag, field, counts in LIMIT_FLAGS
+    ]  # fmt: skip
+    out.write(render_table(["LIMIT", "AT MOST", "USED", "SHARE"], rows))
+    out.write(f"priority: {row.priority}; {_expiry_text(row)}")
 
 
 def revoke_command(options, out) -> None:
@@ -77,3 +174,39 @@ def revoke_command(options, out) -> None:
     except ApiKeyRefused as exc:
         raise CommandError(str(exc)) from None
     out.write(f"revoked key {row.prefix}… ({row.name})")
+
+
+def _as_json(row: ApiKey) -> dict:
+    return {
+        "name": row.name,
+        "prefix": row.prefix,
+        "models": row.allowed_models,
+        "limits": key_limits(row).as_dict(),
+        "priority": row.priority,
+        "expires_at": row.expires_at,
+        "created_at": row.created_at,
+        "revoked_at": row.revoked_at,
+    }
+
+
+def _describe_limits(row: ApiKey) -> str:
+    short = {"requests_per_minute": "rpm", "tokens_per_minute": "tpm",
+             "tokens_per_day": "tokens/day", "tokens_per_month": "tokens/month",
+             "concurrency": "concurrent"}  # fmt: skip
+    terms = [f"{value} {short[field]}" for field, value in key_limits(row).as_dict().items()]
+    if row.priority != "normal":
+        terms.append(f"priority {row.priority}")
+    if row.expires_at is not None:
+        terms.append(f"expires {row.expires_at:%Y-%m-%d}")
+    return ", ".join(terms) or "no limits"
+
+
+def _share(used: int, limit: int | None) -> str:
+    return f"{100 * used / limit:.0f}%" if limit else ""
+
+
+def _expiry_text(row: ApiKey) -> str:
+    if row.expires_at is None:
+        return "never expires"
+    verb = "expired" if row.expires_at <= timezone.now() else "expires"
+    return f"{verb} {row.expires_at:%Y-%m-%d %H:%M} UTC"

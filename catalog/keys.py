@@ -9,9 +9,11 @@ a key with one hash and a dictionary lookup on every request.
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime
 from typing import Any
 
 from catalog.models import ApiKey, Model
+from protocol.rate_limits import Limits, counter_keys
 
 KEY_START = "llmgw-"
 # "llmgw-" and 8 random characters: enough to tell keys apart in a list, never to use one.
@@ -31,14 +33,76 @@ def key_prefix(key: str) -> str:
     return key[:PREFIX_LENGTH]
 
 
+# The limit fields of a key, as the model, the API and `llmgw_ctl` name them.
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "tokens_per_month",
+                "concurrency")  # fmt: skip
+PRIORITIES = ("high", "normal", "low")
+
+
+def key_limits(key: ApiKey) -> Limits:
+    return Limits(**{name: getattr(key, name) for name in LIMIT_FIELDS})
+
+
+def check_limits(limits: dict[str, Any]) -> dict[str, int | None]:
+    """The limits to set (None clears one), or ApiKeyRefused naming the first bad field."""
+    checked: dict[str, int | None] = {}
+    for name, value in limits.items():
+        if name not in LIMIT_FIELDS:
+            raise ApiKeyRefused(f"{name}: not a key limit; limits are {', '.join(LIMIT_FIELDS)}")
+        if value is None:
+            checked[name] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ApiKeyRefused(
+                f"{name}: {value!r} is not a limit; give a whole number of at least 1, "
+                "or none for no limit"
+            )
+        checked[name] = value
+    return checked
+
+
+def check_priority(priority: str) -> str:
+    if priority not in PRIORITIES:
+        raise ApiKeyRefused(f"priority: {priority!r} is not one of {', '.join(PRIORITIES)}")
+    return priority
+
+
+def find_key(identity: str) -> ApiKey:
+    """The key with this prefix (or whole key), else the one key with this name."""
+    identity = identity.strip()
+    row = ApiKey.objects.filter(prefix=key_prefix(identity)).first()
+    if row is not None:
+        return row
+    named = list(ApiKey.objects.filter(name=identity, revoked_at__isnull=True)[:2])
+    if len(named) == 1:
+        return named[0]
+    if named:
+        raise ApiKeyRefused(
+            f"several keys are named {identity!r}; give the prefix `llmgw_ctl keys list` shows"
+        )
+    raise ApiKeyRefused(
+        f"no key with prefix or name {identity!r}; `llmgw_ctl keys list` shows them"
+    )
+
+
 def active_keys() -> list[dict[str, Any]]:
     """Every key that is not revoked, as the router caches it (hashes, never keys)."""
     return [
-        {"name": name, "prefix": prefix, "sha256": hashed, "models": list(models)}
-        for name, prefix, hashed, models in ApiKey.objects.filter(
-            revoked_at__isnull=True
-        ).values_list("name", "prefix", "hashed_key", "allowed_models")
+        {
+            "name": key.name,
+            "prefix": key.prefix,
+            "sha256": key.hashed_key,
+            "models": list(key.allowed_models),
+            "limits": key_limits(key).as_dict(),
+            "expires_at": _timestamp(key.expires_at),
+            "priority": key.priority,
+        }
+        for key in ApiKey.objects.filter(revoked_at__isnull=True)
     ]
+
+
+def _timestamp(moment: datetime | None) -> float | None:
+    return moment.timestamp() if moment is not None else None
 
 
 def known_model_names() -> set[str]:
@@ -47,3 +111,26 @@ def known_model_names() -> set[str]:
         names.add(name)
         names.update(aliases)
     return names
+
+
+def key_usage(key: ApiKey, now: float) -> dict[str, int]:
+    """What the routers counted against a key's limits, read from their Redis counters."""
+    from core.redis_clients import redis_client
+
+    counters = counter_keys(key.prefix, now)
+    client = redis_client()
+    with client.pipeline(transaction=False) as pipe:
+        pipe.zcount(counters.requests, int((now - 60) * 1000) + 1, "+inf")
+        pipe.hgetall(counters.tokens)
+        pipe.get(counters.day)
+        pipe.get(counters.month)
+        pipe.zcount(counters.inflight, int(now * 1000) + 1, "+inf")
+        requests, buckets, day, month, inflight = pipe.execute()
+    minute = sum(int(n) for s, n in buckets.items() if int(s) > int(now) - 60)
+    return {
+        "requests_per_minute": requests,
+        "tokens_per_minute": minute,
+        "tokens_per_day": int(day or 0),
+        "tokens_per_month": int(month or 0),
+        "concurrency": inflight,
+    }

@@ -99,6 +99,9 @@ class Profile(models.Model):
     pool = models.CharField(max_length=64, blank=True)
     launch_mode = models.CharField(max_length=16, default="native")
     strategy = models.CharField(max_length=16, default="pack")
+    # How routers spread this profile's requests: least outstanding, or by prompt prefix
+    # so that an engine's prefix cache hits.
+    routing = models.CharField(max_length=24, default="least_outstanding")
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
     startup_timeout = models.PositiveIntegerField(default=600, help_text="seconds")
@@ -157,6 +160,23 @@ class ApiKey(models.Model):
     allowed_models = ArrayField(models.CharField(max_length=128), default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="refused from then on")
+    # Limits the routers enforce together (Redis counters); empty means no limit.
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="prompt and completion tokens together"
+    )
+    tokens_per_day = models.PositiveBigIntegerField(null=True, blank=True)
+    tokens_per_month = models.PositiveBigIntegerField(null=True, blank=True)
+    concurrency = models.PositiveIntegerField(
+        null=True, blank=True, help_text="requests in flight at once"
+    )
+    priority = models.CharField(
+        max_length=8,
+        choices=[("high", "high"), ("normal", "normal"), ("low", "low")],
+        default="normal",
+        help_text="who is served first when a model's replicas are all busy",
+    )
 
     class Meta:
         ordering = ["name"]

@@ -25,6 +25,7 @@ from router.config import RouterConfig
 from router.errors import RouterError
 from router.health_probe import SavedTableProbe
 from router.inflight import report_inflight
+from router.limits import Admission, RateLimiter
 from router.metrics import RouterMetrics
 from router.proxy import Proxy
 from router.relay import rewrite_body
@@ -57,6 +58,7 @@ class Router:
             load_factor=config.affinity_load_factor,
         )
         self.metrics = RouterMetrics()
+        self.limiter = RateLimiter(lambda: getattr(self.source, "redis_url", ""), self.metrics)
         self.accounting = Accounting()
         self.upstream = upstream or Upstream(
             connect_timeout=config.connect_timeout,
@@ -143,6 +145,7 @@ class Router:
         self._probing = None
         await self._flush_accounting()
         await self.upstream.close()
+        await self.limiter.close()
         self._started = False
 
     async def _write_accounting(self) -> None:
@@ -205,6 +208,8 @@ class Router:
         started = time.perf_counter()
         model_label = ""
         code = 500
+        admission: Admission | None = None
+        call: Call | None = None
         try:
             if scope["method"] != "POST":
                 raise errors.method_not_allowed(scope["method"], "POST")
@@ -231,17 +236,23 @@ class Router:
             if not route.endpoints:
                 message, retry_after = route.unavailable()
                 raise errors.unavailable(message, retry_after)
+            admission = await self.limiter.admit(caller)
             stream = payload.get("stream") is True and path in STREAMING_PATHS
             body, drop_usage_only = rewrite_body(body, payload, route, stream)
             call = Call(
                 receive=receive, send=send, path=path, route=route, body=body, headers=forward,
                 caller=caller, session=session, drop_usage_only=drop_usage_only, started=started,
+                limit_headers=admission.headers if admission else [],
             )  # fmt: skip
             code = await self.proxy.forward(call)
         except RouterError as exc:
             code = exc.status
+            if admission is not None and exc.status != 429:
+                exc.headers = [*exc.headers, *admission.headers]
             await send_error(send, exc)
         finally:
+            if admission is not None:
+                await self.limiter.charge(admission, call.tokens_spent if call else 0)
             self.metrics.request_done(model_label, code, time.perf_counter() - started)
 
     def _require_table(self) -> None:

@@ -7,10 +7,12 @@ The cache holds every key that is not revoked and is replaced whole on each relo
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from protocol.rate_limits import Limits
 from router import errors
 
 
@@ -21,6 +23,9 @@ class Caller:
     name: str
     prefix: str
     models: frozenset[str]  # empty: every model
+    limits: Limits = field(default_factory=Limits)
+    expires_at: float | None = None  # unix time; None: never
+    priority: str = "normal"
 
     def may_use(self, names: frozenset[str]) -> bool:
         """Whether the key covers a model known by any of ``names`` (its name and aliases)."""
@@ -41,8 +46,16 @@ class KeyCache:
         if keys is None:
             self._by_hash = None
             return
+        # A table saved by an older router has no limits, expiry or priority: none then.
         self._by_hash = {
-            k["sha256"]: Caller(name=k["name"], prefix=k["prefix"], models=frozenset(k["models"]))
+            k["sha256"]: Caller(
+                name=k["name"],
+                prefix=k["prefix"],
+                models=frozenset(k["models"]),
+                limits=Limits.from_dict(k.get("limits")),
+                expires_at=k.get("expires_at"),
+                priority=k.get("priority") or "normal",
+            )
             for k in keys
         }
 
@@ -63,4 +76,6 @@ class KeyCache:
         caller = by_hash.get(hashlib.sha256(key).hexdigest())
         if caller is None:
             raise errors.bad_key()
+        if caller.expires_at is not None and time.time() >= caller.expires_at:
+            raise errors.expired_key(caller.name, caller.prefix, caller.expires_at)
         return caller

@@ -48,6 +48,8 @@ class Call:
     session: str | None  # x-session-id, for affinity
     drop_usage_only: bool  # the usage chunk was asked for by us, not by the client
     started: float  # time.perf_counter() when the request arrived
+    limit_headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # x-ratelimit-*
+    tokens_spent: int = 0  # prompt and completion, once the answer is whole
     exchange: Exchange = field(default_factory=Exchange)
 
     @property

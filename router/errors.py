@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 
 
@@ -55,6 +56,17 @@ def bad_key() -> RouterError:
         "invalid_request_error",
         "invalid_api_key",
         [(b"www-authenticate", b"Bearer")],
+    )
+
+
+def expired_key(name: str, prefix: str, expired_at: float) -> RouterError:
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(expired_at))
+    return RouterError(
+        401,
+        f"The API key {prefix}… ({name}) expired on {when}; ask an operator for a new one "
+        "(`llmgw_ctl keys create`) or to extend it (`llmgw_ctl keys update --expires`).",
+        "invalid_request_error",
+        "expired_api_key",
     )
 
 

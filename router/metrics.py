@@ -65,6 +65,17 @@ class RouterMetrics:
             "llmgw_router_breaker_open", "1 while a replica is taken out after failing",
             ["model", "replica"], registry=r,
         )  # fmt: skip
+        self.limits_shared = Gauge(
+            "llmgw_router_rate_limits_shared",
+            "1 while per-key limits are counted in Redis with the other routers; 0 while Redis "
+            "does not answer and this process counts alone",
+            registry=r,
+        )
+        self.limits_shared.set(1)
+        self.rate_limited = Counter(
+            "llmgw_router_rate_limited", "Requests refused by a key's limit, by limit",
+            ["limit"], registry=r,
+        )  # fmt: skip
         self.table_models = Gauge(
             "llmgw_router_table_models", "Models in the routing table", registry=r
         )

@@ -128,6 +128,7 @@ class Proxy:
     def _account(self, call: Call, tokens: Tokens | None) -> None:
         prompt = tokens.prompt if tokens else 0
         completion = tokens.completion if tokens else 0
+        call.tokens_spent = prompt + completion
         self.metrics.tokens(call.model, prompt, completion)
         if self.accounting is not None:
             caller = call.caller

@@ -85,7 +85,7 @@ async def relay(
     except UpstreamBroken as exc:
         metrics.upstream_error(model, replica, "broken_answer")
         raise errors.bad_gateway(f"An engine of {model} broke off its answer: {exc}.") from None
-    headers = response.headers_for_client()
+    headers = response.headers_for_client() + call.limit_headers
     headers.append((b"content-length", str(len(data)).encode()))
     call.exchange.finishing = True
     send = call.send
@@ -99,7 +99,7 @@ async def _relay_stream(
     call: Call, response: Response, replica: str, metrics: RouterMetrics
 ) -> tuple[bool, Tokens | None]:
     model, send, drop_usage_only = call.model, call.send, call.drop_usage_only
-    headers = response.headers_for_client() + STREAM_HEADERS
+    headers = response.headers_for_client() + STREAM_HEADERS + call.limit_headers
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     scanner = EventScanner(drop_usage_only=drop_usage_only)
     first = True

@@ -57,8 +57,9 @@ def test_a_key_is_stored_only_as_its_hash_and_prefix():
     assert key.startswith(row.prefix)
     assert key not in str(ApiKey.objects.values_list())
     assert active_keys() == [
-        {"name": "team-a", "prefix": row.prefix, "sha256": hash_key(key), "models": ["gemma"]}
-    ]
+        {"name": "team-a", "prefix": row.prefix, "sha256": hash_key(key), "models": ["gemma"],
+         "limits": {}, "expires_at": None, "priority": "normal"}
+    ]  # fmt: skip
 
 
 def test_a_key_for_a_model_the_catalog_lacks_is_refused():
@@ -114,7 +115,8 @@ def test_ctl_create_prints_the_key_once_and_list_shows_only_the_prefix():
     assert ApiKey.objects.get().hashed_key == hash_key(key)
     assert "it is not shown again" in output
     listing = ctl("keys", "list")
-    assert listing.splitlines()[0].split() == ["NAME", "PREFIX", "MODELS", "CREATED", "REVOKED"]
+    header = listing.splitlines()[0].split()
+    assert header == ["NAME", "PREFIX", "MODELS", "LIMITS", "CREATED", "REVOKED"]
     assert key[:14] in listing and key not in listing
     assert "gemma" in listing
 

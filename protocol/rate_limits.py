@@ -1,0 +1,74 @@
+"""Per-key limits as routers enforce them together, and where their counters live.
+
+Routers admit and charge requests against counters in Redis (``router/limits.py``),
+shared by every router process; the control plane reads the same counters to show a
+key's usage against its limits (``llmgw_ctl keys show``). Only keys with a limit are
+counted, so a key without one costs no Redis round trip per request.
+"""
+
+from __future__ import annotations
+
+import calendar
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any, NamedTuple
+
+COUNTER_PREFIX = "llmgw:limits:"
+MINUTE = 60
+# Requests in flight are held this long at most: a router that died holding some must
+# not block the key for ever.
+INFLIGHT_HOLD_SECONDS = 15 * 60
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A key's limits; None is no limit."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None  # prompt and completion together
+    tokens_per_day: int | None = None  # calendar day, UTC
+    tokens_per_month: int | None = None  # calendar month, UTC
+    concurrency: int | None = None  # requests in flight at once
+
+    def __bool__(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in fields(self))
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: value for name, value in asdict(self).items() if value is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Limits:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: int(v) for k, v in (data or {}).items() if k in names and v is not None})
+
+
+class CounterKeys(NamedTuple):
+    """The Redis keys one API key is counted under, for the windows that hold at ``now``."""
+
+    requests: str  # sorted set: request id by arrival time (ms), the last minute
+    tokens: str  # hash: tokens by second, the last minute
+    day: str  # tokens this UTC day
+    month: str  # tokens this UTC month
+    inflight: str  # sorted set: request id by the time its hold runs out (ms)
+
+
+def counter_keys(key_prefix: str, now: float) -> CounterKeys:
+    day, month = time.strftime("%Y%m%d", time.gmtime(now)), time.strftime("%Y%m", time.gmtime(now))
+    # The braces keep one key's counters in one Redis Cluster slot, as scripts need.
+    base = f"{COUNTER_PREFIX}{{{key_prefix}}}:"
+    return CounterKeys(
+        base + "requests", base + "tokens", f"{base}day:{day}", f"{base}month:{month}",
+        base + "inflight",
+    )  # fmt: skip
+
+
+def day_ends(now: float) -> float:
+    """When the UTC day holding ``now`` ends, as a unix time."""
+    return (int(now) // 86400 + 1) * 86400
+
+
+def month_ends(now: float) -> float:
+    """When the UTC month holding ``now`` ends, as a unix time."""
+    year, month = time.gmtime(now)[:2]
+    year, month = (year + 1, 1) if month == 12 else (year, month + 1)
+    return float(calendar.timegm((year, month, 1, 0, 0, 0)))
