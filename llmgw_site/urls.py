@@ -8,6 +8,7 @@ from catalog import api as catalog_api
 from fleet import api as fleet_api
 from fleet import views as fleet_views
 from fleet.sign_in import SignInForm
+from router import views as router_views
 
 router = DefaultRouter()
 router.register("engines", catalog_api.EngineViewSet)
@@ -24,6 +25,7 @@ router.register("events", fleet_api.EventViewSet)
 urlpatterns = [
     path("", include("fleet.urls")),
     path("metrics", fleet_views.metrics, name="metrics"),
+    path("usage/", router_views.usage, name="usage"),
     path(
         "accounts/login/",
         auth_views.LoginView.as_view(authentication_form=SignInForm),

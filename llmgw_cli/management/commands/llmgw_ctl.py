@@ -8,6 +8,7 @@ from catalog import ctl as catalog_ctl
 from catalog import ctl_keys
 from fleet import ctl as fleet_ctl
 from fleet import ctl_logs, ctl_models, ctl_pki, ctl_weights
+from router import ctl_usage
 
 
 class Command(BaseCommand):
@@ -16,7 +17,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         subparsers = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
         for module in (catalog_ctl, ctl_keys, ctl_models, fleet_ctl, ctl_logs, ctl_weights,
-                       ctl_pki):  # fmt: skip
+                       ctl_pki, ctl_usage):  # fmt: skip
             module.add_parsers(subparsers)
 
     def handle(self, *args, **options) -> None:

@@ -1,0 +1,51 @@
+"""Usage per key and model per day, read from the hourly rows routers write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+
+from django.db.models import Q, Sum
+from django.db.models.functions import TruncDate
+
+from router.models import Usage
+
+
+@dataclass(frozen=True)
+class DailyUsage:
+    day: date
+    key_name: str
+    key_prefix: str
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def daily_usage(since: datetime, key: str = "") -> list[DailyUsage]:
+    """Totals per UTC day, key and model from ``since`` on, newest day first; ``key`` is a
+    key's name or prefix (or the whole key)."""
+    rows = Usage.objects.filter(hour__gte=since)
+    if key:
+        rows = rows.filter(Q(key_name=key) | Q(key_prefix=key[:16]))
+    totals = (
+        rows.annotate(day=TruncDate("hour"))
+        .values("day", "key_name", "key_prefix", "model")
+        .annotate(
+            requests=Sum("requests"),
+            prompt_tokens=Sum("prompt_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+        )
+        .order_by("-day", "key_name", "model")
+    )
+    return [DailyUsage(**row) for row in totals]
+
+
+def since_days(days: int, now: datetime) -> datetime:
+    """The start of the UTC day ``days - 1`` days before ``now``: 1 is today alone."""
+    start = now - timedelta(days=max(days, 1) - 1)
+    return start.replace(hour=0, minute=0, second=0, microsecond=0)

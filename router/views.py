@@ -1,0 +1,33 @@
+"""The usage page: what each key spent on each model, per day."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+
+from router.usage_report import daily_usage, since_days
+
+DAYS_SHOWN = (1, 7, 30, 90)
+
+
+@login_required
+def usage(request: HttpRequest) -> HttpResponse:
+    """Requests and tokens per key and model per day, for the last days chosen."""
+    try:
+        days = int(request.GET.get("days", 7))
+    except ValueError:
+        days = 7
+    days = days if days in DAYS_SHOWN else 7
+    key = request.GET.get("key", "").strip()
+    rows = daily_usage(since_days(days, timezone.now()), key)
+    context = {
+        "rows": rows,
+        "days": days,
+        "days_shown": DAYS_SHOWN,
+        "key": key,
+        "total_requests": sum(r.requests for r in rows),
+        "total_tokens": sum(r.tokens for r in rows),
+    }
+    return render(request, "router/usage.html", context)
