@@ -17,12 +17,14 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from catalog.models import KNOWN_ENGINES, LAUNCH_MODES, STRATEGIES
 from protocol.engines import PIP_ENGINES, EngineBuild
+from protocol.routing import PREFIX, ROUTING_POLICIES
 from protocol.sources import is_loopback_url
 from protocol.units import parse_duration, parse_size
 
@@ -51,6 +53,41 @@ def _check_name(value: str) -> str:
             f"{value!r} is not a usable name; use letters, digits and . _ - : / (128 at most)"
         )
     return value
+
+
+# What switches each engine's prefix cache off, as a profile's args or env would say it;
+# prefix routing to such an engine pins requests to a replica for nothing. vLLM
+# (--enable-prefix-caching / --no-enable-prefix-caching) and llama.cpp (--cache-prompt /
+# --no-cache-prompt, or LLAMA_ARG_CACHE_PROMPT=0) cache by default; SGLang's radix cache
+# only has an off switch.
+PREFIX_CACHE_SWITCHES: dict[str, tuple[str, str | None]] = {
+    "vllm": ("--no-enable-prefix-caching", "--enable-prefix-caching"),
+    "sglang": ("--disable-radix-cache", None),
+    "llama.cpp": ("--no-cache-prompt", "--cache-prompt"),
+}
+LLAMA_CACHE_PROMPT_ENV = "LLAMA_ARG_CACHE_PROMPT"
+FALSE_WORDS = ("0", "false", "off", "no", "disabled")
+
+
+def prefix_cache_switched_off(engine: str, args: list[str], env: dict[str, str]) -> str | None:
+    """What in ``args`` or ``env`` turns the engine's prefix cache off, as written; None
+    when it stays on. Of an on and an off flag the last wins, as in the engines' parsers,
+    and a flag wins over llama.cpp's environment variable."""
+    if engine not in PREFIX_CACHE_SWITCHES:
+        return None
+    off, on = PREFIX_CACHE_SWITCHES[engine]
+    said: tuple[str, bool] | None = None  # the last on or off flag, and whether it is off
+    for arg in args:
+        # Python engines' parsers also take --no_enable_prefix_caching.
+        flag = arg.split("=", 1)[0].replace("_", "-")
+        if flag in (off, on):
+            said = (arg, flag == off)
+    if said is not None:
+        return said[0] if said[1] else None
+    value = env.get(LLAMA_CACHE_PROMPT_ENV, "") if engine == "llama.cpp" else ""
+    if value.strip().lower() in FALSE_WORDS:
+        return f"{LLAMA_CACHE_PROMPT_ENV}={value}"
+    return None
 
 
 def _check_engine(value: str) -> str:
@@ -121,10 +158,28 @@ class ProfileEntry(_Strict):
     startup_timeout: Duration = 600
     rollout: RolloutEntry = Field(default_factory=RolloutEntry)
     drain_timeout: Duration = 30
+    # Last: its check reads engine, args and env, which pydantic validates first.
+    routing: str = "least_outstanding"
 
     _name = field_validator("name")(_check_name)
 
     _engine = field_validator("engine")(_check_engine)
+
+    @field_validator("routing")
+    @classmethod
+    def routing_is_usable(cls, value: str, info: ValidationInfo) -> str:
+        if value not in ROUTING_POLICIES:
+            raise ValueError(f"unknown routing {value!r}; use {' or '.join(ROUTING_POLICIES)}")
+        engine, args, env = (info.data.get(name) for name in ("engine", "args", "env"))
+        if value == PREFIX and engine and args is not None and env is not None:
+            switch = prefix_cache_switched_off(engine, args, env)
+            if switch:
+                raise ValueError(
+                    f"prefix routing keeps requests that share a prompt prefix on one replica "
+                    f"so that its prefix cache serves them, but {switch} turns {engine}'s "
+                    f"prefix cache off; remove {switch}, or use routing: least_outstanding"
+                )
+        return value
 
     @field_validator("launch_mode")
     @classmethod

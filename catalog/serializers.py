@@ -62,6 +62,11 @@ class ProfileSerializer(serializers.ModelSerializer):
     startup_timeout = serializers.JSONField(required=False, help_text="seconds, or like 10m")
     rollout = serializers.JSONField(required=False, help_text='{"surge": 1, "unavailable": 0}')
     drain_timeout = serializers.JSONField(required=False, help_text="seconds, or like 30s")
+    routing = serializers.CharField(
+        required=False,
+        help_text="least_outstanding, or prefix: requests that share a prompt prefix go to "
+        "the same replica, so its prefix cache serves them",
+    )
 
     class Meta:
         model = Profile
@@ -69,7 +74,7 @@ class ProfileSerializer(serializers.ModelSerializer):
             "id", "model", "name", "engine", "engine_version", "replicas", "gpus_per_rank",
             "tensor_parallel", "nodes", "memory", "gpu_memory", "disk", "context", "pool",
             "launch_mode", "strategy", "args", "env", "startup_timeout", "rollout",
-            "drain_timeout", "fingerprint",
+            "drain_timeout", "routing", "fingerprint",
         ]  # fmt: skip
 
     def validate(self, attrs):

@@ -16,6 +16,7 @@ from typing import Any
 from core.redis_clients import redis_client
 from protocol.routing import (
     INFLIGHT_KEY_PREFIX,
+    PREFIX,
     ReplicaEndpoint,
     RoutableModel,
     RoutingSnapshot,
@@ -72,8 +73,12 @@ def routing_snapshot() -> RoutingSnapshot:
         )
         for model in Model.objects.prefetch_related("profiles")
     }
-    replicas = Replica.objects.filter(state__in=ReplicaState.LIVE).prefetch_related(
-        Prefetch("shards", queryset=Shard.objects.filter(rank=0).select_related("node"))
+    replicas = (
+        Replica.objects.filter(state__in=ReplicaState.LIVE)
+        .select_related("profile")
+        .prefetch_related(
+            Prefetch("shards", queryset=Shard.objects.filter(rank=0).select_related("node"))
+        )
     )
     for replica in replicas:
         # A replica whose model left the catalog still serves until it is stopped.
@@ -102,6 +107,11 @@ def routing_snapshot() -> RoutingSnapshot:
         entry.endpoints.append(
             ReplicaEndpoint(replica=str(replica.id), url=url, secret=replica.secret)
         )
+        # One rule per model, since one pick chooses among all its endpoints: prefix as soon
+        # as one routable replica's profile asks for it; one whose profile left the
+        # catalog asks for nothing.
+        if replica.profile is not None and replica.profile.routing == PREFIX:
+            entry.routing = PREFIX
     return RoutingSnapshot(models=list(models.values()))
 
 

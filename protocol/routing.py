@@ -12,9 +12,19 @@ The other way, each router process writes what it routes and carries under
 
 from __future__ import annotations
 
+from typing import Final, Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 ROUTING_CHANNEL = "llmgw:routing"
+
+# How a router spreads one model's requests over its replicas (a profile's ``routing:``):
+# to the one with the fewest in flight, or by the prompt's leading bytes, so requests that
+# share a prefix (a system prompt) meet the engine cache that already holds it.
+RoutingPolicy = Literal["least_outstanding", "prefix"]
+LEAST_OUTSTANDING: Final = "least_outstanding"
+PREFIX: Final = "prefix"
+ROUTING_POLICIES: tuple[RoutingPolicy, ...] = (LEAST_OUTSTANDING, PREFIX)
 
 # One key per router process: JSON {"at": unix time, "routed": [replica ids in its table],
 # "inflight": {replica id: requests in flight}}; it expires when the router stops writing.
@@ -50,6 +60,9 @@ class RoutableModel(_Snapshot):
     )  # fmt: skip
     reasons: list[str] = Field(
         default_factory=list, description="why replicas are not routable, in an operator's words"
+    )
+    routing: RoutingPolicy = Field(
+        default=LEAST_OUTSTANDING, description="how its requests are spread over its endpoints"
     )
 
 

@@ -27,6 +27,7 @@ from router.health_probe import SavedTableProbe
 from router.inflight import report_inflight
 from router.limits import Admission, RateLimiter
 from router.metrics import RouterMetrics
+from router.prefix import affinity_for
 from router.proxy import Proxy
 from router.relay import rewrite_body
 from router.responses import header, model_entry, send_error, send_json
@@ -233,6 +234,7 @@ class Router:
             route, payload = resolve(self.table, body, caller)
             model_label = route.name
             check_body(path, payload, self.config.max_choices)
+            session = affinity_for(route, payload, path, session, self.config)
             if not route.endpoints:
                 message, retry_after = route.unavailable()
                 raise errors.unavailable(message, retry_after)

@@ -41,6 +41,14 @@ class RouterConfig:
     probe_seconds: float = 2.0
     # A /health that takes longer than this counts as no answer.
     probe_timeout: float = 2.0
+    # Prefix routing keys a request on at most this many leading bytes of its prompt: 2 KiB
+    # (about 500 tokens) tells apart system prompts that open alike, and is the most a key
+    # costs to read and hash (microseconds), however long the prompt.
+    prefix_bytes: int = 2048
+    # Those bytes count in whole blocks of this many (about 64 tokens): a shared part
+    # shorter than one saves an engine little prefill, so its request goes by least
+    # outstanding instead of being pinned for it.
+    prefix_block: int = 256
 
     @classmethod
     def from_env(cls) -> RouterConfig:
@@ -66,4 +74,14 @@ class RouterConfig:
             ),
             probe_seconds=env_float("LLMGW_ROUTER_PROBE_SECONDS", cls.probe_seconds),
             probe_timeout=env_float("LLMGW_ROUTER_PROBE_TIMEOUT", cls.probe_timeout),
+            prefix_bytes=env_int("LLMGW_ROUTER_PREFIX_BYTES", cls.prefix_bytes),
+            prefix_block=env_int("LLMGW_ROUTER_PREFIX_BLOCK", cls.prefix_block),
         )
+
+    def __post_init__(self) -> None:
+        if self.prefix_block < 1 or self.prefix_bytes < self.prefix_block:
+            raise ValueError(
+                f"LLMGW_ROUTER_PREFIX_BLOCK={self.prefix_block} and LLMGW_ROUTER_PREFIX_BYTES="
+                f"{self.prefix_bytes}: the block must be at least 1 byte and the prefix at "
+                "least one block"
+            )

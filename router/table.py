@@ -17,7 +17,13 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from protocol.routing import ReplicaEndpoint, RoutableModel, RoutingSnapshot
+from protocol.routing import (
+    LEAST_OUTSTANDING,
+    ReplicaEndpoint,
+    RoutableModel,
+    RoutingPolicy,
+    RoutingSnapshot,
+)
 
 # Retry-After (seconds) by why no replica is ready: a starting engine is seconds away,
 # placement runs every few seconds, and nothing changes soon when nothing is wanted.
@@ -48,6 +54,9 @@ class ModelRoute:
     # Serving from the saved table: the endpoints left out because their engines did not
     # answer a health check, each as a sentence.
     unanswered: tuple[str, ...] = ()
+    # "least_outstanding", or "prefix": requests that share a prompt prefix keep to one
+    # replica (router/prefix.py), so its engine's prefix cache serves them.
+    routing: RoutingPolicy = LEAST_OUTSTANDING
 
     @property
     def names(self) -> frozenset[str]:
@@ -123,6 +132,7 @@ class RoutingTable:
                 wanted=entry.wanted,
                 states=dict(entry.states),
                 reasons=tuple(entry.reasons),
+                routing=entry.routing,
             )
         return cls(
             routes=routes, by_name=_by_name(routes),
@@ -178,6 +188,7 @@ class StaticModel(BaseModel):
     name: str = Field(min_length=1)
     aliases: list[str] = []
     endpoints: list[StaticEndpoint] = Field(min_length=1)
+    routing: RoutingPolicy = LEAST_OUTSTANDING
 
 
 class StaticKey(BaseModel):
@@ -207,6 +218,7 @@ def load_static(path: str) -> tuple[RoutingSnapshot, list[dict[str, Any]] | None
         models:
           - name: gemma
             aliases: [g]
+            routing: prefix                 # optional; least_outstanding by default
             endpoints:
               - url: http://10.0.0.5:9001
                 secret: engine-api-key      # optional
@@ -249,6 +261,7 @@ def load_static(path: str) -> tuple[RoutingSnapshot, list[dict[str, Any]] | None
                     ReplicaEndpoint(replica=e.url, url=e.url, secret=e.secret) for e in m.endpoints
                 ],
                 states={"ready": len(m.endpoints)},
+                routing=m.routing,
             )
             for m in parsed.models
         ]

@@ -33,6 +33,7 @@ DOES_NOT_MATTER = [
     ("profile", "rollout_surge", 2),
     ("profile", "rollout_unavailable", 1),
     ("profile", "drain_timeout", 120),
+    ("profile", "routing", "prefix"),
     ("model", "aliases", ["g"]),
     ("model", "description", "a small model"),
 ]
