@@ -119,11 +119,12 @@ def delete_entry(kind: str, name: str, *, actor=None) -> bool:
     return True
 
 
-def scale_profile(profile_id: int, replicas: int, *, actor=None) -> int | None:
+def scale_profile(profile_id: int, replicas: int, *, why: str = "", actor=None) -> int | None:
     """Set how many replicas a profile wants; return the previous count (None: no profile).
 
     The catalog file still says what it said: the next ``apply`` of that file sets the
-    count back, which is what an operator who keeps the catalog in git wants.
+    count back, which is what an operator who keeps the catalog in git wants. ``why``
+    is the Event's reason when the autoscaler decided it.
     """
     if replicas < 0:
         raise ValueError(f"a profile cannot want {replicas} replicas; use 0 or more")
@@ -135,7 +136,8 @@ def scale_profile(profile_id: int, replicas: int, *, actor=None) -> int | None:
         previous = profile.replicas
         if previous != replicas:
             Profile.objects.filter(id=profile_id).update(replicas=replicas)
-            _catalog_changed(str(profile), f"scaled from {previous} to {replicas} replicas", actor)
+            reason = why or f"scaled from {previous} to {replicas} replicas"
+            _catalog_changed(str(profile), reason, actor)
     return previous
 
 

@@ -102,6 +102,14 @@ class Profile(models.Model):
     # How routers spread this profile's requests: least outstanding, or by prompt prefix
     # so that an engine's prefix cache hits.
     routing = models.CharField(max_length=24, default="least_outstanding")
+    # Requests one replica serves at once (its engine's parallel slots); more wait in the
+    # routers, high priority first. 0: no limit, the engine queues them itself.
+    concurrency = models.PositiveIntegerField(default=0)
+    # {"min", "max", "target_inflight", "scale_down_after"}: replicas follow demand between
+    # min and max, and `replicas` is the reconciler's to set. None: a fixed count.
+    autoscale = models.JSONField(null=True, blank=True)
+    # Since when demand has stayed below what the current count needs (scale-down waits).
+    autoscale_low_since = models.DateTimeField(null=True, blank=True)
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
     startup_timeout = models.PositiveIntegerField(default=600, help_text="seconds")

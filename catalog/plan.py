@@ -23,7 +23,7 @@ from protocol.units import format_duration, format_size
 PROFILE_FIELDS = (
     "engine", "engine_version", "replicas", "gpus_per_rank", "tensor_parallel", "nodes",
     "memory", "gpu_memory", "disk", "context", "pool", "launch_mode", "strategy", "args",
-    "env", "startup_timeout", "drain_timeout", "routing",
+    "env", "startup_timeout", "drain_timeout", "routing", "concurrency", "autoscale",
 )  # fmt: skip
 # The file's ``rollout:`` block is two columns of the profile row.
 ROLLOUT_COLUMNS = {"rollout_surge": "surge", "rollout_unavailable": "unavailable"}
@@ -145,9 +145,13 @@ def plan_changes(catalog: CatalogFile, *, prune: bool) -> list[Change]:
             if profile is None:
                 changes.append(Change("create", "profile", name))
                 continue
+            wanted_values = _profile_values(profile_entry)
+            if profile_entry.autoscale is not None:
+                # An autoscaled profile's count is the reconciler's, not the file's.
+                wanted_values.pop("replicas")
             differ = {
                 _label(name): values
-                for name, values in _differences(profile, _profile_values(profile_entry)).items()
+                for name, values in _differences(profile, wanted_values).items()
             }
             if differ:
                 changes.append(Change("update", "profile", name, differ))
@@ -162,6 +166,9 @@ def _profile_values(entry: ProfileEntry) -> dict[str, Any]:
     """The profile row's columns as the file's entry sets them."""
     values = {name: getattr(entry, name) for name in PROFILE_FIELDS}
     values.update({column: getattr(entry.rollout, key) for column, key in ROLLOUT_COLUMNS.items()})
+    if entry.autoscale is not None:
+        values["autoscale"] = entry.autoscale.model_dump()
+        values["replicas"] = entry.autoscale.min  # where it starts; then demand decides
     return values
 
 
@@ -215,10 +222,11 @@ def make_change(change: Change, catalog: CatalogFile) -> None:
             return
         model_entry = next(m for m in catalog.models if m.name == model_name)
         entry = next(p for p in model_entry.profiles if p.name == profile_name)
+        defaults = _profile_values(entry)
+        if change.action == "update" and entry.autoscale is not None:
+            defaults.pop("replicas")  # the reconciler's to set; an edit of args keeps it
         Profile.objects.update_or_create(
-            model=Model.objects.get(name=model_name),
-            name=profile_name,
-            defaults=_profile_values(entry),
+            model=Model.objects.get(name=model_name), name=profile_name, defaults=defaults
         )
 
 

@@ -138,6 +138,32 @@ class RolloutEntry(_Strict):
         return self
 
 
+class AutoscaleEntry(_Strict):
+    """Replicas that follow demand (fleet/autoscale.py): between min and max, up as soon as
+    the requests per replica pass target_inflight, down after scale_down_after below it."""
+
+    min: int = Field(default=1, ge=0)
+    max: int = Field(ge=1)
+    target_inflight: float = 4
+    scale_down_after: Duration = 300
+
+    @field_validator("target_inflight")
+    @classmethod
+    def target_is_positive(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError(
+                f"{value:g} cannot be a target: it is the requests in flight per replica that "
+                "calls for another replica; give a number above 0, such as 4"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def min_within_max(self) -> AutoscaleEntry:
+        if self.min > self.max:
+            raise ValueError(f"min {self.min} is more than max {self.max}; make min at most max")
+        return self
+
+
 class ProfileEntry(_Strict):
     name: str
     engine: str
@@ -158,6 +184,9 @@ class ProfileEntry(_Strict):
     startup_timeout: Duration = 600
     rollout: RolloutEntry = Field(default_factory=RolloutEntry)
     drain_timeout: Duration = 30
+    # Requests one replica serves at once; more wait in the routers. 0: no limit.
+    concurrency: int = Field(default=0, ge=0)
+    autoscale: AutoscaleEntry | None = None
     # Last: its check reads engine, args and env, which pydantic validates first.
     routing: str = "least_outstanding"
 

@@ -62,6 +62,10 @@ class ProfileSerializer(serializers.ModelSerializer):
     startup_timeout = serializers.JSONField(required=False, help_text="seconds, or like 10m")
     rollout = serializers.JSONField(required=False, help_text='{"surge": 1, "unavailable": 0}')
     drain_timeout = serializers.JSONField(required=False, help_text="seconds, or like 30s")
+    autoscale = serializers.JSONField(
+        required=False, allow_null=True,
+        help_text='{"min": 0, "max": 4, "target_inflight": 4, "scale_down_after": "5m"}',
+    )  # fmt: skip
     routing = serializers.CharField(
         required=False,
         help_text="least_outstanding, or prefix: requests that share a prompt prefix go to "
@@ -74,7 +78,7 @@ class ProfileSerializer(serializers.ModelSerializer):
             "id", "model", "name", "engine", "engine_version", "replicas", "gpus_per_rank",
             "tensor_parallel", "nodes", "memory", "gpu_memory", "disk", "context", "pool",
             "launch_mode", "strategy", "args", "env", "startup_timeout", "rollout",
-            "drain_timeout", "routing", "fingerprint",
+            "drain_timeout", "routing", "concurrency", "autoscale", "fingerprint",
         ]  # fmt: skip
 
     def validate(self, attrs):

@@ -9,10 +9,12 @@ bounds. At zero, one waiting request is enough to ask for a replica.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from protocol.routing import INFLIGHT_REPORT_TTL
 from protocol.units import format_duration
 
 
@@ -78,3 +80,41 @@ def next_step(
 
 def _count(value: float) -> str:
     return f"{value:g}"
+
+
+def demand_by_model(reports: list[dict[str, Any]], now: datetime) -> dict[str, float]:
+    """Requests in flight and waiting per model, over every router that reported lately."""
+    demand: dict[str, float] = {}
+    for report in reports:
+        if now.timestamp() - report["at"] > INFLIGHT_REPORT_TTL:
+            continue  # a router that stopped: what it carried is gone with it
+        for model, counts in report.get("models", {}).items():
+            demand[model] = demand.get(model, 0) + counts["inflight"] + counts["queued"]
+    return demand
+
+
+def autoscale_profiles(
+    now: datetime, read_reports: Callable[[], list[dict[str, Any]] | None]
+) -> list[str]:
+    """Set each autoscaled profile's wanted count from the routers' reports; return why
+    each count changed. Without reports (Redis unreadable) demand is unknown: no change."""
+    from catalog.actions import scale_profile
+    from catalog.models import Profile
+
+    profiles = list(Profile.objects.exclude(autoscale=None).select_related("model"))
+    reports = read_reports() if profiles else None  # no Redis scan for fixed counts
+    if reports is None:
+        return []
+    demand = demand_by_model(reports, now)
+    changed = []
+    for profile in profiles:
+        step = next_step(
+            AutoscalePolicy.from_dict(profile.autoscale), profile.replicas,
+            demand.get(profile.model.name, 0.0), profile.autoscale_low_since, now,
+        )  # fmt: skip
+        if step.wanted != profile.replicas:
+            scale_profile(profile.id, step.wanted, why=step.reason)
+            changed.append(f"{profile}: {step.reason}")
+        if step.low_since != profile.autoscale_low_since:
+            Profile.objects.filter(id=profile.id).update(autoscale_low_since=step.low_since)
+    return changed

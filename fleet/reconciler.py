@@ -21,6 +21,7 @@ from audit.models import Event
 from catalog.models import Profile
 from fleet import commands
 from fleet.actions.replicas import create_replica, stop_replica
+from fleet.autoscale import autoscale_profiles
 from fleet.models import (
     Node,
     NodeState,
@@ -30,6 +31,7 @@ from fleet.models import (
     ShardState,
 )  # fmt: skip
 from fleet.node_engines import tell_nodes_their_engines
+from fleet.routing_table import read_inflight_reports
 from fleet.services import refresh_replica_state
 from fleet.shard_specs import allocate_port, shard_spec
 from fleet.snapshot import node_snapshots, placement_request
@@ -58,6 +60,8 @@ class ReconcileReport:
     stopped: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     draining: list[str] = field(default_factory=list)
+    # Autoscaled profiles whose wanted count changed, with why.
+    scaled: list[str] = field(default_factory=list)
     # Nodes told which engines to have (on link, on a catalog change, every 10 minutes).
     told_engines: list[str] = field(default_factory=list)
     # Why the pass did not run (or stopped early), if it did not run whole.
@@ -101,6 +105,7 @@ def reconcile(
             lambda: fail_slow_starts(now, report),
             lambda: retire_failed(now, report, epoch),
             lambda: roll_stale(now, report, epoch),
+            lambda: report.scaled.extend(autoscale_profiles(now, read_inflight_reports)),
             lambda: scale(report, epoch),
             lambda: place_waiting(now, epoch, report),
             lambda: finish_stops(report),

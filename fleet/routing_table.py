@@ -46,6 +46,10 @@ def read_inflight_reports() -> list[dict[str, Any]] | None:
                     "at": float(report["at"]),
                     "routed": [str(r) for r in report.get("routed", [])],
                     "inflight": {str(k): int(v) for k, v in report.get("inflight", {}).items()},
+                    "models": {
+                        str(name): {"inflight": int(c["inflight"]), "queued": int(c["queued"])}
+                        for name, c in report.get("models", {}).items()
+                    },
                 }
             )
         except (ValueError, KeyError, TypeError, AttributeError):
@@ -70,7 +74,11 @@ def routing_snapshot() -> RoutingSnapshot:
             name=model.name,
             aliases=list(model.aliases),
             wanted=sum(p.replicas for p in model.profiles.all()),
-        )
+            # The tightest a profile asks for: one pick chooses among all its endpoints.
+            concurrency=min((p.concurrency for p in model.profiles.all() if p.concurrency),
+                            default=0),
+            autoscaled=any(p.autoscale for p in model.profiles.all()),
+        )  # fmt: skip
         for model in Model.objects.prefetch_related("profiles")
     }
     replicas = (

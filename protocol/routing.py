@@ -29,6 +29,7 @@ ROUTING_POLICIES: tuple[RoutingPolicy, ...] = (LEAST_OUTSTANDING, PREFIX)
 # One key per router process: JSON {"at": unix time, "routed": [replica ids in its table],
 # "inflight": {replica id: requests in flight}}; it expires when the router stops writing.
 INFLIGHT_KEY_PREFIX = "llmgw:inflight:"
+# Also {"models": {name: {"inflight": n, "queued": n}}}: the demand autoscaling follows.
 INFLIGHT_REPORT_SECONDS = 1.0
 # A few missed reports before a router counts as gone, so one slow write is not a stop.
 INFLIGHT_REPORT_TTL = 5
@@ -64,6 +65,14 @@ class RoutableModel(_Snapshot):
     routing: RoutingPolicy = Field(
         default=LEAST_OUTSTANDING, description="how its requests are spread over its endpoints"
     )
+    concurrency: int = Field(
+        default=0, ge=0, description="requests one replica serves at once, more wait in the "
+        "router by priority; 0: no limit"
+    )  # fmt: skip
+    autoscaled: bool = Field(
+        default=False, description="its replicas follow demand: with none ready, requests wait "
+        "for one instead of being refused"
+    )  # fmt: skip
 
 
 class RoutingSnapshot(_Snapshot):

@@ -17,7 +17,7 @@ import time
 
 from router import errors
 from router.accounting import Accounting
-from router.auth import KeyCache
+from router.auth import Caller, KeyCache
 from router.balancer import Balancer
 from router.body_checks import check_body
 from router.call import CLIENT_CLOSED, Call, read_body, resolve
@@ -32,8 +32,9 @@ from router.proxy import Proxy
 from router.relay import rewrite_body
 from router.responses import header, model_entry, send_error, send_json
 from router.sources import DatabaseSource, Loaded, Refresher, StaticSource
-from router.table import RoutingTable
+from router.table import ModelRoute, RoutingTable
 from router.upstream import HOP_REQUEST_HEADERS, Upstream
+from router.waiting import WaitingRoom
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class Router:
         )
         self.metrics = RouterMetrics()
         self.limiter = RateLimiter(lambda: getattr(self.source, "redis_url", ""), self.metrics)
+        self.rooms: dict[str, WaitingRoom] = {}  # by model: requests waiting for a replica
         self.accounting = Accounting()
         self.upstream = upstream or Upstream(
             connect_timeout=config.connect_timeout,
@@ -93,6 +95,8 @@ class Router:
 
     def _use(self, table: RoutingTable) -> None:
         self.table = table
+        for name, room in self.rooms.items():  # a replica may have become ready
+            room.notify(lambda name=name: self._can_take(name))
         self.balancer.forget_except(
             {e.replica for route in table.routes.values() for e in route.endpoints}
         )
@@ -234,11 +238,12 @@ class Router:
             route, payload = resolve(self.table, body, caller)
             model_label = route.name
             check_body(path, payload, self.config.max_choices)
-            session = affinity_for(route, payload, path, session, self.config)
-            if not route.endpoints:
+            if not route.endpoints and not route.autoscaled:
                 message, retry_after = route.unavailable()
                 raise errors.unavailable(message, retry_after)
             admission = await self.limiter.admit(caller)
+            route = await self._wait_for_replica(route, caller)
+            session = affinity_for(route, payload, path, session, self.config)
             stream = payload.get("stream") is True and path in STREAMING_PATHS
             body, drop_usage_only = rewrite_body(body, payload, route, stream)
             call = Call(
@@ -255,7 +260,31 @@ class Router:
         finally:
             if admission is not None:
                 await self.limiter.charge(admission, call.tokens_spent if call else 0)
+            room = self.rooms.get(model_label)
+            if room is not None:  # this request's place on a replica is free again
+                room.notify(lambda: self._can_take(model_label))
             self.metrics.request_done(model_label, code, time.perf_counter() - started)
+
+    def _can_take(self, name: str) -> bool:
+        """Whether a replica of model ``name`` could take one more request now."""
+        route = self.table.routes.get(name)
+        if route is None or not route.endpoints:
+            return False
+        limit = route.concurrency
+        return not limit or any(self.balancer.inflight(e.replica) < limit for e in route.endpoints)
+
+    async def _wait_for_replica(self, route: ModelRoute, caller: Caller) -> ModelRoute:
+        """The route once a replica can take the request: at once, or after waiting for
+        one to start (an autoscaled model at zero) or to free a place (at concurrency)."""
+        if route.endpoints and not route.concurrency:
+            return route
+        room = self.rooms.get(route.name)
+        if room is None:
+            room = self.rooms[route.name] = WaitingRoom(route.name, self.config.queue_size)
+        await room.wait(
+            caller.priority, lambda: self._can_take(route.name), self.config.cold_start_timeout
+        )
+        return self.table.routes.get(route.name, route)
 
     def _require_table(self) -> None:
         """Before the first load, keys are unknown too: say so rather than refuse the key."""

@@ -13,6 +13,11 @@ class RouterConfig:
     static_path: str = ""
     # 16 MiB holds a long chat with images as data URLs; larger is almost surely a mistake.
     max_body: int = 16 * 1024 * 1024
+    # How long a request waits for a replica: one starting from zero (a cold start loads a
+    # model, minutes on a big one), or a free place when all are at their concurrency.
+    cold_start_timeout: float = 600.0
+    # Requests that may wait per model in one router; past this, the lowest priority gets 429.
+    queue_size: int = 100
     # Choices per request: more than a handful is a mistake or an attack on the engine.
     max_choices: int = 16
     # An engine that does not accept a connection in 5 s is down, not busy.
@@ -56,6 +61,8 @@ class RouterConfig:
             static_path=env_str("LLMGW_ROUTER_STATIC"),
             max_body=env_int("LLMGW_ROUTER_MAX_BODY", cls.max_body),
             max_choices=env_int("LLMGW_ROUTER_MAX_N", cls.max_choices),
+            cold_start_timeout=env_float("LLMGW_ROUTER_COLD_START_TIMEOUT", cls.cold_start_timeout),
+            queue_size=env_int("LLMGW_ROUTER_QUEUE_SIZE", cls.queue_size),
             connect_timeout=env_float("LLMGW_ROUTER_CONNECT_TIMEOUT", cls.connect_timeout),
             read_timeout=env_float("LLMGW_ROUTER_READ_TIMEOUT", cls.read_timeout),
             refresh_seconds=env_float("LLMGW_ROUTER_REFRESH_SECONDS", cls.refresh_seconds),

@@ -17,6 +17,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from protocol.routing import INFLIGHT_KEY_PREFIX, INFLIGHT_REPORT_SECONDS, INFLIGHT_REPORT_TTL
@@ -30,13 +31,24 @@ class _Reporting(Protocol):
     table: RoutingTable
     balancer: Balancer
     source: Any  # its redis_url is known once the database source has loaded
+    rooms: dict[str, Any]  # model -> its WaitingRoom
 
 
-def inflight_report(table: RoutingTable, balancer: Balancer, now: float) -> dict[str, Any]:
-    """What a router says: the replicas its table routes, and those carrying requests."""
+def inflight_report(
+    table: RoutingTable, balancer: Balancer, now: float, queued: Mapping[str, int] | None = None
+) -> dict[str, Any]:
+    """What a router says: the replicas its table routes, those carrying requests, and per
+    model the requests in flight and waiting (``queued``, by model), which autoscaling
+    follows."""
     routed = sorted({e.replica for route in table.routes.values() for e in route.endpoints})
     inflight = {r: balancer.inflight(r) for r in list(balancer.health) if balancer.inflight(r)}
-    return {"at": now, "routed": routed, "inflight": inflight}
+    queued = queued or {}
+    models = {}
+    for name, route in table.routes.items():
+        carried = sum(balancer.inflight(e.replica) for e in route.endpoints)
+        if carried or queued.get(name):
+            models[name] = {"inflight": carried, "queued": queued.get(name, 0)}
+    return {"at": now, "routed": routed, "inflight": inflight, "models": models}
 
 
 def router_id() -> str:
@@ -56,7 +68,9 @@ async def report_inflight(router: _Reporting, interval: float = INFLIGHT_REPORT_
             if url and client is None:
                 client = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
             if client is not None:
-                body = json.dumps(inflight_report(router.table, router.balancer, time.time()))
+                queued = {name: len(room) for name, room in router.rooms.items()}
+                report = inflight_report(router.table, router.balancer, time.time(), queued)
+                body = json.dumps(report)
                 try:
                     await client.set(key, body, ex=INFLIGHT_REPORT_TTL)
                     complained = False

@@ -57,6 +57,10 @@ class ModelRoute:
     # "least_outstanding", or "prefix": requests that share a prompt prefix keep to one
     # replica (router/prefix.py), so its engine's prefix cache serves them.
     routing: RoutingPolicy = LEAST_OUTSTANDING
+    # Requests one replica serves at once; more wait in the router (waiting.py). 0: no limit.
+    concurrency: int = 0
+    # Replicas follow demand: with none ready, a request waits for one to start.
+    autoscaled: bool = False
 
     @property
     def names(self) -> frozenset[str]:
@@ -133,6 +137,8 @@ class RoutingTable:
                 states=dict(entry.states),
                 reasons=tuple(entry.reasons),
                 routing=entry.routing,
+                concurrency=entry.concurrency,
+                autoscaled=entry.autoscaled,
             )
         return cls(
             routes=routes, by_name=_by_name(routes),

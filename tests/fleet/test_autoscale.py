@@ -56,3 +56,85 @@ def test_never_below_min_or_above_max():
     assert next_step(policy, 5, 0, None, T0).reason == "scaled 5 → 2: outside 1..2"
     low = next_step(policy, 1, 0, T0 - timedelta(hours=1), T0)
     assert low.wanted == 1 and low.reason == ""
+
+
+CATALOG = """
+models:
+  - name: gemma
+    source: /models/gemma.gguf
+    profiles:
+      - name: cpu
+        engine: llama.cpp
+        replicas: 3
+        autoscale: {min: 0, max: 4, target_inflight: 2, scale_down_after: 1m}
+"""
+
+
+@pytest.mark.django_db
+def test_an_autoscaled_profile_starts_at_min_and_apply_leaves_its_count_alone():
+    from catalog.actions import apply_catalog, scale_profile
+    from catalog.models import Profile
+
+    apply_catalog(CATALOG)
+    profile = Profile.objects.get()
+    assert profile.replicas == 0
+    assert profile.autoscale == {"min": 0, "max": 4, "target_inflight": 2.0,
+                                 "scale_down_after": 60}  # fmt: skip
+    scale_profile(profile.id, 2, why="scaled 0 → 2: 4 request(s) waiting")
+    assert apply_catalog(CATALOG) == []  # the count is the autoscaler's, not the file's
+    changed = apply_catalog(CATALOG.replace("scale_down_after: 1m", "scale_down_after: 2m"))
+    assert [c.kind for c in changed] == ["profile"]
+    assert Profile.objects.get().replicas == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("autoscale", "message"),
+    [
+        ("{min: 3, max: 2}", "min 3 is more than max 2; make min at most max"),
+        ("{max: 2, target_inflight: 0}", "0 cannot be a target"),
+        ("{min: -1, max: 2}", "greater than or equal to 0"),
+        ("{min: 0}", "max"),
+        ("{max: 2, scale_down_after: soon}", "'soon' is not a duration"),
+    ],
+    ids=["min-over-max", "zero-target", "negative-min", "no-max", "bad-duration"],
+)
+def test_a_bad_autoscale_is_refused_naming_the_field(autoscale, message):
+    from catalog.actions import apply_catalog
+    from catalog.models import Profile
+    from catalog.schema import CatalogError
+
+    bad = CATALOG.replace("{min: 0, max: 4, target_inflight: 2, scale_down_after: 1m}", autoscale)
+    with pytest.raises(CatalogError) as refused:
+        apply_catalog(bad)
+    problems = " ".join(refused.value.problems)
+    assert "autoscale" in problems and message in problems
+    assert not Profile.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_reconciler_scales_by_what_the_routers_report(django_capture_on_commit_callbacks):
+    from audit.models import Event
+    from catalog.actions import apply_catalog
+    from catalog.models import Profile
+    from fleet.autoscale import autoscale_profiles
+
+    apply_catalog(CATALOG)
+    report = {"at": T0.timestamp(), "routed": [], "inflight": {},
+              "models": {"gemma": {"inflight": 0, "queued": 5}}}  # fmt: skip
+    stale = {**report, "at": T0.timestamp() - 60}  # a router that stopped long ago
+    with django_capture_on_commit_callbacks(execute=True):
+        changed = autoscale_profiles(T0, lambda: [report, stale])
+    assert changed == ["gemma/cpu: scaled 0 → 3: 5 request(s) waiting"]
+    assert Profile.objects.get().replicas == 3
+    assert Event.objects.filter(reason="scaled 0 → 3: 5 request(s) waiting").exists()
+    # Redis unreadable: demand is unknown, and nothing changes.
+    assert autoscale_profiles(T0, lambda: None) == []
+    # Quiet: the wait starts, then one step down once it has lasted.
+    quiet = {**report, "models": {}}
+    assert autoscale_profiles(T0, lambda: [quiet]) == []
+    assert Profile.objects.get().autoscale_low_since == T0
+    later = T0 + timedelta(minutes=1)
+    assert autoscale_profiles(later, lambda: [{**quiet, "at": later.timestamp()}]) == [
+        "gemma/cpu: scaled 3 → 2: idle for 1m"
+    ]

@@ -352,5 +352,8 @@ def test_a_router_reports_what_it_routes_and_carries():
     balancer.started("gone")  # left the table, still streaming
     balancer.started("r2")
     balancer.finished("r2", ok=True)
-    report = inflight_report(table, balancer, now=1234.5)
-    assert report == {"at": 1234.5, "routed": ["r1", "r2"], "inflight": {"r1": 2, "gone": 1}}
+    report = inflight_report(table, balancer, now=1234.5, queued={"gemma": 3})
+    assert report == {
+        "at": 1234.5, "routed": ["r1", "r2"], "inflight": {"r1": 2, "gone": 1},
+        "models": {"gemma": {"inflight": 2, "queued": 3}},
+    }  # fmt: skip
