@@ -75,8 +75,9 @@ def routing_snapshot() -> RoutingSnapshot:
             aliases=list(model.aliases),
             wanted=sum(p.replicas for p in model.profiles.all()),
             # The tightest a profile asks for: one pick chooses among all its endpoints.
-            concurrency=min((p.concurrency for p in model.profiles.all() if p.concurrency),
-                            default=0),
+            concurrency=min(
+                (p.concurrency for p in model.profiles.all() if p.concurrency), default=0
+            ),
             autoscaled=any(p.autoscale for p in model.profiles.all()),
         )  # fmt: skip
         for model in Model.objects.prefetch_related("profiles")
