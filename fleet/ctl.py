@@ -14,7 +14,7 @@ from fleet.actions.nodes import drain_node, undrain_node
 from fleet.models import Node, Replica, ReplicaState
 from fleet.node_auth import node_token
 from fleet.rollout import rollout_status
-from fleet.selectors import engine_row, live_replicas, model_rows, progress_line
+from fleet.selectors import engine_row, last_scalings, live_replicas, model_rows, progress_line
 from fleet.weights_map import ModelWeights, model_weights
 
 
@@ -192,12 +192,14 @@ def _replicas_text(replicas: list[dict]) -> str:
 
 def status_command(options, out) -> None:
     weights = {row.model: row for row in model_weights()}
+    scalings = last_scalings()
     models = []
     for row in model_rows():
         where = weights.get(row["name"]) or ModelWeights(model=row["name"], source="")
+        scaled = [f"{s}: {r}" for s, r in scalings.items() if s.startswith(row["name"] + "/")]
         models.append({"name": row["name"], "wanted": row["wanted"], "ready": row["ready"],
                        "held_by": where.nodes, "fabrics": where.fabrics,
-                       "fetching": sorted(where.fetching)})  # fmt: skip
+                       "fetching": sorted(where.fetching), "scaling": scaled})  # fmt: skip
     replicas = _replica_dicts()
     if options["json"]:
         out.write(render_json({"models": models, "replicas": replicas}))
@@ -208,6 +210,8 @@ def status_command(options, out) -> None:
         for m in models
     ]  # fmt: skip
     out.write(render_table(["MODEL", "WANTED", "READY", "HELD BY", "FABRICS", "FETCHING"], table))
+    for scaled in (line for m in models for line in m["scaling"]):
+        out.write(f"autoscaled {scaled}")
     if replicas:
         out.write("")
         out.write(_replicas_text(replicas))

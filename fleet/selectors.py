@@ -215,6 +215,7 @@ def model_detail(name: str) -> dict[str, Any] | None:
                 ready_by_profile.get(replica.profile_name, 0) + 1
             )
     subjects = [str(r.id) for r in replicas] + [f"{name}/{p.name}" for p in profiles] + [name]
+    scalings = last_scalings()
     return {
         "name": name,
         "model": model,
@@ -223,6 +224,7 @@ def model_detail(name: str) -> dict[str, Any] | None:
                 "profile": p,
                 "ready": ready_by_profile.get(p.name, 0),
                 "fingerprint": fingerprints[p.name],
+                "last_scaling": scalings.get(f"{name}/{p.name}", ""),
             }
             for p in profiles
         ],
@@ -231,3 +233,15 @@ def model_detail(name: str) -> dict[str, Any] | None:
         "ready": sum(ready_by_profile.values()),
         "events": list(Event.objects.filter(subject__in=subjects)[:20]),
     }
+
+
+def last_scalings() -> dict[str, str]:
+    """The autoscaler's latest decision per profile ("gemma/cpu"), with its reason."""
+    from catalog.models import Profile
+
+    autoscaled = [str(p) for p in Profile.objects.exclude(autoscale=None).select_related("model")]
+    latest: dict[str, str] = {}
+    events = Event.objects.filter(subject__in=autoscaled, reason__startswith="scaled ")
+    for subject, reason in events.order_by("-id").values_list("subject", "reason"):
+        latest.setdefault(subject, reason)
+    return latest

@@ -138,3 +138,32 @@ def test_the_reconciler_scales_by_what_the_routers_report(django_capture_on_comm
     assert autoscale_profiles(later, lambda: [{**quiet, "at": later.timestamp()}]) == [
         "gemma/cpu: scaled 3 → 2: idle for 1m"
     ]
+
+
+@pytest.mark.django_db
+def test_the_last_scaling_shows_in_status_and_on_the_model_page(client, reader):
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from catalog.actions import apply_catalog, scale_profile
+    from catalog.models import Profile
+
+    apply_catalog(CATALOG)
+    profile = Profile.objects.get()
+    scale_profile(profile.id, 1, why="scaled 0 → 1: 1 request(s) waiting")
+    scale_profile(profile.id, 2, why="scaled 1 → 2: 9.5 in flight per replica, target 2")
+    out = StringIO()
+    call_command("llmgw_ctl", "status", stdout=out)
+    assert "autoscaled gemma/cpu: scaled 1 → 2: 9.5 in flight per replica, target 2" in (
+        out.getvalue()
+    )
+    out = StringIO()
+    call_command("llmgw_ctl", "status", "--json", stdout=out)
+    [model] = json.loads(out.getvalue())["models"]
+    assert model["scaling"] == ["gemma/cpu: scaled 1 → 2: 9.5 in flight per replica, target 2"]
+    client.force_login(reader)
+    page = client.get("/models/gemma/").content.decode()
+    assert "follows demand: 0 to 4 replicas" in page
+    assert "last: scaled 1 → 2: 9.5 in flight per replica, target 2" in page
