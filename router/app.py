@@ -242,7 +242,11 @@ class Router:
                 message, retry_after = route.unavailable()
                 raise errors.unavailable(message, retry_after)
             admission = await self.limiter.admit(caller)
-            route = await self._wait_for_replica(route, caller)
+            waited = await self._wait_for_replica(route, caller, receive)
+            if waited is None:
+                code = CLIENT_CLOSED
+                return
+            route = waited
             session = affinity_for(route, payload, path, session, self.config)
             stream = payload.get("stream") is True and path in STREAMING_PATHS
             body, drop_usage_only = rewrite_body(body, payload, route, stream)
@@ -273,17 +277,31 @@ class Router:
         limit = route.concurrency
         return not limit or any(self.balancer.inflight(e.replica) < limit for e in route.endpoints)
 
-    async def _wait_for_replica(self, route: ModelRoute, caller: Caller) -> ModelRoute:
+    async def _wait_for_replica(
+        self, route: ModelRoute, caller: Caller, receive
+    ) -> ModelRoute | None:
         """The route once a replica can take the request: at once, or after waiting for
-        one to start (an autoscaled model at zero) or to free a place (at concurrency)."""
+        one to start (an autoscaled model at zero) or to free a place (at concurrency);
+        None when the client left while it waited."""
         if route.endpoints and not route.concurrency:
             return route
         room = self.rooms.get(route.name)
         if room is None:
             room = self.rooms[route.name] = WaitingRoom(route.name, self.config.queue_size)
-        await room.wait(
+        waiting = asyncio.ensure_future(room.wait(
             caller.priority, lambda: self._can_take(route.name), self.config.cold_start_timeout
-        )
+        ))  # fmt: skip
+        # A client that leaves gives up its place, and no replica is started or used for it.
+        leaving = asyncio.ensure_future(_disconnect(receive))
+        try:
+            await asyncio.wait({waiting, leaving}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiting, leaving):
+                if not task.done():
+                    task.cancel()
+        if not waiting.done() or waiting.cancelled():
+            return None
+        waiting.result()  # the room's 429 or 503, if it gave one
         return self.table.routes.get(route.name, route)
 
     def _require_table(self) -> None:
@@ -364,3 +382,9 @@ class Router:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+async def _disconnect(receive) -> None:
+    """Return once the client has hung up (the body was read whole before this)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -99,3 +99,22 @@ def test_waiting_requests_are_served_high_first_and_a_full_queue_turns_the_lowes
     assert {n: a.status_code for n, a in asker.answers.items()} == {
         "first": 200, "low-1": 429, "normal-1": 200, "high-1": 200, "low-2": 429,
     }  # fmt: skip
+
+
+def test_a_client_that_leaves_while_waiting_gives_up_its_place(busy):
+    engine, router, keys = busy
+    asker = Asker(router)
+    asker.send("first", keys["normal"])
+    wait_until(lambda: asked(engine) == ["first"], what="the first request to hold the place")
+    body = {"model": "gemma", "messages": [{"role": "user", "content": "impatient"}]}
+    patience = httpx.Timeout(10, read=2)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{router.url}/v1/chat/completions", json=body, timeout=patience,
+                   headers={"Authorization": f"Bearer {keys['high']}"})  # fmt: skip
+    wait_until(lambda: queued() == 0, what="the router to see the client gone")
+    engine.release()
+    for thread in asker.threads:
+        thread.join(timeout=60)
+    assert asker.answers["first"].status_code == 200
+    engine.release()  # nothing waits for it: the impatient request never reaches the engine
+    assert asked(engine) == ["first"]
