@@ -167,3 +167,20 @@ def test_the_last_scaling_shows_in_status_and_on_the_model_page(client, reader):
     page = client.get("/models/gemma/").content.decode()
     assert "follows demand: 0 to 4 replicas" in page
     assert "last: scaled 1 → 2: 9.5 in flight per replica, target 2" in page
+
+
+@pytest.mark.django_db
+def test_the_api_refuses_a_bad_autoscale_naming_the_field(api_client, operator):
+    from tests.factories import make_model
+
+    make_model("gemma")
+    api_client.force_authenticate(operator)
+    body = {"model": "gemma", "name": "cpu", "engine": "llama.cpp",
+            "autoscale": {"min": 3, "max": 2}}  # fmt: skip
+    refused = api_client.post("/api/v1/profiles/", body, format="json")
+    assert refused.status_code == 400
+    assert refused.json()["autoscale"] == ["min 3 is more than max 2; make min at most max"]
+    body["autoscale"] = {"min": 0, "max": 2, "scale_down_after": "90s"}
+    created = api_client.post("/api/v1/profiles/", body, format="json")
+    assert created.status_code == 201, created.json()
+    assert created.json()["autoscale"]["scale_down_after"] == 90
