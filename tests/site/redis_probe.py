@@ -125,6 +125,7 @@ def router(results: dict[str, str]) -> None:
         stub = SimpleNamespace(
             table=SimpleNamespace(routes={}),
             balancer=SimpleNamespace(health={}, inflight=lambda _replica: 0),
+            rooms={},
             source=source,
         )
         reporting = asyncio.create_task(report_inflight(stub, interval=0.05))
