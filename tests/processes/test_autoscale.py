@@ -112,7 +112,10 @@ def test_replicas_follow_demand_from_zero_to_two_and_back(processes, tmp_path):
 
     # Idle: one step down, then the next after another quiet scale_down_after.
     wait_for(lambda: wanted() == 0, 120, "idleness to scale the model to zero")
-    assert scaling_events()[2:] == ["scaled 2 → 1: idle for 5s", "scaled 1 → 0: idle for 5s"]
+    down = scaling_events()[2:]
+    # The step to one may come while the burst's last answer is still being written.
+    assert len(down) == 2 and down[0].startswith("scaled 2 → 1: ") and "for 5s" in down[0]
+    assert down[1] == "scaled 1 → 0: idle for 5s"
     wait_for(lambda: not Replica.objects.exclude(state="stopped").exists(), 120,
              "the replicas to stop")  # fmt: skip
 
