@@ -288,21 +288,30 @@ class Router:
         room = self.rooms.get(route.name)
         if room is None:
             room = self.rooms[route.name] = WaitingRoom(route.name, self.config.queue_size)
-        waiting = asyncio.ensure_future(room.wait(
-            caller.priority, lambda: self._can_take(route.name), self.config.cold_start_timeout
-        ))  # fmt: skip
+        deadline = time.monotonic() + self.config.cold_start_timeout
         # A client that leaves gives up its place, and no replica is started or used for it.
         leaving = asyncio.ensure_future(_disconnect(receive))
         try:
-            await asyncio.wait({waiting, leaving}, return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                patience = max(deadline - time.monotonic(), 0.0)
+                waiting = asyncio.ensure_future(
+                    room.wait(caller.priority, lambda: self._can_take(route.name), patience)
+                )
+                try:
+                    await asyncio.wait({waiting, leaving}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if not waiting.done():
+                        waiting.cancel()
+                if not waiting.done() or waiting.cancelled():
+                    return None
+                waiting.result()  # the room's 429 or 503, if it gave one
+                # Checked again here, where nothing runs between this check and the pick:
+                # another request woken at the same moment may have taken the place.
+                if self._can_take(route.name):
+                    return self.table.routes.get(route.name, route)
         finally:
-            for task in (waiting, leaving):
-                if not task.done():
-                    task.cancel()
-        if not waiting.done() or waiting.cancelled():
-            return None
-        waiting.result()  # the room's 429 or 503, if it gave one
-        return self.table.routes.get(route.name, route)
+            if not leaving.done():
+                leaving.cancel()
 
     def _require_table(self) -> None:
         """Before the first load, keys are unknown too: say so rather than refuse the key."""
