@@ -18,7 +18,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-from core.redis_clients import redis_client
+from audit.redis import redis_client
 from protocol.routing import ROUTING_CHANNEL
 
 log = logging.getLogger("llmgw.audit.notices")

@@ -115,7 +115,7 @@ def known_model_names() -> set[str]:
 
 def key_usage(key: ApiKey, now: float) -> dict[str, int]:
     """What the routers counted against a key's limits, read from their Redis counters."""
-    from core.redis_clients import redis_client
+    from audit.redis import redis_client
 
     counters = counter_keys(key.prefix, now)
     client = redis_client()

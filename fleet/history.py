@@ -21,8 +21,8 @@ import redis
 from django.conf import settings
 from pydantic import ValidationError
 
+from audit.redis import redis_client
 from core.http import outbound_client
-from core.redis_clients import redis_client
 from protocol.inventory import Usage
 
 log = logging.getLogger("llmgw.fleet.history")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 
-from core.redis_clients import redis_client
+from audit.redis import redis_client
 
 log = logging.getLogger("llmgw.leadership")
 

@@ -13,7 +13,7 @@ import json
 import logging
 from typing import Any
 
-from core.redis_clients import redis_client
+from audit.redis import redis_client
 from protocol.routing import (
     INFLIGHT_KEY_PREFIX,
     PREFIX,

@@ -25,7 +25,7 @@ from django.views.decorators.debug import sensitive_variables
 
 from audit.events import record_event
 from audit.models import EventKind
-from core.redis_clients import redis_client
+from audit.redis import redis_client
 
 log = logging.getLogger("llmgw.fleet.sign_in")
 

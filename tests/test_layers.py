@@ -92,3 +92,14 @@ def test_the_rules_read_real_imports():
     """A check that finds no imports would pass everything: make sure it reads them."""
     fleet = {module for _where, _line, module in imports_of("fleet")}
     assert {"catalog.models", "placement", "audit.events"} <= fleet
+
+
+@pytest.mark.parametrize("package", ("protocol", "core", "placement"))
+def test_the_bottom_floors_import_no_django(package):
+    """Settings are read above them: they take what they need as arguments."""
+    offending = [
+        f"{where}:{line} imports {module}"
+        for where, line, module in imports_of(package)
+        if module.split(".")[0] in ("django", "rest_framework", "channels")
+    ]
+    assert not offending, "\n".join(offending)

@@ -3,27 +3,21 @@
 from __future__ import annotations
 
 import time
-from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.test import override_settings
 from rest_framework.test import APIClient
 
 from audit.models import Event
+from audit.redis import redis_client
 from catalog.actions import create_key, revoke_key, update_key
 from catalog.keys import ApiKeyRefused, active_keys
 from catalog.models import ApiKey
-from core.redis_clients import redis_client
 from protocol.rate_limits import counter_keys
+from tests.ctl import ctl
 
 pytestmark = pytest.mark.django_db
-
-
-def ctl(*args: str) -> str:
-    out = StringIO()
-    call_command("llmgw_ctl", *args, stdout=out)
-    return out.getvalue()
 
 
 def test_ctl_creates_a_key_with_limits_that_routers_load():

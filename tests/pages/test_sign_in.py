@@ -12,7 +12,7 @@ from django.test import Client, override_settings
 from django.utils import timezone
 
 from audit.models import Event, EventKind
-from core.redis_clients import redis_client
+from audit.redis import redis_client
 from fleet.sign_in import KEY_PREFIX
 from llmgw_site import settings as site_settings
 

