@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import json
-from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 
 from catalog.models import Model
 from tests.catalog.test_apply import CATALOG
+from tests.ctl import ctl
 from tests.factories import make_node, make_replica, make_shard
 
 pytestmark = pytest.mark.django_db
-
-
-def ctl(*args: str) -> str:
-    out = StringIO()
-    call_command("llmgw_ctl", *args, stdout=out)
-    return out.getvalue()
 
 
 @pytest.fixture

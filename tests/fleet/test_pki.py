@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from agent_worker.config import load_config
 from fleet import pki
+from tests.ctl import ctl
 
 pytestmark = pytest.mark.django_db
 
@@ -27,12 +28,6 @@ def ca(tmp_path, settings):
     settings.LLMGW_CA_DIR = str(tmp_path / "ca")
     call_command("llmgw_ctl", "ca", "init", stdout=StringIO())
     return tmp_path / "ca"
-
-
-def ctl(*args: str) -> str:
-    out = StringIO()
-    call_command("llmgw_ctl", *args, stdout=out)
-    return out.getvalue()
 
 
 def mode(path: Path) -> int:

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-from io import StringIO
-
 import pytest
-from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from fleet import commands
+from tests.ctl import ctl
 from tests.factories import make_node
 
 pytestmark = pytest.mark.django_db
-
-
-def ctl(*args: str) -> str:
-    out = StringIO()
-    call_command("llmgw_ctl", *args, stdout=out)
-    return out.getvalue()
 
 
 def test_logs_prints_the_lines_the_agent_sends(monkeypatch):

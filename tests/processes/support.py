@@ -8,7 +8,9 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -203,3 +205,43 @@ def fake_engines(directory: Path) -> str:
         path.write_text(script)
         path.chmod(0o755)
     return f"llama.cpp={bin_dir / 'llama-server'},vllm={bin_dir / 'vllm'}"
+
+
+@dataclass
+class OneNodeCluster:
+    """A control plane, reconciler, router and one linked agent, started for a test."""
+
+    node_id: str
+    control_plane_url: str  # the agents' ws:// address
+    router_url: str
+    agent: Process  # the node's agent, as first started
+    start_agent: Callable[[], Process]  # another agent for the same node (after a kill)
+
+
+def one_node_cluster(processes: list, tmp_path: Path, name: str) -> OneNodeCluster:
+    """Start the whole system on loopback with one agent, wait until it has linked; every
+    process goes into ``processes`` to be stopped after the test."""
+    from fleet.models import Node
+    from fleet.node_auth import node_token
+
+    node_id = f"{name}-{uuid.uuid4().hex[:6]}"
+    lease = f"llmgw:test-leader:{uuid.uuid4().hex[:8]}"
+    port, router_port = free_port(), free_port()
+    url = f"ws://127.0.0.1:{port}"
+    env = {"LLMGW_LEADER_LEASE_KEY": lease, "LLMGW_CONTROL_PLANE_ID": url,
+           "LLMGW_ENGINE_PORT_BASE": str(free_port())}  # fmt: skip
+    processes.append(control_plane(port, tmp_path, **env).start())
+    processes.append(reconciler(f"reconciler-{name}", tmp_path, **env).start())
+    processes.append(router(router_port, tmp_path).start())
+    wait_for(lambda: listening(port), 60, "the control plane")
+
+    def start_agent() -> Process:
+        started = agent(node_id, url, node_token(node_id), tmp_path, tmp_path).start()
+        processes.append(started)
+        return started
+
+    first = start_agent()
+    wait_for(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
+             "the agent to register")  # fmt: skip
+    wait_for(lambda: listening(router_port), 60, "the router")
+    return OneNodeCluster(node_id, url, f"http://127.0.0.1:{router_port}", first, start_agent)

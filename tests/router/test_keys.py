@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import time
-from io import StringIO
 
 import pytest
 import redis
 from django.conf import settings
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 
 from catalog.actions import create_key, revoke_key
 from catalog.keys import ApiKeyRefused, active_keys, hash_key
@@ -16,15 +15,10 @@ from catalog.models import ApiKey
 from fleet.models import Replica, ReplicaState
 from fleet.transitions import transition
 from protocol.routing import ROUTING_CHANNEL
+from tests.ctl import ctl
 from tests.factories import make_model, make_replica
 
 pytestmark = pytest.mark.django_db
-
-
-def ctl(*args: str) -> str:
-    out = StringIO()
-    call_command("llmgw_ctl", *args, stdout=out)
-    return out.getvalue()
 
 
 @pytest.fixture

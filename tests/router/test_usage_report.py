@@ -5,21 +5,15 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
-from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.utils import timezone
 
 from router.models import Usage
+from tests.ctl import ctl
 
 pytestmark = pytest.mark.django_db
-
-
-def ctl(*args: str) -> str:
-    out = StringIO()
-    call_command("llmgw_ctl", *args, stdout=out)
-    return out.getvalue()
 
 
 @pytest.fixture
