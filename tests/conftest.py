@@ -5,6 +5,7 @@ from hypothesis import HealthCheck, settings
 from rest_framework.test import APIClient
 
 from tests.factories import make_user
+from tests.support.leftovers import label_this_run, stop_leftovers
 
 # The fuzz tests: a fixed seed and a bounded number of examples, so `make test` runs the
 # same inputs every time and stays well under a minute.
@@ -53,3 +54,20 @@ def django_db_modify_db_settings():
 
     connections.settings["default"]["CONN_MAX_AGE"] = 0
     connections["default"].settings_dict["CONN_MAX_AGE"] = 0
+
+
+RUN_LABEL = label_this_run()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if anything it started (an engine, an agent, a server) still runs."""
+    left = stop_leftovers(RUN_LABEL)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = "\n  ".join(left)
+        message = (
+            f"processes this test run started were still running at its end (killed):\n  {lines}"
+        )
+        if reporter:
+            reporter.write_line(message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

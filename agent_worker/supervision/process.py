@@ -56,6 +56,9 @@ _ENGINE_ENV_PREFIXES = (
     "OMP_",
     "OPENBLAS_",
     "MKL_",
+    # An operator's (or a test run's) labels for every engine this agent starts: a way
+    # to find them with ps or /proc/*/environ that survives the agent.
+    "LLMGW_LABEL_",
 )
 _CREDENTIAL_WORDS = ("TOKEN", "SECRET", "PASSWORD")
 

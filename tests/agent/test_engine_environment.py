@@ -38,6 +38,7 @@ ENGINES_NEED = {
     "CUDA_CACHE_PATH": "/scratch/cuda-cache",
     "HF_HOME": "/scratch/hf",
     "OMP_NUM_THREADS": "4",
+    "LLMGW_LABEL_TEAM": "search",  # an operator's label, for finding engines with ps
 }
 
 
@@ -58,7 +59,8 @@ def test_an_engine_gets_what_it_needs_and_none_of_the_agents_secrets(tmp_path, m
     seen = json.loads(dump.read_text())
     leaked = sorted(name for name in AGENTS_OWN if name in seen and name != "HF_TOKEN")
     assert leaked == []
-    assert not [name for name in seen if name.startswith(("LLMGW_", "CELERY_", "DJANGO_"))]
+    own = [name for name in seen if name.startswith(("LLMGW_", "CELERY_", "DJANGO_"))]
+    assert [name for name in own if not name.startswith("LLMGW_LABEL_")] == []
     assert seen["HF_TOKEN"] == "the-profiles-own"  # set by the profile on purpose
     assert seen["LLAMA_ARG_THREADS"] == "3"
     assert seen["CUDA_VISIBLE_DEVICES"] == "1"  # the shard's GPU, not the agent's

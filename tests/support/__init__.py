@@ -1,0 +1,1 @@
+"""What many test modules share: ports, polling, processes, and the leftovers check."""
