@@ -41,6 +41,17 @@ def add_parsers(subparsers) -> None:
     onboard.add_argument("--days", type=int, default=365)
     onboard.add_argument("--wheel", default="", help="a llmgw wheel to carry in the bundle")
     onboard.add_argument(
+        "--wheel-sha256",
+        default="",
+        help="instead of --wheel: the sha256 of llmgw's wheel as released; install.sh takes "
+        "that wheel from the index and refuses any other",
+    )
+    onboard.add_argument(
+        "--certificate-only",
+        action="store_true",
+        help="no install.sh: for a node whose llmgw is already installed (as under llmgw up)",
+    )
+    onboard.add_argument(
         "--reuse",
         action="store_true",
         help="keep the bundle's certificate if it is still good for 30 days",
@@ -86,6 +97,7 @@ def onboard_command(options, out) -> None:
         raise CommandError(
             f"--servers must be wss:// addresses, comma separated (got {options['servers']!r})"
         )
+    wheel_sha256 = _wheel_sha256(options)
     bundle = Path(options["out"] or node_id)
     if options["reuse"] and pki.still_good(bundle / "node.pem", node_id):
         out.write(f"kept the certificate of {node_id} in {bundle}/")
@@ -100,9 +112,10 @@ def onboard_command(options, out) -> None:
     (bundle / "node.pem").write_bytes(issued.cert_pem)
     _replace_secret(bundle / "node-key.pem", issued.key_pem)
     (bundle / "agent.yaml").write_text(agent_file(servers, options["broker"]))
-    wheel = _carry_wheel(options["wheel"], bundle)
-    (bundle / "install.sh").write_text(install_script(wheel))
-    (bundle / "install.sh").chmod(0o755)
+    if not options.get("certificate_only"):
+        wheel = _carry_wheel(options["wheel"], bundle) or ("", wheel_sha256)
+        (bundle / "install.sh").write_text(install_script(wheel))
+        (bundle / "install.sh").chmod(0o755)
     out.write(f"wrote the bundle for {node_id} to {bundle}/ (certificate valid until "
               f"{issued.not_after:%Y-%m-%d}); on the node, run: sudo ./install.sh")  # fmt: skip
 
@@ -125,11 +138,31 @@ def agent_file(servers: list[str], broker: str) -> str:
     )
 
 
-def install_script(wheel: tuple[str, str] | None) -> str:
+def install_script(wheel: tuple[str, str]) -> str:
+    """install.sh for a bundle that carries the wheel ``(name, sha256)``, or (name "")
+    takes it from the index and checks it against ``sha256``."""
     version = importlib.metadata.version("llmgw")
     script = INSTALL_SH.read_text().replace("@VERSION@", version)
-    name, digest = wheel or ("", "")
+    name, digest = wheel
     return script.replace("@WHEEL@", name).replace("@WHEEL_SHA256@", digest)
+
+
+def _wheel_sha256(options) -> str:
+    """The sha256 install.sh checks an index's wheel against; a node never trusts the
+    index (or a proxy in front of it) for the code that will hold its certificate."""
+    digest = options.get("wheel_sha256", "").strip().lower()
+    if options["wheel"] or options.get("certificate_only"):
+        return ""
+    if not digest:
+        version = importlib.metadata.version("llmgw")
+        raise CommandError(
+            "onboard needs the llmgw the node will run: --wheel FILE (carried in the bundle) "
+            f"or --wheel-sha256 HEX (llmgw {version}'s released wheel, taken from the index "
+            "and checked)"
+        )
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise CommandError(f"--wheel-sha256 {digest!r}: not a sha256 (64 hexadecimal digits)")
+    return digest
 
 
 def _carry_wheel(path: str, bundle: Path) -> tuple[str, str] | None:

@@ -34,7 +34,16 @@ if [ "$installed" != "$VERSION" ]; then
             || { say "$WHEEL does not match its sha256 $WHEEL_SHA256; refusing it"; exit 1; }
         "$VENV/bin/pip" install --quiet "$HERE/$WHEEL"
     else
-        "$VENV/bin/pip" install --quiet "llmgw==$VERSION"
+        # From the index, but only the wheel whose sha256 the bundle names: an index (or a
+        # proxy in front of it) that serves anything else is refused.
+        download="$(mktemp -d)"
+        "$VENV/bin/pip" download --quiet --no-deps --only-binary=:all: -d "$download" "llmgw==$VERSION"
+        got="$(ls "$download"/llmgw-*.whl 2>/dev/null | head -n1)"
+        [ -n "$got" ] || { say "the index has no wheel of llmgw $VERSION"; exit 1; }
+        echo "$WHEEL_SHA256  $got" | sha256sum -c - >/dev/null \
+            || { say "$(basename "$got") from the index does not match its sha256 $WHEEL_SHA256; refusing it"; exit 1; }
+        "$VENV/bin/pip" install --quiet "$got"
+        rm -rf "$download"
     fi
     say "installed llmgw $VERSION"
     changed=1

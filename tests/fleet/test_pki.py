@@ -4,6 +4,7 @@ certificates, revocation, and the checks a link makes of a node's certificate.""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 import stat
 import subprocess
@@ -49,7 +50,8 @@ def test_onboarding_writes_a_bundle_the_agent_reads(ca, tmp_path):
     bundle = tmp_path / "bundle"
 
     said = ctl("onboard", "gpu07", "--servers", "wss://a:8443,wss://b:8443",
-               "--broker", "redis://r:6379/0", "--out", str(bundle))  # fmt: skip
+               "--broker", "redis://r:6379/0", "--out", str(bundle),
+               "--wheel-sha256", "ab" * 32)  # fmt: skip
 
     assert "wrote the bundle for gpu07" in said
     assert sorted(p.name for p in bundle.iterdir()) == [
@@ -66,8 +68,9 @@ def test_onboarding_writes_a_bundle_the_agent_reads(ca, tmp_path):
     valid = cert.not_valid_after_utc - cert.not_valid_before_utc
     assert dt.timedelta(days=365) <= valid <= dt.timedelta(days=366)
     # The agent file is the same on every node: only the certificate names the node.
-    ctl("onboard", "gpu08", "--servers", "wss://a:8443,wss://b:8443",
-        "--broker", "redis://r:6379/0", "--out", str(tmp_path / "other"))  # fmt: skip
+    ctl("onboard", "gpu08", "--servers", "wss://a:8443,wss://b:8443", "--broker",
+        "redis://r:6379/0", "--out", str(tmp_path / "other"),
+        "--wheel-sha256", "ab" * 32)  # fmt: skip
     assert (tmp_path / "other" / "agent.yaml").read_text() == (bundle / "agent.yaml").read_text()
 
 
@@ -134,20 +137,30 @@ FAKE_PYTHON = """#!/bin/sh
 # The venv's python: says which llmgw it has.
 cat "$(dirname "$0")/installed-version" 2>/dev/null || exit 1
 """
+# The venv's pip: `download` serves the index's wheel (the file INDEX_WHEEL), `install`
+# records what it installed.
 FAKE_PIP = """#!/bin/sh
 echo "$@" >> "$(dirname "$0")/pip-calls"
+if [ "$1" = download ]; then
+    while [ "$1" != -d ]; do shift; done
+    cp "$INDEX_WHEEL" "$2/llmgw-0.1.0-py3-none-any.whl"
+    exit 0
+fi
 echo 0.1.0 > "$(dirname "$0")/installed-version"
 """
 FAKE_SYSTEMCTL = """#!/bin/sh
 echo "$@" >> "{log}"
 """
+RELEASED_WHEEL = b"llmgw 0.1.0 as released"
 
 
-def test_install_sh_installs_once_and_a_second_run_changes_nothing(ca, tmp_path):
-    bundle = tmp_path / "bundle"
-    ctl("onboard", "gpu07", "--servers", "wss://a:8443", "--out", str(bundle))
+def fake_node(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A root directory with a venv whose pip and python are stand-ins, and the environment
+    install.sh runs in there."""
     root, tools = tmp_path / "root", tmp_path / "tools"
     venv_bin = root / "opt" / "llmgw" / "bin"
+    index_wheel = tmp_path / "index.whl"
+    index_wheel.write_bytes(RELEASED_WHEEL)
     for path, text in (
         (venv_bin / "python", FAKE_PYTHON),
         (venv_bin / "pip", FAKE_PIP),
@@ -156,7 +169,21 @@ def test_install_sh_installs_once_and_a_second_run_changes_nothing(ca, tmp_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         path.chmod(0o755)  # fmt: skip
-    env = {**os.environ, "ROOT": str(root), "PATH": f"{tools}:{os.environ['PATH']}"}
+    env = {**os.environ, "ROOT": str(root), "PATH": f"{tools}:{os.environ['PATH']}",
+           "INDEX_WHEEL": str(index_wheel)}  # fmt: skip
+    return root, env
+
+
+def released_sha256() -> str:
+    return hashlib.sha256(RELEASED_WHEEL).hexdigest()
+
+
+def test_install_sh_installs_once_and_a_second_run_changes_nothing(ca, tmp_path):
+    bundle = tmp_path / "bundle"
+    ctl("onboard", "gpu07", "--servers", "wss://a:8443", "--out", str(bundle),
+        "--wheel-sha256", released_sha256())  # fmt: skip
+    root, env = fake_node(tmp_path)
+    venv_bin = root / "opt" / "llmgw" / "bin"
 
     def install() -> str:
         done = subprocess.run([str(bundle / "install.sh")], env=env, capture_output=True,
@@ -169,10 +196,58 @@ def test_install_sh_installs_once_and_a_second_run_changes_nothing(ca, tmp_path)
     second = install()
 
     assert "installed llmgw 0.1.0" in first and "llmgw-agent is running" in first
-    assert (venv_bin / "pip-calls").read_text().split() == ["install", "--quiet", "llmgw==0.1.0"]
+    calls = (venv_bin / "pip-calls").read_text().splitlines()
+    assert calls[0].startswith("download --quiet --no-deps --only-binary=:all: -d ")
+    assert calls[0].endswith(" llmgw==0.1.0")
+    assert calls[1].startswith("install --quiet ") and calls[1].endswith(".whl")
+    assert len(calls) == 2  # the second run installed nothing
     assert "Restart=always" in unit.read_text()
     assert "worker -Q node-$$(hostname)" in unit.read_text()
     assert mode(root / "etc" / "llmgw" / "node-key.pem") == 0o600
     assert second.strip() == "install.sh: nothing to change"
     assert {p: p.stat().st_mtime_ns for p in written} == written
     assert (tmp_path / "systemctl").read_text().count("restart") == 1
+
+
+def test_install_sh_refuses_an_index_wheel_that_is_not_the_released_one(ca, tmp_path):
+    bundle = tmp_path / "bundle"
+    ctl("onboard", "gpu07", "--servers", "wss://a:8443", "--out", str(bundle),
+        "--wheel-sha256", hashlib.sha256(b"another build").hexdigest())  # fmt: skip
+    root, env = fake_node(tmp_path)
+
+    done = subprocess.run([str(bundle / "install.sh")], env=env, capture_output=True, text=True)
+
+    assert done.returncode == 1
+    assert "from the index does not match its sha256" in done.stdout
+    assert "install --quiet" not in (root / "opt" / "llmgw" / "bin" / "pip-calls").read_text()
+    assert not (root / "etc" / "systemd").exists()
+
+
+def test_install_sh_refuses_a_carried_wheel_that_was_altered(ca, tmp_path):
+    wheel = tmp_path / "llmgw-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(RELEASED_WHEEL)
+    bundle = tmp_path / "bundle"
+    ctl("onboard", "gpu07", "--servers", "wss://a:8443", "--out", str(bundle),
+        "--wheel", str(wheel))  # fmt: skip
+    (bundle / wheel.name).write_bytes(b"altered on the way")
+    root, env = fake_node(tmp_path)
+
+    done = subprocess.run([str(bundle / "install.sh")], env=env, capture_output=True, text=True)
+
+    assert done.returncode == 1 and "does not match its sha256" in done.stdout
+    assert not (root / "opt" / "llmgw" / "bin" / "pip-calls").exists()
+
+
+def test_onboard_names_what_it_needs_to_check_the_node_s_llmgw(ca, tmp_path):
+    with pytest.raises(CommandError, match="--wheel FILE .* or --wheel-sha256 HEX"):
+        ctl("onboard", "gpu07", "--servers", "wss://a:8443", "--out", str(tmp_path / "b"))
+    with pytest.raises(CommandError, match="not a sha256"):
+        ctl("onboard", "gpu07", "--servers", "wss://a:8443", "--out", str(tmp_path / "b"),
+            "--wheel-sha256", "latest")  # fmt: skip
+    assert not (tmp_path / "b").exists()  # refused before anything was issued or written
+
+    ctl("onboard", "gpu07", "--servers", "wss://a:8443", "--out", str(tmp_path / "c"),
+        "--certificate-only")  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [
+        "agent.yaml", "ca.pem", "node-key.pem", "node.pem",
+    ]  # fmt: skip
