@@ -4,6 +4,10 @@ It reconnects forever over the configured addresses: after a failure it goes
 straight to the next address it has not just tried, and only when every address
 has just failed does it wait, with jittered exponential backoff — the delay exists
 to stop hammering one control plane, and the next one has not been hammered.
+
+Events (shard statuses) are queued and all sent, in order. Statements of a whole (the
+engines, the weights) keep only their latest unsent one: an older one sent after a newer
+would stand on the control plane until the next change.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import logging
 import random
 import ssl
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -45,7 +50,8 @@ class LinkCallbacks:
 
 
 def backoff_delay(failed_rounds: int, rng: random.Random | None = None) -> float:
-    """Full jitter: uniform in [0, min(max, base * 2**n)], so a fleet never reconnects in step."""
+    """Uniform in [c/2, c] for c = min(max, base * 2**(n-1)): never sooner than half the
+    ceiling, and jittered so that a fleet that lost its control plane never reconnects in step."""
     ceiling = min(BACKOFF_MAX, BACKOFF_BASE * 2 ** max(0, failed_rounds - 1))
     return (rng or random).uniform(ceiling / 2, ceiling)
 
@@ -98,16 +104,44 @@ class AgentLink:
         # Events wait here while unlinked and go out right after the next register: a
         # transition between building a register and linking must not be lost.
         self._outbox: collections.deque[str] = collections.deque(maxlen=OUTBOX_LIMIT)
+        # Statements of a whole (the engines, the weights), by kind: only the latest of
+        # each is worth sending, and an older one sent after a newer would stand.
+        self._statements: dict[str, str] = {}
+        self._statements_lock = threading.Lock()
         self._outbox_ready: asyncio.Event | None = None
+        self._register_wanted: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
 
     def send(self, message: BaseModel) -> None:
         """Queue a message from any thread; it goes out as soon as the link is up."""
         self._outbox.append(message.model_dump_json())
-        loop, ready = self._loop, self._outbox_ready
-        if loop is not None and ready is not None:
-            loop.call_soon_threadsafe(ready.set)
+        self._wake(self._outbox_ready)
+
+    def send_latest(self, kind: str, message: BaseModel) -> None:
+        """Queue a statement of the whole of ``kind``, replacing any of that kind not yet
+        sent. Callers queue in the order they made them (under their own lock)."""
+        with self._statements_lock:
+            self._statements.pop(kind, None)  # re-inserted last: sent in the order queued
+            self._statements[kind] = message.model_dump_json()
+        self._wake(self._outbox_ready)
+
+    def forget(self, kind: str) -> None:
+        """Drop the unsent statement of ``kind``: a register about to go says it anew."""
+        with self._statements_lock:
+            self._statements.pop(kind, None)
+
+    def request_register(self) -> None:
+        """Send a fresh register on the link now up (or with the next one): for facts the
+        protocol carries only there, found after the node registered."""
+        self._wake(self._register_wanted)
+
+    def _wake(self, event: asyncio.Event | None) -> None:
+        loop = self._loop
+        if loop is not None and event is not None:
+            # A loop closed by stop() has nothing to wake; what was queued waits for a run.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(event.set)
 
     def stop(self) -> None:
         if self._loop and self._stop:
@@ -118,6 +152,7 @@ class AgentLink:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._outbox_ready = asyncio.Event()
+        self._register_wanted = asyncio.Event()
         failed_rounds = 0
         while not self._stop.is_set():
             linked_for: float | None = None
@@ -177,6 +212,8 @@ class AgentLink:
             if self.identity is not None and not await self._prove(ws, url):
                 await ws.close()
                 return False
+            if self._register_wanted is not None:
+                self._register_wanted.clear()  # the register built now says it all
             register = await asyncio.to_thread(self.callbacks.register)
             with contextlib.suppress(ConnectionClosed):
                 # A standby refuses before reading: its reason may already be waiting.
@@ -224,9 +261,11 @@ class AgentLink:
 
     async def _linked(self, ws: ClientConnection) -> None:
         assert self._stop is not None
+        sending = asyncio.Lock()
         tasks = [
             asyncio.create_task(self._heartbeats(ws)),
-            asyncio.create_task(self._send_outbox(ws)),
+            asyncio.create_task(self._send_outbox(ws, sending)),
+            asyncio.create_task(self._register_when_asked(ws, sending)),
             asyncio.create_task(self._read(ws)),
             asyncio.create_task(self._stop.wait()),
         ]
@@ -245,22 +284,56 @@ class AgentLink:
             heartbeat = await asyncio.to_thread(self.callbacks.heartbeat)
             await ws.send(heartbeat.model_dump_json())
 
-    async def _send_outbox(self, ws: ClientConnection) -> None:
+    async def _register_when_asked(self, ws: ClientConnection, sending: asyncio.Lock) -> None:
+        assert self._register_wanted is not None
+        while True:
+            await self._register_wanted.wait()
+            # Nothing else goes out between building the register and sending it: a
+            # statement made after it, sent before it, would be undone by it.
+            async with sending:
+                self._register_wanted.clear()
+                try:
+                    register = await asyncio.to_thread(self.callbacks.register)
+                except Exception:  # the link stays; the next register says it all
+                    log.exception("building a register to send again failed")
+                    continue
+                await ws.send(register.model_dump_json())
+
+    async def _send_outbox(self, ws: ClientConnection, sending: asyncio.Lock) -> None:
         assert self._outbox_ready is not None
         while True:
-            while self._outbox:
-                # Taken off only once sent: a message a dropped link did not carry waits.
-                await ws.send(self._outbox[0])
-                self._outbox.popleft()
+            async with sending:
+                await self._send_statements(ws)
+                while self._outbox:
+                    # Taken off only once sent: a message a dropped link did not carry waits.
+                    await ws.send(self._outbox[0])
+                    self._outbox.popleft()
             self._outbox_ready.clear()
-            if not self._outbox:
+            if not self._outbox and not self._statements:
                 await self._outbox_ready.wait()
+
+    async def _send_statements(self, ws: ClientConnection) -> None:
+        while True:
+            with self._statements_lock:
+                if not self._statements:
+                    return
+                kind = next(iter(self._statements))
+                text = self._statements.pop(kind)
+            try:
+                await ws.send(text)
+            except BaseException:
+                with self._statements_lock:  # not carried: kept, unless a newer one came
+                    if kind not in self._statements:
+                        self._statements = {kind: text, **self._statements}
+                raise
 
     async def _read(self, ws: ClientConnection) -> None:
         async for message in ws:
             answer = _decode(message)
             if answer.get("type") == "error":
                 log.error("control plane refused a message: %s", answer.get("reason"))
+            elif answer.get("type") == "linked":  # the answer to a later register
+                self.command_key = str(answer.get("command_key") or self.command_key)
             else:
                 log.info("control plane says: %s", message)
 

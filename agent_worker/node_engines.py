@@ -7,6 +7,7 @@ and why one failed. Only ``installed`` entries run shards.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from agent_worker.engines.install import EngineInstaller
 from agent_worker.engines.probe import FoundEngine, ProbeConfig, natural_key, probe_engines
@@ -19,6 +20,7 @@ class NodeEngines:
         self.installer = installer
         self._named: list[EngineInstall] = []
         self._lock = threading.Lock()
+        self._said_lock = threading.Lock()  # taken before _lock and the installer's
         self._last_said: list[EngineInstall] | None = None
 
     def probe(self) -> None:
@@ -37,13 +39,28 @@ class NodeEngines:
         with self._lock:
             return [*managed, *self._named]
 
-    def changed(self) -> list[EngineInstall] | None:
-        """The statuses if they differ from what was last said, else None."""
-        statuses = self.statuses()
-        with self._lock:
+    def tell_if_changed(self, tell: Callable[[list[EngineInstall]], None]) -> bool:
+        """Hand the statuses to ``tell`` when they differ from what was last said.
+
+        Read, compared and told under one lock: two threads reading at once must not tell
+        in the other order, or a late "installing" would stand over "installed" until the
+        next change.
+        """
+        with self._said_lock:
+            statuses = self.statuses()
             if statuses == self._last_said:
-                return None
+                return False
             self._last_said = statuses
+            tell(statuses)
+        return True
+
+    def said_in_register(self, forget_unsent: Callable[[], None]) -> list[EngineInstall]:
+        """The statuses for a register, which says them anew: one told earlier and not
+        yet sent is forgotten (``forget_unsent``), or it would follow and undo it."""
+        with self._said_lock:
+            statuses = self.statuses()
+            self._last_said = statuses
+            forget_unsent()
         return statuses
 
     def find(self, engine: str, version: str = "") -> str | None:

@@ -49,6 +49,9 @@ log = logging.getLogger("llmgw.agent")
 AGENT_VERSION = "0.1.0"
 # Stopping the worker must end the agent promptly: no hung reads (DESIGN.md).
 STOP_TIMEOUT = 5.0
+# The register waits this long at most for adoption (bounded itself by the supervisor's
+# ADOPTION_CHECK_WAIT): one without the adopted shards would have them failed.
+REGISTER_WAITS_FOR_ADOPTION = 10.0
 
 _current: AgentRuntime | None = None
 
@@ -122,36 +125,68 @@ class AgentRuntime:
             self._on_transition, self.link.send, self.sequence,
         )  # fmt: skip
         self.unexpected_gpu_users: list[UnexpectedGpuUser] = []
-        # The periodic prober, register and weights collection all read and write it.
+        # The periodic prober, register and weights collection all read and write it, and
+        # tell the link under it, so listings reach it in the order they were made.
         self._weights_lock = threading.Lock()
         self._weights_fingerprint = ""
         self._thread: threading.Thread | None = None
+        self._taking_over: threading.Thread | None = None
+        # Clear while start() adopts what a previous agent left: the register waits for it.
+        self._adopted = threading.Event()
+        self._adopted.set()
         self._stopping = threading.Event()
 
     # -- life ------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Link at once and take over in the background: beside hung engines, probing,
+        adopting and sweeping the GPUs can outlast the 15 s that keep a node reachable."""
         global _current
         _current = self
-        self.engines.probe()
-        adopted = self.supervisor.adopt_all()
-        if adopted:
-            log.info("adopted %d running shard(s) from a previous agent", len(adopted))
+        self._adopted.clear()
+        self._taking_over = threading.Thread(target=self._take_over, name="llmgw-take-over",
+                                             daemon=True)  # fmt: skip
+        self._taking_over.start()
+        self._thread = threading.Thread(target=self._run_loop, name="llmgw-link", daemon=True)
+        self._thread.start()
+
+    def _take_over(self) -> None:
+        """Adopt what a previous agent left running (the register waits for that alone),
+        then tell what is found after it in messages of its own, or a later register."""
+        try:
+            adopted = self.supervisor.adopt_all()
+            if adopted:
+                log.info("adopted %d running shard(s) from a previous agent", len(adopted))
+        except Exception:
+            log.exception("adopting the engines a previous agent left running failed")
+        finally:
+            self._adopted.set()
+        try:
+            self.engines.probe()
+            self._engines_changed()
+            self._sweep_gpus()
+        except Exception:
+            log.exception("looking at this node's engines and GPUs after adoption failed")
+        # After adoption: an install pass must see which engine versions adopted shards run.
+        if self.engines.installer is not None and not self._stopping.is_set():
+            self.engines.installer.start()
+
+    def _sweep_gpus(self) -> None:
         # After adoption, so every engine we can describe is known: a process holding
         # GPUs that nothing can describe would have placement hand those GPUs out again.
         # Only this user's engines are killed; any other holder is reported, never touched.
         sweep = self.supervisor.kill_unidentified_gpu_processes(gpu_process_pids())
-        self.unexpected_gpu_users = sweep.unexpected
-        self._thread = threading.Thread(target=self._run_loop, name="llmgw-link", daemon=True)
-        self._thread.start()
-        if self.engines.installer is not None:
-            self.engines.installer.start()
+        if sweep.unexpected != self.unexpected_gpu_users:
+            self.unexpected_gpu_users = sweep.unexpected
+            self.link.request_register()  # the protocol carries them in a register alone
 
     def stop(self) -> None:
         """End the link and watchers within STOP_TIMEOUT; engines keep running."""
         global _current
         self._stopping.set()
         self.link.stop()
+        if self._taking_over:
+            self._taking_over.join(timeout=STOP_TIMEOUT)
         if self.engines.installer is not None:
             self.engines.installer.stop()
         if self._thread:
@@ -203,18 +238,16 @@ class AgentRuntime:
 
     async def _probe_once(self) -> None:
         await asyncio.to_thread(self.engines.probe)
-        self._engines_changed()
-        weights = await asyncio.to_thread(self.weights_changed)
-        if weights is not None:
-            self.link.send(weights)
+        await asyncio.to_thread(self._engines_changed)
+        await asyncio.to_thread(self.tell_weights_if_changed)
 
     # -- what the node says ----------------------------------------------------------
 
     def _engines_changed(self) -> None:
         """Tell the control plane how the engines stand, when that changed (any thread)."""
-        statuses = self.engines.changed()
-        if statuses is not None:
-            self.link.send(messages.Engines(engines=statuses))
+        self.engines.tell_if_changed(
+            lambda statuses: self.link.send_latest("engines", messages.Engines(engines=statuses))
+        )
 
     def _engines_in_use(self) -> set[tuple[str, str]]:
         # A shard started without a version pins every version of its engine: which one
@@ -230,6 +263,12 @@ class AgentRuntime:
         return pinned
 
     def register_message(self) -> messages.Register:
+        if not self._adopted.wait(REGISTER_WAITS_FOR_ADOPTION):
+            # Registering without them would have the control plane fail running engines.
+            raise RuntimeError(
+                f"adopting the engines a previous agent left running took over "
+                f"{REGISTER_WAITS_FOR_ADOPTION:g}s; registering once it is done"
+            )
         inventory = discover(self.discovery_config)
         shards = [
             messages.RunningShard(
@@ -246,24 +285,33 @@ class AgentRuntime:
             agent_version=AGENT_VERSION,
             inventory=inventory,
             engines_probed=True,
-            engines=self.engines.statuses(),
-            weights=self.weights_held(),
+            engines=self.engines.said_in_register(lambda: self.link.forget("engines")),
+            weights=self._weights_for_register(),
             shards=shards,
             problems=self.supervisor.problems,
             log_sources=self.logs.sources(),
             unexpected_gpu_users=self.unexpected_gpu_users,
         )
 
-    def weights_held(self) -> list[messages.WeightFile]:
+    def _weights_for_register(self) -> list[messages.WeightFile]:
         with self._weights_lock:
+            # The register says them anew: a listing queued earlier would follow and undo it.
+            self.link.forget("weights")
             return self._list_weights()[0]
 
-    def weights_changed(self) -> messages.Weights | None:
-        """A weights message when what the node holds changed since it last said."""
+    def tell_weights_if_changed(self) -> bool:
+        """Send a weights message when what the node holds changed since it last said.
+
+        Sent under the lock that made it: a collect and a prefetch finishing together must
+        not leave the control plane with the older listing while the agent thinks it told
+        the newer one.
+        """
         with self._weights_lock:
             held, before = self._list_weights()
-            changed = self._weights_fingerprint != before
-        return messages.Weights(weights=held) if changed else None
+            if self._weights_fingerprint == before:
+                return False
+            self.link.send_latest("weights", messages.Weights(weights=held))
+        return True
 
     def _list_weights(self) -> tuple[list[messages.WeightFile], str]:
         """What the node holds, and the fingerprint it replaced; call under _weights_lock."""
@@ -355,9 +403,7 @@ class AgentRuntime:
         deleted = self.weights.reclaim_unused_weights(keep_all)
         for path in deleted:
             log.info("deleted unused weights %s", path)
-        changed = self.weights_changed()
-        if changed is not None:
-            self.link.send(changed)
+        self.tell_weights_if_changed()
         return [str(path) for path in deleted]
 
     def prefetch(self, source: str, sha256: str = "") -> dict:
@@ -379,9 +425,7 @@ class AgentRuntime:
                 log.error("fetching %s ahead of need failed: %s", source, exc)
                 return
             log.info("fetched %s ahead of need", source)
-            changed = self.weights_changed()
-            if changed is not None:
-                self.link.send(changed)
+            self.tell_weights_if_changed()
 
         log.info("fetching %s ahead of need, as the control plane asked", source)
         threading.Thread(target=fetch, name="llmgw-prefetch", daemon=True).start()

@@ -8,6 +8,7 @@ watching and leaves them running, and the next agent's ``adopt_all`` takes them 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -28,6 +29,10 @@ from protocol.shard import ShardSpec, ShardState
 __all__ = ["LogBuffer", "RunningShard", "ShardTransition", "Supervisor"]
 
 log = logging.getLogger(__name__)
+
+# How long adoption waits for the health checks of what it adopts, run all at once: the
+# register waits on adoption, and a node that has not registered within 15 s is unreachable.
+ADOPTION_CHECK_WAIT = 3.0
 
 
 class Supervisor(ShardLoop):
@@ -141,20 +146,26 @@ class Supervisor(ShardLoop):
         self._queue(ended)
         self._drain()
 
-    def adopt_all(self) -> list[RunningShard]:
+    def adopt_all(self, check_within: float = ADOPTION_CHECK_WAIT) -> list[RunningShard]:
         """Take over every engine a previous agent left running; call once at agent start.
 
-        Returns at once with the adopted shards in ``starting``; health checks bring them
-        to ready in the background. Shards whose processes are gone are reported once and
-        forgotten; unreadable state files are left in place and listed in ``problems``.
+        An engine that answers its health check within ``check_within`` seconds (all are
+        checked at once) is adopted ``ready``; the others ``starting``, and their health
+        checks go on in the background. Shards whose processes are gone are reported once
+        and forgotten; unreadable state files are left in place and listed in ``problems``.
         """
         self._check_open()
-        adopted = []
+        records = []
         for path in self._state.files():
-            shard_id = path.name.removesuffix(".json")
-            if shard_id in self._runs:
-                continue
-            run = self._adopt_file(path)
+            if path.name.removesuffix(".json") not in self._runs:
+                record = self._read_state_file(path)
+                if record is not None:
+                    records.append(record)
+        judged = [(record, judge(record)) for record in records]
+        answers = self._answers_at_adoption_together(judged, check_within)
+        adopted = []
+        for (record, verdict), answered in zip(judged, answers, strict=True):
+            run = self._adopt(record, verdict, answered)
             if run is not None and run.doomed is None:
                 adopted.append(run.snapshot())
         self._drain()
@@ -199,19 +210,25 @@ class Supervisor(ShardLoop):
 
     # -- the loop ---------------------------------------------------------------------
 
-    def _adopt_file(self, path: Path) -> ShardRun | None:
+    def _read_state_file(self, path: Path) -> ShardRecord | None:
         try:
-            record = self._state.read(path)
+            return self._state.read(path)
         except StateFileError as err:
             log.error("%s", err)
             with self._lock:
                 if str(err) not in self._problems:
                     self._problems.append(str(err))
             return None
-        return self._adopt(record)
 
-    def _adopt(self, record: ShardRecord) -> ShardRun | None:
-        spec, verdict = record.spec, judge(record)
+    def _adopt_file(self, path: Path) -> ShardRun | None:
+        record = self._read_state_file(path)
+        return None if record is None else self._adopt(record)
+
+    def _adopt(
+        self, record: ShardRecord, verdict: Verdict | None = None, answered: str | None = None
+    ) -> ShardRun | None:
+        spec = record.spec
+        verdict = verdict or judge(record)
         tail = LogTail(self._log_path(spec.shard_id), self.logs, spec.shard_id)
         run = ShardRun(
             spec, record.serves_http, record.health_path, [], record.commands, tail, verdict.live
@@ -220,7 +237,8 @@ class Supervisor(ShardLoop):
         # Health-checked before anyone hears of it: a ready engine reported as starting
         # would leave every router until the next check, so an agent restart would be an
         # outage of what it serves.
-        answered = self._answers_at_adoption(spec, record, verdict) if verdict.adoptable else ""
+        if answered is None:
+            answered = self._answers_at_adoption(spec, record, verdict) if verdict.adoptable else ""
         run.state = "ready" if answered else "starting"
         with self._lock:
             if spec.shard_id in self._runs:
@@ -242,6 +260,37 @@ class Supervisor(ShardLoop):
                 self._queue(run.report(f"{adopted}; {answered}" if answered else adopted))
         self._watch(run)
         return run
+
+    def _answers_at_adoption_together(
+        self, judged: list[tuple[ShardRecord, Verdict]], within: float
+    ) -> list[str]:
+        """``_answers_at_adoption`` for each shard, checked all at once; "" for those that
+        cannot be adopted or did not answer within ``within`` seconds."""
+        answers: dict[int, str] = {}
+
+        def check(index: int, record: ShardRecord, verdict: Verdict) -> None:
+            try:
+                answers[index] = self._answers_at_adoption(record.spec, record, verdict)
+            except Exception:  # its health checks decide, as for one that did not answer
+                log.exception("checking adopted shard %s", record.spec.shard_id)
+
+        # Daemon threads: a check still hanging when the wait ends is left to its timeout.
+        checks = [
+            threading.Thread(
+                target=check,
+                args=(index, record, verdict),
+                daemon=True,
+                name=f"adopt-{record.spec.shard_id}",
+            )
+            for index, (record, verdict) in enumerate(judged)
+            if verdict.adoptable
+        ]
+        for thread in checks:
+            thread.start()
+        deadline = time.monotonic() + within
+        for thread in checks:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return [answers.get(index, "") for index in range(len(judged))]
 
     def _answers_at_adoption(self, spec: ShardSpec, record: ShardRecord, verdict: Verdict) -> str:
         """Why an adopted shard is ready now, or "" when its health checks must decide."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ def list_look_dirs(dirs: LookDirs) -> list[dict[str, Any]]:
         if not directory.is_dir():
             continue
         store = store_of(directory, dirs, mounts)
-        for path, size in _models_under(directory):
+        for path, size in models_under(directory):
             found.append({"source": str(path), "path": str(path), "size": size,
                           "fetched": False, "store": store})  # fmt: skip
     return found
@@ -93,15 +93,24 @@ def mount_of(path: Path, mounts: Sequence[Mount]) -> Mount | None:
     return best
 
 
-def _models_under(top: Path) -> list[tuple[Path, int]]:
-    """GGUF files, and directories of safetensors with a config.json, with their sizes."""
+def holds_a_model(directory: Path) -> bool:
+    """Say whether ``directory`` is, or holds, a model by the rule of ``models_under``."""
+    return bool(models_under(directory))
+
+
+def models_under(top: Path) -> list[tuple[Path, int]]:
+    """GGUF files, and directories of safetensors with a config.json, with their sizes.
+
+    The one rule for what counts as a model on disk: a directory with only a config.json,
+    or a half-copied one without its safetensors, is no model and must not draw placement.
+    """
     found = []
     for root, dirs, files in os.walk(top):
         here = Path(root)
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         if len(here.relative_to(top).parts) >= MAX_DEPTH:
             dirs[:] = []
-        if "config.json" in files and any(name.endswith(".safetensors") for name in files):
+        if is_model_directory(files):
             found.append((here, sum(_size(here / name) for name in files)))
             dirs[:] = []  # a model directory is one model
             continue
@@ -109,6 +118,12 @@ def _models_under(top: Path) -> list[tuple[Path, int]]:
             if name.endswith(".gguf") and not name.startswith("."):
                 found.append((here / name, _size(here / name)))
     return [(path, size) for path, size in found if size]
+
+
+def is_model_directory(files: Iterable[str]) -> bool:
+    """A directory whose files include a config.json and at least one .safetensors."""
+    names = set(files)
+    return "config.json" in names and any(name.endswith(".safetensors") for name in names)
 
 
 def _size(path: Path) -> int:

@@ -23,6 +23,7 @@ from agent_worker.weights.fetch import (
     _Aborted,
     download,
 )
+from agent_worker.weights.look import holds_a_model
 from agent_worker.weights.names import (
     PARTIAL_SUFFIX,
     SIDECAR_SUFFIX,
@@ -236,9 +237,10 @@ class WeightStore:
     def list_weights(self) -> list[dict[str, Any]]:
         """List the weights here as WeightFile fields (source, path, size, fetched).
 
-        A fetched file carries its URL as source; an operator's own file or non-empty
-        directory carries its path. A ``.partial`` is never weights: a half-finished
-        download looks exactly like them and would send placement to the wrong node.
+        A fetched file carries its URL as source; an operator's own file, or directory
+        holding a model (the look directories' rule: ``holds_a_model``), carries its path.
+        A ``.partial`` is never weights, nor a directory holding only part of a model: a
+        half-finished copy looks like weights and would send placement to the wrong node.
         """
         weights: list[dict[str, Any]] = []
         for entry in self._entries():
@@ -254,10 +256,8 @@ class WeightStore:
                     size = entry.stat().st_size
                     if size:
                         weights.append(_weight(str(path), path, size, fetched=False))
-                elif entry.is_dir():
-                    size = _tree_size(path)
-                    if size:  # an empty directory is not weights
-                        weights.append(_weight(str(path), path, size, fetched=False))
+                elif entry.is_dir() and holds_a_model(path):
+                    weights.append(_weight(str(path), path, _tree_size(path), fetched=False))
             except OSError:
                 continue  # gone while listing (reclaimed, or moved by an operator)
         return weights

@@ -3,8 +3,10 @@
 
     stub_engine.py --port P [--ready-after S] [--crash-after S] [--exit-code N]
                    [--ignore-sigterm] [--fork-child] [--print-lines N] [--api-key K]
+                   [--hang]
 
 /health answers 503 "Loading model" until --ready-after seconds have passed, then 200;
+with --hang it accepts the connection and never answers, as a wedged engine does;
 /v1/models names one model. With --api-key, requests without that bearer key get 401.
 --fork-child forks a child that stays in the stub's process group and prints its pid
 ("child pid N"); with --child-session the child moves to a session of its own.
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--child-session", action="store_true", help="the child calls setsid")
     parser.add_argument("--print-lines", type=int, default=0)
     parser.add_argument("--api-key", default="")
+    parser.add_argument("--hang", action="store_true", help="/health never answers")
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
 
@@ -73,7 +76,9 @@ def main(argv: list[str] | None = None) -> None:
             if args.api_key and self.headers.get("Authorization") != f"Bearer {args.api_key}":
                 self._answer(401, {"error": "missing or wrong key"})
             elif self.path == "/health":
-                if time.monotonic() - started >= args.ready_after:
+                if args.hang:
+                    time.sleep(3600)
+                elif time.monotonic() - started >= args.ready_after:
                     self._answer(200, {"status": "ok"})
                 else:
                     self._answer(503, {"error": {"message": "Loading model"}})

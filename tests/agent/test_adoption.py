@@ -6,11 +6,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import psutil
 import pytest
-from stub_engine import STUB, free_port, gone, wait_until
+from stub_engine import PATIENCE, STUB, free_port, gone, wait_until
 
+from agent_worker.supervision.health import port_open
 from agent_worker.supervision.process import ShardProcess, identify
 from agent_worker.supervision.statedir import ProcessRecord, ShardRecord, StateDir
 
@@ -139,6 +141,32 @@ def test_adopted_engine_that_never_answers_is_left_for_the_control_plane(harness
     assert second.running()[0].state == "starting"
     assert not gone(pid)
     assert "failed" not in harness.states(spec.shard_id)
+
+
+@pytest.mark.process
+def test_hung_engines_hold_adoption_up_for_one_bounded_wait_not_one_each(harness):
+    # The register waits on adoption, and a node 15 s without one is unreachable: wedged
+    # engines are checked together, and adoption gives up on them in a bounded time
+    # however long their sockets hang; their health checks go on as for any shard.
+    first = harness.supervisor()
+    specs = [harness.spec(f"hung-{n}") for n in range(3)]
+    for spec in specs:
+        first.start(spec, [harness.command(spec.port, "--hang")], True, "/health")
+    wait_until(lambda: all(port_open(s.host, s.port) for s in specs), what="engines to listen")
+    first.shutdown()
+    harness.transitions.clear()
+    second = harness.supervisor(health_timeout=600.0)
+    adopted = []
+    adopting = threading.Thread(target=lambda: adopted.extend(second.adopt_all()), daemon=True)
+
+    adopting.start()
+    adopting.join(PATIENCE)
+
+    assert not adopting.is_alive(), "adoption waited out the hung engines' health checks"
+    assert sorted((s.spec.shard_id, s.state) for s in adopted) == [
+        ("hung-0", "starting"), ("hung-1", "starting"), ("hung-2", "starting")
+    ]  # fmt: skip
+    assert harness.states("hung-0") == ["starting"]
 
 
 @pytest.mark.process

@@ -1,4 +1,4 @@
-"""The agent's settings: log rotation limits from the environment or agent.yaml."""
+"""The agent's settings from agent.yaml and the environment: addresses, logs, engines."""
 
 from __future__ import annotations
 
@@ -78,3 +78,22 @@ def test_engines_and_weights_directories_that_cannot_be_used_are_refused(
 ):
     with pytest.raises(AgentConfigError, match=says):
         config(tmp_path, yaml_text, **environ)
+
+
+def test_server_comes_before_servers_and_no_address_is_named_twice(tmp_path):
+    # Files written before standbys existed name one server: it stays the one tried first.
+    path = tmp_path / "agent.yaml"
+    path.write_text("server: wss://cp1:8000\nservers: [wss://cp2:8000, wss://cp1:8000]\n")
+
+    loaded = load_config(path, {})
+
+    assert loaded.servers == ("wss://cp1:8000", "wss://cp2:8000")
+
+
+def test_servers_from_the_environment_replace_the_file(tmp_path):
+    path = tmp_path / "agent.yaml"
+    path.write_text("server: wss://cp1:8000\n")
+
+    loaded = load_config(path, {"LLMGW_AGENT_SERVERS": "wss://cp3:8000, wss://cp4:8000"})
+
+    assert loaded.servers == ("wss://cp3:8000", "wss://cp4:8000")

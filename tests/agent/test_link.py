@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 
 import pytest
 from websockets.asyncio.server import serve
@@ -209,13 +210,22 @@ def test_agent_url(server, url):
 
 
 def test_backoff_grows_to_a_ceiling_with_jitter():
-    import random
-
     rng = random.Random(1)
     delays = [backoff_delay(n, rng) for n in range(1, 12)]
     assert delays[0] <= 1.0
     assert all(d <= 60.0 for d in delays)
     assert delays[-1] >= 30.0
+
+
+def test_backoff_is_jittered_so_a_fleet_never_reconnects_in_step():
+    # Twenty agents that lost the control plane together, each with its own random source.
+    delays = [backoff_delay(4, random.Random(agent)) for agent in range(20)]
+    assert len(set(delays)) == 20
+    assert all(4.0 <= d <= 8.0 for d in delays)
+    assert max(delays) - min(delays) > 2.0  # spread over the round's range, not bunched
+    # One agent at the ceiling does not settle into a fixed period either.
+    rng = random.Random(7)
+    assert len({backoff_delay(30, rng) for _ in range(5)}) == 5
 
 
 def test_events_sent_while_unlinked_go_out_right_after_the_register(no_backoff):
@@ -236,3 +246,57 @@ def test_events_sent_while_unlinked_go_out_right_after_the_register(no_backoff):
 
     plane = asyncio.run(scenario())
     assert [m["type"] for m in plane.received][:2] == ["register", "shard_status"]
+
+
+def test_a_newer_statement_replaces_an_older_one_not_yet_sent(no_backoff):
+    # A listing of the weights is the whole truth: an older one sent after a newer one
+    # would leave the control plane with the older until the next change.
+    async def scenario():
+        plane = FakeControlPlane()
+        link = make_link(["ws://127.0.0.1:9"], heartbeat_interval=60)
+        for n in (1, 2):
+            await asyncio.to_thread(link.send_latest, "weights", Canned(type="weights", n=n))
+        await asyncio.to_thread(link.send_latest, "engines", Canned(type="engines", n=1))
+        await asyncio.to_thread(link.forget, "engines")  # a register will say them anew
+        link.send(Canned(type="shard_status", shard_id="s1"))
+        await plane.start()
+        link.servers = [plane.url]
+        task = asyncio.create_task(link.run())
+        await wait_until(lambda: any(m.get("shard_id") == "s1" for m in plane.received))
+        link.stop()
+        await asyncio.wait_for(task, 5)
+        await plane.stop()
+        return plane
+
+    plane = asyncio.run(scenario())
+    assert plane.received == [
+        {"type": "register"},
+        {"type": "weights", "n": 2},
+        {"type": "shard_status", "shard_id": "s1"},
+    ]
+
+
+def test_a_register_asked_for_while_linked_goes_on_the_same_link(no_backoff):
+    registers = []
+
+    def register():
+        registers.append(1)
+        return Canned(type="register", n=len(registers))
+
+    async def scenario():
+        plane = await FakeControlPlane().start()
+        link = AgentLink([plane.url], "node01", "token", LinkCallbacks(
+            register=register, heartbeat=lambda: Canned(type="heartbeat")),
+            heartbeat_interval=60)  # fmt: skip
+        task = asyncio.create_task(link.run())
+        await wait_until(lambda: plane.links == 1)
+        await asyncio.to_thread(link.request_register)
+        await wait_until(lambda: len(plane.received) == 2)
+        link.stop()
+        await asyncio.wait_for(task, 5)
+        await plane.stop()
+        return plane, link
+
+    plane, link = asyncio.run(scenario())
+    assert plane.received == [{"type": "register", "n": 1}, {"type": "register", "n": 2}]
+    assert (plane.links, link.sessions) == (1, 1)

@@ -415,15 +415,34 @@ def test_the_listing_holds_weights_and_never_a_partial(server, store, tmp_path):
     (weights / "empty-dir").mkdir()
     (weights / "qwen").mkdir()
     (weights / "qwen" / "config.json").write_text("{}")
+    (weights / "qwen" / "model.safetensors").write_bytes(b"x" * 8)
     (weights / ".hidden").write_text("x")
 
     assert store.list_weights() == [
         {"source": server.url, "path": str(fetched), "size": SIZE, "fetched": True},
         {"source": str(weights / "operator.gguf"), "path": str(weights / "operator.gguf"),
          "size": 10, "fetched": False},
-        {"source": str(weights / "qwen"), "path": str(weights / "qwen"), "size": 2,
+        {"source": str(weights / "qwen"), "path": str(weights / "qwen"), "size": 10,
          "fetched": False},
     ]  # fmt: skip
+
+
+def test_a_directory_is_weights_only_when_it_holds_a_model(store):
+    # The look directories' rule: a config.json beside a .safetensors, or a GGUF file. A
+    # half-copied model would send placement to a node that cannot serve it.
+    weights = store.weights_dir
+    for name, files in {
+        "config-only": ["config.json"],
+        "half-copied": ["config.json", "tokenizer.json", "model.safetensors.index.json"],
+        "no-config": ["model-00001-of-00002.safetensors"],
+        "whole": ["config.json", "model-00001-of-00002.safetensors"],
+        "gguf": ["qwen-q4.gguf"],
+    }.items():
+        (weights / name).mkdir(parents=True)
+        for file in files:
+            (weights / name / file).write_bytes(b"x" * 4)
+
+    assert [Path(weight["path"]).name for weight in store.list_weights()] == ["gguf", "whole"]
 
 
 def test_the_fingerprint_changes_only_when_the_listing_does(server, store):
