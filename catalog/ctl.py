@@ -9,7 +9,7 @@ import yaml
 from django.core.management.base import CommandError
 
 from catalog.actions import apply_catalog, delete_entry
-from catalog.models import Model
+from catalog.models import Fabric, Model, Pool
 from catalog.plan import export_catalog
 from catalog.schema import CatalogError
 
@@ -65,6 +65,13 @@ def delete_command(options, out) -> None:
     except CatalogError as exc:
         raise CommandError(exc.problems[0]) from None
     if not existed:
-        known = ", ".join(Model.objects.values_list("name", flat=True)) or "none"
-        raise CommandError(f"no {options['kind']} named {options['name']!r} (models: {known})")
+        kind = options["kind"]
+        known = ", ".join(_names_of(kind)) or "none"
+        raise CommandError(f"no {kind} named {options['name']!r} ({kind}s: {known})")
     out.write(f"deleted {options['kind']} {options['name']}")
+
+
+def _names_of(kind: str) -> list[str]:
+    """Every name of one kind the catalog has, to say what could have been meant."""
+    rows = {"model": Model.objects, "pool": Pool.objects, "fabric": Fabric.objects}[kind]
+    return list(rows.order_by("name").values_list("name", flat=True))

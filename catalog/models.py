@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
-from protocol.engines import WantedEngine
+from protocol.engines import WantedEngine, newest_version
 
 KNOWN_ENGINES = ("llama.cpp", "vllm", "sglang")
 LAUNCH_MODES = ("native", "ray", "mp")
@@ -134,18 +135,37 @@ class Profile(models.Model):
         """The ``rollout:`` block as the catalog file writes it."""
         return {"surge": self.rollout_surge, "unavailable": self.rollout_unavailable}
 
-    def fingerprint(self) -> str:
-        """Hash what changes the running engine; replicas, pool, timeouts or rollout do not."""
-        return profile_fingerprint(self.model, self)
+    def resolved_engine_version(self, newest: Mapping[str, str] | None = None) -> str:
+        """The engine version this profile's replicas run: the pinned one, else the
+        catalog's newest for its engine; "" when neither names one (placement then takes
+        the newest on the node it chooses). ``newest`` saves a query per profile in loops.
+        """
+        if self.engine_version:
+            return self.engine_version
+        newest = newest_engine_versions() if newest is None else newest
+        return newest.get(self.engine, "")
+
+    def fingerprint(self, newest: Mapping[str, str] | None = None) -> str:
+        """Hash what changes the running engine, the resolved engine version included;
+        replicas, pool, timeouts or rollout do not."""
+        return profile_fingerprint(self.model, self, self.resolved_engine_version(newest))
 
 
-def profile_fingerprint(model: Model, profile: Profile) -> str:
+def newest_engine_versions() -> dict[str, str]:
+    """Engine name -> the newest version the catalog names (b10991 over b9000)."""
+    versions: dict[str, list[str]] = {}
+    for name, version in Engine.objects.values_list("name", "version"):
+        versions.setdefault(name, []).append(version)
+    return {name: newest_version(names) for name, names in versions.items()}
+
+
+def profile_fingerprint(model: Model, profile: Profile, engine_version: str) -> str:
     facts = {
         "model": model.name,
         "source": model.source,
         "sha256": model.sha256,
         "engine": profile.engine,
-        "engine_version": profile.engine_version,
+        "engine_version": engine_version,
         "gpus_per_rank": profile.gpus_per_rank,
         "tensor_parallel": profile.tensor_parallel,
         "nodes": profile.nodes,

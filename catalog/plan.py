@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from catalog.models import Engine, Fabric, Model, Pool, Profile
+from catalog.models import Engine, Fabric, Model, Pool, Profile, newest_engine_versions
 from catalog.schema import (
     CatalogError,
     CatalogFile,
@@ -18,6 +18,7 @@ from catalog.schema import (
     ProfileEntry,
     RolloutEntry,
 )
+from protocol.engines import newest_version
 from protocol.units import format_duration, format_size
 
 PROFILE_FIELDS = (
@@ -124,6 +125,7 @@ def plan_changes(catalog: CatalogFile, *, prune: bool) -> list[Change]:
         if prune:
             changes += [Change("delete", kind, name) for name in existing]
 
+    newest = (newest_engine_versions(), _newest_after(catalog, prune=prune))
     existing_models = {m.name: m for m in Model.objects.prefetch_related("profiles")}
     for entry in catalog.models:
         model = existing_models.pop(entry.name, None)
@@ -153,6 +155,7 @@ def plan_changes(catalog: CatalogFile, *, prune: bool) -> list[Change]:
                 _label(name): values
                 for name, values in _differences(profile, wanted_values).items()
             }
+            differ.update(_newest_version_change(profile, profile_entry, *newest))
             if differ:
                 changes.append(Change("update", "profile", name, differ))
         # A model's profiles are its whole description: a profile the file drops is gone.
@@ -160,6 +163,30 @@ def plan_changes(catalog: CatalogFile, *, prune: bool) -> list[Change]:
     if prune:
         changes += [Change("delete", "model", name) for name in existing_models]
     return changes
+
+
+def _newest_after(catalog: CatalogFile, *, prune: bool) -> dict[str, str]:
+    """Engine name -> the newest version the catalog will name once the file is applied."""
+    versions = {(engine.name, engine.version) for engine in catalog.engines}
+    if not prune:
+        versions |= set(Engine.objects.values_list("name", "version"))
+    by_engine: dict[str, list[str]] = {}
+    for name, version in versions:
+        by_engine.setdefault(name, []).append(version)
+    return {name: newest_version(found) for name, found in by_engine.items()}
+
+
+def _newest_version_change(
+    profile: Profile, entry: ProfileEntry, before: dict[str, str], after: dict[str, str]
+) -> dict[str, tuple[str, str]]:
+    """An unpinned profile runs its engine's newest version in the catalog: an engine
+    version added or dropped changes what it runs (a rolling restart), so say so."""
+    if entry.engine_version:
+        return {}  # pinned: its own engine_version line says what changes
+    old, new = profile.resolved_engine_version(before), after.get(entry.engine, "")
+    if old == new:
+        return {}
+    return {f"engine_version (the catalog's newest {entry.engine})": (old, new)}
 
 
 def _profile_values(entry: ProfileEntry) -> dict[str, Any]:

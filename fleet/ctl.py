@@ -11,10 +11,17 @@ from core.humanize import format_bytes, format_seconds
 from core.tables import render_json, render_table
 from fleet import commands
 from fleet.actions.nodes import drain_node, undrain_node
-from fleet.models import Node, Replica, ReplicaState
+from fleet.models import Node, Replica, ReplicaState, engine_label
 from fleet.node_auth import node_token
 from fleet.rollout import rollout_status
-from fleet.selectors import engine_row, last_scalings, live_replicas, model_rows, progress_line
+from fleet.selectors import (
+    backoff_line,
+    engine_row,
+    last_scalings,
+    live_replicas,
+    model_rows,
+    progress_line,
+)
 from fleet.weights_map import ModelWeights, model_weights
 
 
@@ -140,6 +147,7 @@ def _engines_cell(engines: list[dict] | None) -> str:
 
 def _replica_dicts() -> list[dict]:
     result = []
+    now = timezone.now()
     for replica in live_replicas():
         result.append(
             {
@@ -149,7 +157,10 @@ def _replica_dicts() -> list[dict]:
                 "state": replica.state,
                 "age": _ago(replica.created_at),
                 "fingerprint": replica.fingerprint or "unknown",
+                "engine": replica.engine,
+                "engine_version": replica.engine_version,
                 "reasons": replica.reasons,
+                "backoff": backoff_line(replica, now),
                 "shards": [
                     {
                         "rank": shard.rank,
@@ -178,7 +189,8 @@ def replicas_command(options, out) -> None:
 def _replicas_text(replicas: list[dict]) -> str:
     rows = []
     for r in replicas:
-        rows.append([r["model"], r["profile"], r["id"][:8], r["state"], r["age"], "", "", ""])
+        engine = engine_label(r["engine"], r["engine_version"])
+        rows.append([r["model"], r["profile"], r["id"][:8], r["state"], r["age"], "", "", engine])
         for shard in r["shards"]:
             gpus = ",".join(str(g) for g in shard["gpus"]) or "-"
             rows.append(["", "", f"  rank {shard['rank']}", shard["state"], shard["age"],
@@ -187,6 +199,8 @@ def _replicas_text(replicas: list[dict]) -> str:
             if progress:
                 rows.append(["", "", "", "", "", "", "", f"downloading: {progress}"])
         rows.extend(["", "", "", "", "", "", "", reason] for reason in r["reasons"])
+        if r["backoff"]:
+            rows.append(["", "", "", "", "", "", "", r["backoff"]])
     return render_table(["MODEL", "PROFILE", "REPLICA", "STATE", "AGE", "NODE", "GPUS", ""], rows)
 
 

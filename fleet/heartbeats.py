@@ -18,6 +18,7 @@ from django.utils import timezone
 from audit import notices
 from fleet import history
 from fleet.models import Node, NodeState
+from fleet.services import known_memory, ram_gained, record_qualifications_gained
 from fleet.transitions import transition
 
 log = logging.getLogger("llmgw.fleet.heartbeats")
@@ -57,7 +58,8 @@ class HeartbeatBatcher:
 
 
 def write_heartbeats(batch: dict[str, tuple[datetime, dict]]) -> None:
-    """One UPDATE … FROM (VALUES …) for the whole batch; then revive silent nodes."""
+    """One UPDATE … FROM (VALUES …) for the whole batch; then revive silent nodes and say
+    which grew (both rare, so per node)."""
     if not batch:
         return
     rows = [(node_id, at, json.dumps(usage)) for node_id, (at, usage) in batch.items()]
@@ -65,14 +67,23 @@ def write_heartbeats(batch: dict[str, tuple[datetime, dict]]) -> None:
     params = [value for row in rows for value in row]
     table = Node._meta.db_table
     with transaction.atomic(), connection.cursor() as cursor:
+        # ``was`` is the row as it was before this UPDATE: the RAM known until now.
         cursor.execute(
             f"UPDATE {table} AS n SET last_heartbeat = v.at, usage = v.usage, "  # noqa: S608
             "usage_reported_at = v.at "
-            f"FROM (VALUES {placeholders}) AS v(id, at, usage) WHERE n.id = v.id "
-            "RETURNING n.id, n.state",
+            f"FROM (VALUES {placeholders}) AS v(id, at, usage), {table} AS was "
+            "WHERE n.id = v.id AND was.id = n.id "
+            "RETURNING n.id, n.state, "
+            "COALESCE((was.inventory->>'memory_total')::bigint, 0), "
+            "COALESCE((was.usage->>'memory_total')::bigint, 0)",
             params,
         )
-        silent = [node_id for node_id, state in cursor.fetchall() if state != NodeState.CONNECTED]
+        written = cursor.fetchall()
+        silent = [node_id for node_id, state, *_known in written if state != NodeState.CONNECTED]
+        for node_id, _state, inventory_total, heartbeat_total in written:
+            before = known_memory(inventory_total, heartbeat_total)
+            now_total = batch[node_id][1].get("memory_total") or 0
+            record_qualifications_gained(node_id, ram_gained(before, now_total))
     # One sample a node every few heartbeats for the node page's charts, then one
     # message for the whole batch so open pages redraw their bars.
     history.record_samples(batch)

@@ -2,16 +2,21 @@
 
 If most of the fleet goes silent at once, the likelier story is that the control
 plane lost its network or its Redis, not that every node died — so nothing is
-marked lost, and the log says why (Kubernetes' node lifecycle controller does the
-same). A lost node's engines are not assumed dead.
+marked unreachable or lost, and the log says why (Kubernetes' node lifecycle
+controller does the same). The hold lasts while this control plane hears no node at
+all; once it hears some, its own link works, and the hold ends MASS_SILENCE_HOLD after
+the silence became mass: dead nodes are lost then, not never. A lost node's engines
+are not assumed dead.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -23,6 +28,10 @@ log = logging.getLogger("llmgw.fleet.liveness")
 # Above this share of silent nodes (with at least MASS_SILENCE_MIN_NODES), suspect ourselves.
 MASS_SILENCE_SHARE = 0.55
 MASS_SILENCE_MIN_NODES = 3
+# While some node is still heard, a mass silence is held back this long: time for a
+# control plane's flapping link or Redis failover, short enough that dead nodes stop
+# being chosen by placement within minutes.
+MASS_SILENCE_HOLD = timedelta(minutes=5)
 # All that a node's liveness is read from.
 _HEARD = ("id", "state", "last_heartbeat", "registered_at")
 
@@ -43,18 +52,13 @@ def check_liveness(
     """
     now = now or timezone.now()
     nodes = list(Node.objects.exclude(state=NodeState.LOST).only(*_HEARD))
-    silent = [node.id for node in nodes if node.liveness_at(now) != NodeState.CONNECTED]
+    silent = [node for node in nodes if node.liveness_at(now) != NodeState.CONNECTED]
     report = LivenessReport(unreachable=[], lost=[])
-    if len(nodes) >= MASS_SILENCE_MIN_NODES and len(silent) / len(nodes) > MASS_SILENCE_SHARE:
-        log.error(
-            "%d of %d nodes went silent at once; suspecting the control plane's own network "
-            "or Redis rather than the nodes, so none is marked unreachable or lost",
-            len(silent), len(nodes),
-        )  # fmt: skip
+    if _holding_back(nodes, silent, now):
         report.held_back = True
         return report
     in_grace = grace_until is not None and now < grace_until
-    for node_id in silent:
+    for node_id in (node.id for node in silent):
         with transaction.atomic():
             # Re-read under the row lock: a heartbeat batch written since the list above was
             # read must win, or a node that just spoke is marked lost and its replicas moved.
@@ -71,3 +75,41 @@ def check_liveness(
             ):
                 report.unreachable.append(node_id)
     return report
+
+
+def _holding_back(nodes: list[Node], silent: list[Node], now: datetime) -> bool:
+    """Whether a mass silence suspends marking: always while no node is heard, otherwise
+    until MASS_SILENCE_HOLD has passed since the silence became mass."""
+    since = mass_silence_since(nodes, silent, now)
+    if since is None:
+        return False
+    # Heard lately; a node never heard from (no register yet) says nothing of our link.
+    silent_ids = {node.id for node in silent}
+    heard = sum(1 for n in nodes if n.id not in silent_ids and n.silence(now) is not None)
+    if heard and now - since >= MASS_SILENCE_HOLD:
+        log.warning(
+            "%d of %d nodes silent for %ds while %d still heard: the hold is over, marking "
+            "them as any silent node",
+            len(silent), len(nodes), int((now - since).total_seconds()), heard,
+        )  # fmt: skip
+        return False
+    log.error(
+        "%d of %d nodes went silent at once; suspecting the control plane's own network "
+        "or Redis rather than the nodes, so none is marked unreachable or lost%s",
+        len(silent), len(nodes),
+        f" (for up to {int(MASS_SILENCE_HOLD.total_seconds())}s while {heard} still heard)"
+        if heard else " while no node is heard",
+    )  # fmt: skip
+    return True
+
+
+def mass_silence_since(nodes: list[Node], silent: list[Node], now: datetime) -> datetime | None:
+    """When the silence became mass: when the node that tipped the silent share over
+    MASS_SILENCE_SHARE went silent; None while the silence is not mass."""
+    if len(nodes) < MASS_SILENCE_MIN_NODES or len(silent) / len(nodes) <= MASS_SILENCE_SHARE:
+        return None
+    quiet_for = timedelta(seconds=settings.NODE_UNREACHABLE_AFTER)
+    # A node is silent once quiet_for has passed since it was last heard.
+    went_silent = sorted(now - (node.silence(now) or timedelta()) + quiet_for for node in silent)
+    tipping = math.floor(MASS_SILENCE_SHARE * len(nodes)) + 1  # fewest silent over the share
+    return went_silent[tipping - 1]

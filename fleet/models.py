@@ -89,6 +89,9 @@ class Node(models.Model):
     # sent a list (an agent older than engine probing), [] that it has none.
     engines = models.JSONField(null=True, blank=True)
     weights = models.JSONField(default=list, blank=True)
+    # When the engine versions installed here last changed: a crash loop's failures on
+    # the node before then no longer count toward its backoff.
+    engines_changed_at = models.DateTimeField(null=True, blank=True)
     # What the node was last told to have (a digest of the engine list), and when.
     engines_told = models.CharField(max_length=64, blank=True)
     engines_told_at = models.DateTimeField(null=True, blank=True)
@@ -130,6 +133,13 @@ class Node(models.Model):
             if install.installed:
                 installed.setdefault(install.engine, set()).add(install.version)
         return installed
+
+    def take_engines(self, engines: list[dict] | None, now: datetime) -> None:
+        """Hold the node's engine list (unsaved); note the time if what is installed changed."""
+        before = self.installed_engines()
+        self.engines = engines
+        if self.installed_engines() != before:
+            self.engines_changed_at = now
 
     def engines_due(self, digest: str, now: datetime) -> bool:
         """Whether the node must be told its engines: never told since it linked, the
@@ -226,6 +236,10 @@ class Replica(models.Model):
     )
     # The fingerprint the engines were started with; "" reads as unknown, never as matching.
     fingerprint = models.CharField(max_length=64, blank=True)
+    # The engine and the version its engines run, resolved by the control plane (pinned,
+    # else the catalog's newest, else the newest on the node placed on); "" while unknown.
+    engine = models.CharField(max_length=32, blank=True)
+    engine_version = models.CharField(max_length=64, blank=True)
     state = models.CharField(
         max_length=16, choices=ReplicaState.choices, default=ReplicaState.PLACING
     )
@@ -245,6 +259,18 @@ class Replica(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model_name}/{self.profile_name} {str(self.id)[:8]}"
+
+    @property
+    def engine_label(self) -> str:
+        """The engine and version as replica rows show it ("llama.cpp b6000"); "" if none."""
+        return engine_label(self.engine, self.engine_version)
+
+
+def engine_label(engine: str, version: str) -> str:
+    """'llama.cpp b6000'; a replica started before versions were recorded says so."""
+    if not engine:
+        return ""
+    return f"{engine} {version or '(version not recorded)'}"
 
 
 class Shard(models.Model):

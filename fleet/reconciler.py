@@ -17,11 +17,13 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.events import record_news
-from audit.models import Event
-from catalog.models import Profile
+from catalog.models import Profile, newest_engine_versions
 from fleet import commands
 from fleet.actions.replicas import create_replica, stop_replica
 from fleet.autoscale import autoscale_profiles
+from fleet.backoff import SETTLED as SETTLED  # bench/ reads it from here
+from fleet.backoff import replacement_backoff
+from fleet.backoff import replacement_delay as replacement_delay  # as do tests
 from fleet.models import (
     Node,
     NodeState,
@@ -33,19 +35,12 @@ from fleet.models import (
 from fleet.node_engines import tell_nodes_their_engines
 from fleet.routing_table import read_inflight_reports
 from fleet.services import refresh_replica_state
-from fleet.shard_specs import allocate_port, shard_spec
+from fleet.shard_specs import allocate_port, shard_spec, version_on_nodes
 from fleet.snapshot import node_snapshots, placement_request
 from fleet.transitions import transition
 from placement import place_batch
 
 log = logging.getLogger("llmgw.reconciler")
-
-BASE_REPLACEMENT_DELAY = 5
-MAX_REPLACEMENT_DELAY = 300
-FAILURE_MEMORY = timedelta(minutes=30)
-# A replica ready this long before it failed was serving, not crash-looping.
-SETTLED = timedelta(seconds=60)
-
 
 # The key of the PostgreSQL advisory lock that makes a pass one at a time, cluster-wide.
 PASS_LOCK_KEY = 0x6C6C6D67  # "llmg"
@@ -176,7 +171,7 @@ def retire_from_bad_nodes(
             moving.append((replica, node_id))
     lost = [(r, n) for r, n in moving if bad[n] == "lost" and r.profile is not None]
     decisions = place_batch(
-        [placement_request(str(r.id), r.profile) for r, _n in lost],
+        [placement_request(str(r.id), r.profile, engine_version_of(r)) for r, _n in lost],
         node_snapshots(now or timezone.now()),
     ) if lost else []  # fmt: skip
     nowhere = {
@@ -218,47 +213,13 @@ def fail_slow_starts(now: datetime, report: ReconcileReport) -> None:
 
 
 def retire_failed(now: datetime, report: ReconcileReport, epoch: int | None = None) -> None:
-    """A failed replica is stopped after a backoff; scale() then creates its replacement.
-
-    The backoff doubles with each failure of the same profile in the last half hour,
-    so a profile that cannot start does not relaunch an engine every two seconds.
-    """
-    for replica in Replica.objects.filter(state=ReplicaState.FAILED):
-        delay = replacement_delay(replica, now)
-        if now - replica.state_changed_at < delay:
+    """A failed replica is stopped after its backoff (``fleet.backoff``); scale() then
+    creates its replacement."""
+    for replica in Replica.objects.filter(state=ReplicaState.FAILED).select_related("profile"):
+        if now < replacement_backoff(replica, now).due_at:
             continue
         reason = f"replacing failed replica: {'; '.join(replica.reasons)}"
         stop_replica(replica, reason, report, epoch)
-
-
-def replacement_delay(replica: Replica, now: datetime) -> timedelta:
-    """How long a failed replica waits for its replacement: doubling with each failure of
-    its profile in the last half hour that looks like a crash loop.
-
-    A replica that served for a while before its engine died (killed, out of memory) is
-    not a loop: counting it would make a fleet that loses engines now and then wait
-    minutes for every replacement.
-    """
-    siblings = Replica.objects.filter(
-        model_name=replica.model_name, profile_name=replica.profile_name
-    ).values_list("id", flat=True)
-    failed = Event.objects.filter(
-        kind="replica", to_state=ReplicaState.FAILED, at__gte=now - FAILURE_MEMORY,
-        subject__in=[str(pk) for pk in siblings],
-    ).values_list("subject", "at")  # fmt: skip
-    failed = list(failed)
-    readies: dict[str, list[datetime]] = {}
-    for subject, at in Event.objects.filter(
-        kind="replica", to_state=ReplicaState.READY, subject__in={s for s, _at in failed}
-    ).values_list("subject", "at"):
-        readies.setdefault(subject, []).append(at)
-    failures = 0
-    for subject, at in failed:
-        ready_at = max((r for r in readies.get(subject, []) if r <= at), default=None)
-        if ready_at is None or at - ready_at < SETTLED:
-            failures += 1
-    seconds = min(MAX_REPLACEMENT_DELAY, BASE_REPLACEMENT_DELAY * 2 ** max(0, failures - 1))
-    return timedelta(seconds=seconds)
 
 
 def scale(report: ReconcileReport, epoch: int | None = None) -> None:
@@ -268,6 +229,7 @@ def scale(report: ReconcileReport, epoch: int | None = None) -> None:
     retires them after a drain: only up-to-date replicas beyond the wanted count go here,
     never the new ones a rollout is waiting for.
     """
+    newest = newest_engine_versions()
     for profile in Profile.objects.select_related("model"):
         counted = Replica.objects.filter(profile=profile, state__in=ReplicaState.COUNTED)
         live = list(counted.order_by("-created_at"))
@@ -275,7 +237,7 @@ def scale(report: ReconcileReport, epoch: int | None = None) -> None:
         for _ in range(missing):
             create_replica(profile, f"wanted by {profile}", report)
         if missing < 0:
-            fingerprint = profile.fingerprint()
+            fingerprint = profile.fingerprint(newest)
             up_to_date = [
                 r for r in live if r.fingerprint == fingerprint and r.draining_since is None
             ]
@@ -298,7 +260,7 @@ def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:
     )
     if not waiting:
         return
-    requests = [placement_request(str(r.id), r.profile) for r in waiting]
+    requests = [placement_request(str(r.id), r.profile, engine_version_of(r)) for r in waiting]
     decisions = place_batch(requests, node_snapshots(now))
     for replica, decision in zip(waiting, decisions, strict=True):
         if decision.placed:
@@ -314,20 +276,35 @@ def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:
             Replica.objects.filter(id=replica.id).update(reasons=reasons)
 
 
+def engine_version_of(replica: Replica) -> str:
+    """The version a replica was resolved to; one made before versions were recorded
+    takes its profile's as it resolves now (if that changed, the replica is stale)."""
+    if replica.engine_version or replica.profile is None:
+        return replica.engine_version
+    return replica.profile.resolved_engine_version()
+
+
 def _start(replica: Replica, decision, epoch: int) -> None:
+    assert replica.profile is not None
     with transaction.atomic():
         if replica.state == ReplicaState.UNPLACEABLE and not transition(
             Replica, replica.id, ReplicaState.PLACING, "resources became available"
         ):
             return
-        if not transition(
-            Replica, replica.id, ReplicaState.STARTING,
-            f"placed on {', '.join(rank.node for rank in decision.ranks)}",
-            reasons=[], starting_since=timezone.now(),
-        ):  # fmt: skip
-            return
         nodes = {node.id: node for node in Node.objects.filter(
             id__in=[rank.node for rank in decision.ranks])}  # fmt: skip
+        engine = replica.profile.engine
+        # Settled here at the latest, by the control plane: the spec names it, so the
+        # node runs exactly this one and never the first it finds.
+        version = engine_version_of(replica) or version_on_nodes(engine, nodes.values())
+        runs = f"{engine} {version}" if version else f"{engine} (its node reports no version)"
+        if not transition(
+            Replica, replica.id, ReplicaState.STARTING,
+            f"placed on {', '.join(rank.node for rank in decision.ranks)}, running {runs}",
+            reasons=[], starting_since=timezone.now(), engine=engine, engine_version=version,
+        ):  # fmt: skip
+            return
+        replica.engine, replica.engine_version = engine, version
         shards = []
         for rank in decision.ranks:
             shards.append(

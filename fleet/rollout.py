@@ -21,7 +21,7 @@ from django.db import transaction
 
 from audit import notices
 from audit.events import record_event, record_news
-from catalog.models import Profile
+from catalog.models import Profile, newest_engine_versions
 from fleet.actions.replicas import create_replica, stop_replica
 from fleet.models import Replica, ReplicaState
 from fleet.reconciler import ReconcileReport
@@ -88,7 +88,8 @@ def rollouts(model_name: str | None = None) -> list[Rollout]:
     if model_name is not None:
         profiles = profiles.filter(model__name=model_name)
         replicas = replicas.filter(model_name=model_name)
-    result = {p.id: Rollout(p, p.fingerprint(), p.model.rollout_paused) for p in profiles}
+    newest = newest_engine_versions()
+    result = {p.id: Rollout(p, p.fingerprint(newest), p.model.rollout_paused) for p in profiles}
     for replica in replicas.order_by("created_at"):
         rollout = result.get(replica.profile_id)
         if rollout is None:

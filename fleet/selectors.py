@@ -9,8 +9,9 @@ from django.db.models import Prefetch
 from django.utils import timezone
 
 from audit.models import Event
-from catalog.models import Model
+from catalog.models import Model, newest_engine_versions
 from core.humanize import format_bytes, format_progress
+from fleet.backoff import replacement_backoff
 from fleet.models import Node, Replica, ReplicaState, Shard
 from protocol.engines import EngineInstall
 from protocol.inventory import Filesystem, Inventory, Usage
@@ -29,9 +30,10 @@ def model_rows() -> list[dict[str, Any]]:
     for replica in live_replicas():
         replicas_by_model.setdefault(replica.model_name, []).append(replica)
     rows = []
+    newest = newest_engine_versions()
     for model in Model.objects.prefetch_related("profiles"):
         replicas = replicas_by_model.pop(model.name, [])
-        fingerprints = {p.name: p.fingerprint() for p in model.profiles.all()}
+        fingerprints = {p.name: p.fingerprint(newest) for p in model.profiles.all()}
         rows.append(
             {
                 "name": model.name,
@@ -59,15 +61,24 @@ def model_rows() -> list[dict[str, Any]]:
 
 
 def replica_item(replica: Replica, *, stale: bool) -> dict[str, Any]:
-    """A replica as pages show it: its shards with a progress line while downloading."""
+    """A replica as pages show it: its shards with a progress line while downloading, and
+    when a failed one is replaced."""
     return {
         "replica": replica,
         "stale": stale,
+        "backoff": backoff_line(replica, timezone.now()),
         "shards": [
             {"shard": shard, "progress": progress_line(shard.progress)}
             for shard in replica.shards.all()
         ],
     }
+
+
+def backoff_line(replica: Replica, now: datetime) -> str:
+    """For a failed replica, when its replacement is due and why; "" for any other."""
+    if replica.state != ReplicaState.FAILED:
+        return ""
+    return replacement_backoff(replica, now).explain(now)
 
 
 def cluster_overview() -> dict[str, Any]:
@@ -204,7 +215,8 @@ def model_detail(name: str) -> dict[str, Any] | None:
     if model is None and not replicas:
         return None
     profiles = list(model.profiles.all()) if model else []
-    fingerprints = {p.name: p.fingerprint() for p in profiles}
+    newest = newest_engine_versions()
+    fingerprints = {p.name: p.fingerprint(newest) for p in profiles}
     items = [
         replica_item(r, stale=r.fingerprint != fingerprints.get(r.profile_name)) for r in replicas
     ]
@@ -224,6 +236,7 @@ def model_detail(name: str) -> dict[str, Any] | None:
                 "profile": p,
                 "ready": ready_by_profile.get(p.name, 0),
                 "fingerprint": fingerprints[p.name],
+                "engine_version": p.resolved_engine_version(newest),
                 "last_scaling": scalings.get(f"{name}/{p.name}", ""),
             }
             for p in profiles

@@ -36,8 +36,8 @@ class ReplicaSerializer(serializers.ModelSerializer):
     class Meta:
         model = Replica
         fields = [
-            "id", "model_name", "profile_name", "fingerprint", "state", "reasons", "created_at",
-            "state_changed_at", "shards",
+            "id", "model_name", "profile_name", "fingerprint", "engine", "engine_version",
+            "state", "reasons", "created_at", "state_changed_at", "shards",
         ]  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from audit import notices
 from audit.events import record_event
+from core.humanize import format_bytes
 from fleet.models import (
     Node,
     NodeState,
@@ -65,7 +66,7 @@ def register_node(node_id: str, message: messages.Register, now: datetime | None
         node.address = message.inventory.address
         node.agent_version = message.agent_version
         node.inventory = inventory
-        node.engines = engines
+        node.take_engines(engines, now)
         node.weights = [weight.model_dump(mode="json") for weight in message.weights]
         known_users = {user.get("pid") for user in node.unexpected_gpu_users}
         node.unexpected_gpu_users = [
@@ -75,7 +76,7 @@ def register_node(node_id: str, message: messages.Register, now: datetime | None
         node.last_heartbeat = now
         node.save(
             update_fields=[
-                "address", "agent_version", "inventory", "engines", "weights",
+                "address", "agent_version", "inventory", "engines", "engines_changed_at", "weights",
                 "unexpected_gpu_users", "registered_at", "last_heartbeat",
             ]
         )  # fmt: skip
@@ -95,29 +96,45 @@ def register_node(node_id: str, message: messages.Register, now: datetime | None
 
 
 def _qualifications(node: Node) -> dict[str, object]:
-    facts = node.inventory_facts()
+    facts, usage = node.inventory_facts(), node.latest_usage()
     return {
-        "memory": facts.memory_total if facts else 0,
+        # A heartbeat re-reads it (a resized VM), so the larger of the two is the latest.
+        "memory": known_memory(
+            facts.memory_total if facts else 0, usage.memory_total if usage else 0
+        ),
         "gpus": len(facts.gpus) if facts else 0,
         "engines": set(node.installed_engines()),
     }
 
 
+def known_memory(inventory_total: int, heartbeat_total: int) -> int:
+    """The RAM a node is known to have: its register's or a heartbeat's, the larger."""
+    return max(inventory_total, heartbeat_total)
+
+
 def _log_new_qualifications(node: Node, before: dict[str, object]) -> None:
     """Say when a node gains what could make it a candidate: that answers "why now?"."""
     after = _qualifications(node)
-    gained = []
-    if after["memory"] > before["memory"] and before["memory"]:  # type: ignore[operator]
-        gained.append(f"RAM grew to {after['memory']} bytes")
+    gained = ram_gained(before["memory"], after["memory"])  # type: ignore[arg-type]
     if after["gpus"] > before["gpus"]:  # type: ignore[operator]
         gained.append(f"{after['gpus']} GPUs")
     new_engines = after["engines"] - before["engines"]  # type: ignore[operator]
     if new_engines:
         gained.append("engine " + ", ".join(sorted(new_engines)))
+    record_qualifications_gained(node.id, gained)
+
+
+def ram_gained(before: int, after: int) -> list[str]:
+    """RAM grown past what was known, in words; nothing when nothing was known before."""
+    return [f"RAM grew to {format_bytes(after)}"] if before and after > before else []
+
+
+def record_qualifications_gained(node_id: str, gained: list[str]) -> None:
+    """Record what a node gained that could make it a candidate, if anything."""
     if gained:
-        reason = f"node {node.id} now qualifies for more: {'; '.join(gained)}"
+        reason = f"node {node_id} now qualifies for more: {'; '.join(gained)}"
         log.info(reason)
-        record_event("node", node.id, reason)
+        record_event("node", node_id, reason)
 
 
 def update_engines(node_id: str, message: messages.Engines) -> None:
@@ -125,8 +142,8 @@ def update_engines(node_id: str, message: messages.Engines) -> None:
     if node is None:
         return
     before, before_installs = _qualifications(node), node.engine_installs() or []
-    node.engines = _engines_json(message.engines) if message.probed else None
-    node.save(update_fields=["engines"])
+    node.take_engines(_engines_json(message.engines) if message.probed else None, timezone.now())
+    node.save(update_fields=["engines", "engines_changed_at"])
     _log_new_qualifications(node, before)
     _record_install_outcomes(node_id, before_installs, node.engine_installs() or [])
     notices.pages_changed_on_commit("node", node_id)
@@ -206,12 +223,16 @@ def _is_stale(shard: Shard, seq: int) -> bool:
 
 
 def record_shard_progress(node_id: str, message: messages.ShardProgress) -> None:
-    """Progress is not a transition: it never resets the startup timer."""
+    """Progress is not a transition: it never resets the startup timer.
+
+    Taken only while the shard fetches: one read after the shard moved on (sent before a
+    link drop, say) would show a finished download beside a loading engine until ready.
+    """
     progress = {"bytes": message.bytes, "total": message.total, "rate": message.rate}
     updated = Shard.objects.filter(
         id=message.shard_id,
         node_id=node_id,
-        state__in=ShardState.LOADING,
+        state=ShardState.FETCHING,
     ).update(progress=progress)
     if updated:
         notices.pages_changed_on_commit("shard", message.shard_id)
@@ -294,6 +315,8 @@ def _rebuild_replica(node_id: str, running: messages.RunningShard, replica_id: u
         profile_name=spec.profile,
         profile=None if distrust else profile,
         fingerprint=spec.fingerprint,
+        engine=spec.engine,
+        engine_version=spec.engine_version,
         secret=spec.api_key if ours else "",
         state=ReplicaState.STOPPING if distrust else ReplicaState.STARTING,
         reasons=[f"stopping: {distrust}"] if distrust else [],

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django.conf import settings
 
 from fleet.models import Node, Replica, Shard, ShardState
 from placement import FabricSnapshot
+from protocol.engines import newest_version
 from protocol.shard import FabricAssignment, ShardSpec
 
 
@@ -18,6 +21,19 @@ def allocate_port(node_id: str) -> int:
     while port in taken or port + 1 in taken:
         port += 2
     return port
+
+
+def version_on_nodes(engine: str, nodes: Iterable[Node]) -> str:
+    """The newest version of ``engine`` every one of ``nodes`` has installed, for a replica
+    whose profile pins none and whose catalog names none; "" when they share none (or
+    none reported its engines: an agent too old to say runs what it finds)."""
+    shared: set[str] | None = None
+    for node in nodes:
+        if node.engines is None:
+            continue
+        versions = node.installed_engines().get(engine, set())
+        shared = versions if shared is None else shared & versions
+    return newest_version(shared or ())
 
 
 def shard_spec(
@@ -39,7 +55,8 @@ def shard_spec(
         source=profile.model.source,
         sha256=profile.model.sha256,
         engine=profile.engine,
-        engine_version=profile.engine_version,
+        # The replica's, as the control plane resolved it: a node never picks its own.
+        engine_version=replica.engine_version,
         profile=profile.name,
         fingerprint=replica.fingerprint,
         rank=shard.rank,

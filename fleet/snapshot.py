@@ -104,13 +104,20 @@ def fabric_snapshot(fabric: Fabric, reported: Mapping[str, FabricAdapter]) -> Fa
     )
 
 
-def placement_request(replica_key: str, profile: Profile) -> PlacementRequest:
+def placement_request(
+    replica_key: str, profile: Profile, engine_version: str | None = None
+) -> PlacementRequest:
+    """What a replica of ``profile`` asks of a node. ``engine_version`` is the one the
+    replica was resolved to (None: the profile's, as it resolves now); "" takes any
+    installed version, and the chosen node's newest is then the one it runs."""
+    if engine_version is None:
+        engine_version = profile.resolved_engine_version()
     return PlacementRequest(
         replica_key=replica_key,
         model=profile.model.name,
         profile=profile.name,
         engine=profile.engine,
-        engine_version=profile.engine_version,
+        engine_version=engine_version,
         gpus_per_rank=profile.gpus_per_rank,
         gpu_memory=profile.gpu_memory,
         ranks=profile.nodes,

@@ -86,9 +86,12 @@ def transition(
     Returns None when the row is gone or its state does not allow the move (someone else
     won the race, or it is not an edge).
     Extra ``fields`` are written in the same UPDATE, so they change only if the
-    transition happens.
+    transition happens. A shard's download progress is cleared by every transition.
     """
     kind, _machine = _MACHINES[model]
+    if model is Shard:
+        # Progress describes the state it was sent in; the next one starts without it.
+        fields.setdefault("progress", None)
     sources = allowed_sources(model, target)
     now = timezone.now()
     with transaction.atomic():

@@ -1,10 +1,12 @@
 """Where the weights are: which nodes and fabrics hold each model, counting a shared store
 once.
 
-A node holds what it lists itself, and what lies on a shared store it shares: a declared
-shared directory is seen by every node of the fabrics of the nodes that report it, a
-network filesystem (same type, source and device) by the nodes that report it. Bytes on
-a shared store count once in totals, however many nodes see them.
+A node holds what it lists itself, what lies on a shared store it reports (a declared
+shared directory or a network filesystem), and a path source it runs an engine from. A
+store is credited only to the nodes that report it: a node whose mount failed lists
+nothing there, and crediting it by its fabric would send it shards that fail with
+"model file … is not on this node". Bytes on a shared store count once in totals,
+however many nodes see them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from dataclasses import dataclass, field
 from catalog.models import Model
 from fleet.models import Node, Shard, ShardState
 
-DECLARED = "shared:"
+# Past these, the agent has resolved a path source and an engine runs (or is loading) from
+# it: the file is on that node, listed or not.
+RUNS_FROM_ITS_SOURCE = (ShardState.STARTING, ShardState.READY)
 
 
 @dataclass
@@ -41,6 +45,8 @@ class WeightsMap:
     total: int  # bytes, each shared store once
     held_bytes: dict[str, int]  # source -> bytes of every copy, a shared store's once
     stores_of: dict[str, set[str]]  # source -> shared stores it lies on
+    # node -> path sources it runs an engine from (held whether it lists them or not)
+    runs_from: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def holders(self, source: str) -> list[str]:
         return sorted(node for node, sources in self.held.items() if source in sources)
@@ -70,15 +76,36 @@ def weights_map(nodes: Iterable[Node] | None = None) -> WeightsMap:
                 held_bytes[source] += size
     held = {node.id: set(own[node.id]) for node in nodes}
     for store, files in store_files.items():
-        for node_id in _seeing(store, reporters[store], fabrics):
-            held.setdefault(node_id, set()).update(files)
+        for node_id in reporters[store]:
+            held[node_id].update(files)
+    runs_from = {n: sources for n, sources in _path_sources_running().items() if n in held}
+    for node_id, sources in runs_from.items():
+        held[node_id].update(sources)
     return WeightsMap(
         held={node_id: frozenset(sources) for node_id, sources in held.items()},
         fabrics=fabrics,
         total=sum(held_bytes.values()),
         held_bytes=dict(held_bytes),
         stores_of=stores_of,
+        runs_from={node_id: frozenset(sources) for node_id, sources in runs_from.items()},
     )
+
+
+def _path_sources_running() -> dict[str, set[str]]:
+    """Node -> the path sources its engines run from.
+
+    A path is used as is, never fetched, and only a look directory's files are listed: the
+    demo's GGUF inside site-packages is listed by no node. The agent checks the file is
+    there before it starts an engine, so a shard past that check shows the node has it.
+    """
+    running: dict[str, set[str]] = defaultdict(set)
+    for node_id, source in Shard.objects.filter(
+        node__isnull=False,
+        state__in=RUNS_FROM_ITS_SOURCE,
+        replica__profile__model__source__startswith="/",
+    ).values_list("node_id", "replica__profile__model__source"):
+        running[node_id].add(source)
+    return running
 
 
 def model_weights(mapped: WeightsMap | None = None) -> list[ModelWeights]:
@@ -104,17 +131,6 @@ def model_weights(mapped: WeightsMap | None = None) -> list[ModelWeights]:
             )
         )
     return rows
-
-
-def _seeing(store: str, reporters: set[str], fabrics: dict[str, list[str]]) -> set[str]:
-    """The nodes that see a shared store: its reporters and, for a declared shared
-    directory, every node on a fabric of theirs."""
-    if not store.startswith(DECLARED):
-        return set(reporters)
-    their_fabrics = {f for node in reporters for f in fabrics.get(node, [])}
-    return set(reporters) | {
-        node for node, names in fabrics.items() if their_fabrics.intersection(names)
-    }
 
 
 def _fabrics(node: Node) -> list[str]:

@@ -10,6 +10,7 @@ running``, ``failed: libgomp.so.1 not found``. Only ``installed`` can run a shar
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -20,6 +21,16 @@ PIP_ENGINES = ("vllm", "sglang")
 # "cpu", "cuda", or "cuda>=12.4": the least CUDA version the node's driver must support.
 ACCELERATOR = re.compile(r"^(cpu|cuda(>=\d+(\.\d+)?)?)$")
 EngineStatusWord = Literal["installed", "installing", "waiting", "failed"]
+
+
+def natural_key(version: str) -> list[tuple[int, int | str]]:
+    """Sort key for versions: b10991 is newer than b9000, which a string sort denies."""
+    return [(1, int(part)) if part.isdigit() else (0, part) for part in re.split(r"(\d+)", version)]
+
+
+def newest_version(versions: Iterable[str]) -> str:
+    """The newest of ``versions`` in natural order; "" when there are none."""
+    return max(versions, key=natural_key, default="")
 
 
 class EngineBuild(BaseModel):

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from protocol.engines import natural_key
+
 logger = logging.getLogger(__name__)
 
 LLAMA_SERVER = "llama-server"
@@ -221,11 +223,6 @@ def _read_version_file(directory: Path) -> str:
 
 def _is_executable(path: str) -> bool:
     return os.path.isfile(path) and os.access(path, os.X_OK)
-
-
-def natural_key(version: str) -> list[tuple[int, int | str]]:
-    """Sort key for versions: b10991 is newer than b9000, which a string sort denies."""
-    return [(1, int(part)) if part.isdigit() else (0, part) for part in re.split(r"(\d+)", version)]
 
 
 def _unique(items: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -10,7 +10,7 @@ from django.db import transaction
 
 from audit.events import record_event
 from audit.models import EventKind
-from catalog.models import Profile
+from catalog.models import Profile, newest_engine_versions
 from fleet import commands
 from fleet.models import Replica, ReplicaState, ShardState, replica_secret
 from fleet.transitions import transition
@@ -20,15 +20,22 @@ if TYPE_CHECKING:
 
 
 def create_replica(profile: Profile, why: str, report: ReconcileReport | None = None) -> Replica:
-    """A new replica of ``profile`` with its current settings, waiting to be placed."""
+    """A new replica of ``profile`` with its current settings, waiting to be placed.
+
+    Its engine version is the profile's resolved one; "" (no pin, none in the catalog)
+    is settled when it is placed, from what the chosen node has.
+    """
     replica_id = uuid.uuid4()
+    newest = newest_engine_versions()
     with transaction.atomic():
         replica = Replica.objects.create(
             id=replica_id,
             model_name=profile.model.name,
             profile_name=profile.name,
             profile=profile,
-            fingerprint=profile.fingerprint(),
+            fingerprint=profile.fingerprint(newest),
+            engine=profile.engine,
+            engine_version=profile.resolved_engine_version(newest),
             secret=replica_secret(replica_id),
         )
         record_event(EventKind.REPLICA, str(replica.id), why, to_state=ReplicaState.PLACING)

@@ -197,6 +197,26 @@ def test_what_the_catalog_dropped_is_removed_unless_a_shard_runs_on_it(serve, tm
     assert (elsewhere / ".llmgw-install.json").exists()
 
 
+def test_a_version_dropped_while_it_installs_is_removed_once_the_install_ends(serve, tmp_path):
+    server = serve(tar_gz(release()))
+    installer = make_installer(tmp_path)
+    dropped: list[bool] = []
+
+    def drop_it_midway() -> None:
+        # The catalog says "none" while the archive is being unpacked.
+        if not dropped and one(installer).detail.startswith("unpacking"):
+            dropped.append(True)
+            installer.want([])
+
+    installer.on_change = drop_it_midway
+    installer.want([wanted(server.url, server.sha256)])
+    installer.converge_once()
+
+    assert dropped and installer.statuses() == []
+    assert not (tmp_path / "engines" / "llama.cpp" / "b6000").exists()
+    assert leftovers(tmp_path) == []
+
+
 def test_nothing_is_removed_before_a_restarted_agent_is_told_what_to_have(serve, tmp_path):
     server = serve(tar_gz(release()))
     installer = make_installer(tmp_path)

@@ -107,7 +107,12 @@ def test_prune_removes_what_the_file_does_not_name():
     only_gemma["models"] = only_gemma["models"][:1]
     only_gemma["engines"] = []
     changes = apply_catalog(yaml.safe_dump(only_gemma), prune=True)
-    assert describe(changes) == ["- engine llama.cpp b6000", "- model qwen"]
+    assert describe(changes) == [
+        "- engine llama.cpp b6000",
+        # Unpinned, it ran the catalog's newest: now it runs the newest on its node.
+        "~ profile gemma-3-270m/cpu: engine_version (the catalog's newest llama.cpp) 'b6000' -> ''",
+        "- model qwen",
+    ]
     assert list(Model.objects.values_list("name", flat=True)) == ["gemma-3-270m"]
     assert not Engine.objects.exists()
 

@@ -64,6 +64,20 @@ def test_delete_model_and_unknown_model(catalog_file):
         ctl("delete", "model", "qwen")
 
 
+@pytest.mark.parametrize(
+    ("kind", "name", "known"),
+    [
+        ("pool", "gpux", "pools: cpu"),
+        ("fabric", "ib-z", "fabrics: none"),
+    ],
+)
+def test_delete_of_an_unknown_pool_or_fabric_lists_its_own_kind(catalog_file, kind, name, known):
+    ctl("apply", "-f", str(catalog_file))
+    with pytest.raises(CommandError) as refused:
+        ctl("delete", kind, name)
+    assert str(refused.value) == f"no {kind} named {name!r} ({known})"
+
+
 def test_models_table_and_json(catalog_file):
     ctl("apply", "-f", str(catalog_file))
     lines = ctl("models").splitlines()

@@ -215,3 +215,61 @@ def test_the_thresholds_come_from_settings(settings, unreachable_after, lost_aft
     node_silent_for("node01", silence)
     check_liveness(now=NOW)
     assert state_of("node01") == after
+
+
+# -- the mass-silence hold ends: it suspects the control plane only while that is likely ----
+
+
+def heartbeat_then_check(node_ids: tuple[str, ...], at: datetime):
+    """The nodes still alive are heard at ``at``; then one liveness pass runs."""
+    Node.objects.filter(id__in=node_ids).update(last_heartbeat=at)
+    return check_liveness(now=at)
+
+
+def test_a_control_plane_that_hears_no_node_loses_none_however_long_that_lasts():
+    # Its network or Redis is gone: every node went silent at once. Declaring them lost
+    # would move every replica the moment the first node is heard again.
+    for node_id in ("a", "b", "c"):
+        node_silent_for(node_id, 20)
+
+    for later in (timedelta(minutes=1), timedelta(minutes=6), timedelta(hours=2)):
+        report = check_liveness(now=NOW + later)
+        assert report.held_back is True, f"after {later}"
+        assert (report.unreachable, report.lost) == ([], [])
+    assert {n: state_of(n) for n in "abc"} == {"a": CONNECTED, "b": CONNECTED, "c": CONNECTED}
+    assert Event.objects.count() == 0
+
+
+def test_two_dead_nodes_of_three_are_lost_within_five_minutes_fifteen_of_their_silence():
+    # c is still heard, so this control plane's link works: the hold lasts at most
+    # MASS_SILENCE_HOLD (5 min) from when the silence became mass (the second node's
+    # heartbeat plus 15 s), after which the dead nodes are marked as any silent node is.
+    node_silent_for("a", 20)
+    node_silent_for("b", 20)
+    node_silent_for("c", 0)
+    heard = NOW - timedelta(seconds=20)
+
+    held = heartbeat_then_check(("c",), heard + timedelta(minutes=5, seconds=14))
+    report = heartbeat_then_check(("c",), heard + timedelta(minutes=5, seconds=15))
+
+    assert (held.held_back, held.lost, held.unreachable) == (True, [], [])
+    assert report.held_back is False
+    assert sorted(report.lost) == ["a", "b"]
+    assert {n: state_of(n) for n in "abc"} == {"a": LOST, "b": LOST, "c": CONNECTED}
+    assert events_for("a") == [(CONNECTED, LOST, "no heartbeat for 315s")]
+
+
+def test_the_hold_counts_from_when_the_silence_became_mass_not_from_the_first_silence():
+    # b went silent alone (1 of 3) and was marked unreachable; 30 s later c went silent
+    # too, and only then did the silence become mass: the hold counts from c's.
+    node_silent_for("b", 50, state=UNREACHABLE)
+    node_silent_for("c", 20)
+    node_silent_for("d", 0)
+    mass_since = NOW - timedelta(seconds=20) + timedelta(seconds=15)
+
+    held = heartbeat_then_check(("d",), mass_since + timedelta(minutes=4, seconds=59))
+    b_while_held = state_of("b")
+    report = heartbeat_then_check(("d",), mass_since + timedelta(minutes=5))
+
+    assert (held.held_back, b_while_held) == (True, UNREACHABLE)
+    assert sorted(report.lost) == ["b", "c"]

@@ -223,7 +223,9 @@ def test_a_slow_start_fails_after_the_timeout_and_is_replaced(
     # Progress rides beside the state and must not reset the startup timer.
     from fleet.services import record_shard_progress
 
+    record_shard_status(node_ids[0], messages.ShardStatus(shard_id=shard.id, state="fetching"))
     record_shard_progress(node_ids[0], messages.ShardProgress(shard_id=shard.id, bytes=10))
+    assert Shard.objects.get(id=shard.id).progress["bytes"] == 10
     later = timezone.now() + timedelta(seconds=601)
     report = run(django_capture_on_commit_callbacks, now=later)
     assert report.failed and report.stopping

@@ -253,3 +253,34 @@ def test_an_unexpected_gpu_user_is_shown_on_the_node_and_recorded_once(node_ids)
     [warning] = Node.objects.get(id=node_ids[0]).warnings
     assert "pid 4242 of alice (python train.py)" in warning and "leaves it running" in warning
     assert Event.objects.filter(subject=node_ids[0], reason=warning).count() == 1
+
+
+# -- 6. after a control plane restart, what runs still takes its GPUs ----------------------
+
+
+def test_a_rebuilt_replicas_gpus_are_taken_when_placing_the_next(node_ids):
+    from fleet.snapshot import node_snapshots, placement_request
+    from placement import place
+
+    apply_catalog(catalog(replicas=2, gpus=2))
+    profile = Profile.objects.get()
+    replica_id = uuid.uuid4()
+    running = ShardSpec(
+        shard_id=uuid.uuid4().hex, replica_id=str(replica_id), model="gemma",
+        source="/models/gemma.gguf", engine="llama.cpp", profile="cpu", gpus=[0, 1],
+        fingerprint=profile.fingerprint(), port=20000, api_key=replica_secret(replica_id),
+    )  # fmt: skip
+    register = messages.Register(
+        inventory=inventory(node_ids[0], gpus=4),
+        engines_probed=True,
+        engines=[EngineInstall(engine="llama.cpp", version="b6000")],
+        shards=[messages.RunningShard(spec=running, state="ready", pid=42, seq=1)],
+    )
+    register_node(node_ids[0], register)
+    adopt_reported_shards(node_ids[0], register)
+
+    [snapshot] = [s for s in node_snapshots(timezone.now()) if s.id == node_ids[0]]
+    decision = place(placement_request("next", profile), [snapshot])
+
+    assert [gpu.index for gpu in snapshot.gpus] == [2, 3]
+    assert decision.placed and decision.ranks[0].gpus == (2, 3)

@@ -17,7 +17,8 @@ from agent_worker.weights import WeightStore
 from agent_worker.weights.look import LookDirs, list_look_dirs
 from catalog.actions import apply_catalog
 from fleet.mirror import mirror_detail
-from fleet.services import register_node
+from fleet.models import Node
+from fleet.services import register_node, update_weights
 from fleet.snapshot import node_snapshots
 from fleet.weights_map import model_weights, weights_map
 from protocol import messages
@@ -89,11 +90,15 @@ def test_a_shared_model_is_held_by_both_nodes_of_its_fabric_and_counted_once(fle
     assert str(qwen) in held["a"] and str(qwen) not in held["b"]
 
 
-def test_a_node_of_the_fabric_that_does_not_list_the_share_still_holds_it(fleet, tmp_path):
+def test_a_node_of_the_fabric_that_does_not_list_the_share_does_not_hold_it(fleet, tmp_path):
+    # Its mount failed (or it was never told to look): crediting it sends placement there
+    # without a disk check, and its engine fails with "model file … is not on this node".
     gemma, *_ = fleet
     node_on(tmp_path, "d", "ib-a", LookDirs(mounts=tmp_path / "mounts"))
 
-    assert "d" in weights_map().holders(str(gemma))
+    assert weights_map().holders(str(gemma)) == ["a", "b"]
+    held = {snapshot.id: snapshot.weights for snapshot in node_snapshots(timezone.now())}
+    assert str(gemma) not in held["d"]
 
 
 def test_a_network_filesystem_is_one_store_for_the_nodes_that_mount_it(tmp_path):
@@ -175,3 +180,16 @@ def test_llmgw_ctl_status_says_who_holds_each_model(fleet):
     assert lines["gemma-3"][3:5] == ["a,b", "ib-a"] and lines["qwen"][3] == "a"
     models = {m["name"]: m for m in json.loads(as_json.getvalue())["models"]}
     assert models["gemma-3"]["held_by"] == ["a", "b"] and models["gemma-3"]["fetching"] == []
+
+
+def test_a_weights_message_not_meant_as_a_list_changes_nothing(fleet):
+    # listed: false is an agent with nothing to say, not one that holds nothing.
+    held = Node.objects.get(id="a").weights
+    assert held  # it listed its look directories
+
+    update_weights("a", messages.Weights(listed=False, weights=[]))
+    kept = Node.objects.get(id="a").weights
+    update_weights("a", messages.Weights(listed=True, weights=[]))
+
+    assert kept == held
+    assert Node.objects.get(id="a").weights == []  # an empty list meant: it holds nothing

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
+from fleet.models import ShardState
 from fleet.services import record_shard_progress, update_weights
 from protocol import messages
 from tests.factories import make_user
@@ -30,8 +31,10 @@ def test_the_mirror_page_follows_a_download_and_warns_of_no_holder(
     browser, processes, tmp_path, screenshot
 ):
     node = heartbeating_node("node01")
-    _profile, _stale, fetching, _unplaceable = stale_replica_on(node)
+    _profile, stale, fetching, _unplaceable = stale_replica_on(node)
     shard = fetching.shards.get()
+    # An engine running from the path would make node01 hold gemma: this one has failed.
+    stale.shards.update(state=ShardState.FAILED)
     make_user("rita")
     port = free_port()
     base = f"http://127.0.0.1:{port}"

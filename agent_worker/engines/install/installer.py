@@ -154,6 +154,8 @@ class EngineInstaller:
         for engine in wanted:
             if self._stopping.is_set():
                 return
+            if engine.key not in self._wanted_now():
+                continue  # dropped while an earlier version installed: never begun
             now = self.settings.clock()
             with self._lock:
                 version = self._versions[engine.key]
@@ -164,7 +166,13 @@ class EngineInstaller:
                     self._recheck(engine, version)
             elif not installed and not waiting:
                 self._install(engine)
-        self._remove_unwanted({engine.key for engine in wanted})
+        self._remove_unwanted(self._wanted_now())
+
+    def _wanted_now(self) -> set[tuple[str, str]]:
+        # Read again after the installs: a version the control plane dropped while it was
+        # being installed is unwanted now, and must not stay to take shards.
+        with self._lock:
+            return {engine.key for engine in self._wanted or []}
 
     def _install(self, engine: WantedEngine) -> None:
         label = f"{engine.name} {engine.version}"
