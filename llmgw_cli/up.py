@@ -87,8 +87,8 @@ def ensure_local_certificate(python: str, env: dict[str, str], home: Path) -> No
         subprocess.run([*ctl, "ca", "init"], env=env, check=True, capture_output=True)
     # --reuse keeps a certificate this database knows, unrevoked, good for another month.
     subprocess.run([*ctl, "onboard", socket.gethostname(), "--servers",
-                    env["LLMGW_AGENT_SERVERS"], "--out", str(bundle), "--reuse", "--certificate-only"],
-                   env=env, check=True, capture_output=True)  # fmt: skip
+                    env["LLMGW_AGENT_SERVERS"], "--out", str(bundle), "--reuse",
+                    "--certificate-only"], env=env, check=True, capture_output=True)  # fmt: skip
     env.setdefault("LLMGW_AGENT_CERT", str(bundle / "node.pem"))
     env.setdefault("LLMGW_AGENT_KEY", str(bundle / "node-key.pem"))
 

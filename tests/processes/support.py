@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -37,6 +39,22 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, interva
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def kill_engines_under(root: Path) -> list[int]:
+    """Kill every engine the agents under ``root`` left running, as their state files record
+    them (engines outlive their agent by design); return the process groups signalled."""
+    killed = []
+    for state in root.glob("**/agent/shards/*.json"):
+        try:
+            recorded = json.loads(state.read_text()).get("processes", [])
+        except (OSError, ValueError):
+            continue
+        for process in recorded:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process["pgid"], signal.SIGKILL)
+                killed.append(process["pgid"])
+    return killed
 
 
 def child_database_url() -> str:

@@ -6,10 +6,7 @@ launch with the adapters' real command lines, so each case takes seconds, not a 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -36,6 +33,7 @@ from tests.processes.support import (
     control_plane,
     fake_engines,
     free_port,
+    kill_engines_under,
     listening,
     reconciler,
     wait_for,
@@ -92,15 +90,7 @@ class Cluster:
     def close(self) -> None:
         for node_id in self.nodes:
             clear_queue(node_id)
-            kill_engines(self.tmp_path / node_id)
-
-
-def kill_engines(home: Path) -> None:
-    """Engines outlive agents by design; the test kills what its agents left running."""
-    for state in (home / "agent" / "shards").glob("*.json"):
-        for process in json.loads(state.read_text()).get("processes", []):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process["pgid"], signal.SIGKILL)
+            kill_engines_under(self.tmp_path / node_id)
 
 
 @pytest.fixture
@@ -236,7 +226,8 @@ def test_agent_restarted_during_an_outage_does_not_take_a_ready_replica_back(clu
     web, node_id, worker, replica, shard = serving_one_replica(c, tmp_path)
     # The agent runs with the node token, the broker, the database: its engine sees none.
     engine_env = psutil.Process(shard.pid).environ()
-    leaked = [name for name in engine_env if name.startswith(("LLMGW_", "CELERY", "DJANGO"))]
+    leaked = [name for name in engine_env if name.startswith(("LLMGW_", "CELERY", "DJANGO"))
+              and not name.startswith("LLMGW_LABEL_")]  # fmt: skip
     leaked += [name for name in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY") if name in engine_env]
     assert not leaked and engine_env["PATH"] == worker.env["PATH"]
 
