@@ -1,8 +1,42 @@
 """The test runner's entry point (``-p llmgw_cli.pytest_plugin``): the embedded servers
-start here when DATABASE_URL / REDIS_URL are unset, before pytest-django reads settings."""
+start here when DATABASE_URL / REDIS_URL are unset, before pytest-django reads settings.
+
+Under pytest-xdist each worker is a test run of its own: its own LLMGW_HOME (so its own
+embedded servers, CA and files) and, on a shared Redis, its own database number. pytest-
+django already gives each worker its own PostgreSQL database.
+"""
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from llmgw_cli.embedded import configure_services, stop_started_here
 
+
+def redis_url_for_worker(url: str, index: int) -> str:
+    """``url`` with the Redis database number moved by ``index`` + 1 (db 0 -> 1 for gw0)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        # Not through urlunsplit, which turns unix:///run/redis.sock into unix:/run/….
+        base, _, query = url.partition("?")
+        params = dict(parse_qsl(query))
+        params["db"] = str(int(params.get("db", "0")) + index + 1)
+        return f"{base}?{urlencode(params)}"
+    db = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{db + index + 1}"))
+
+
+def isolate_xdist_worker(environ=os.environ) -> None:
+    worker = environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    home = Path(environ.get("LLMGW_HOME") or Path.cwd() / "var" / "test")
+    environ["LLMGW_HOME"] = str(home / worker)
+    if environ.get("REDIS_URL"):
+        environ["REDIS_URL"] = redis_url_for_worker(environ["REDIS_URL"], int(worker[2:]))
+
+
+isolate_xdist_worker()
 configure_services()
 
 

@@ -47,9 +47,11 @@ def links_by_token(settings):
 
 
 @pytest.fixture(scope="session")
-def django_db_modify_db_settings():
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
     """Close connections after each use in tests: threads that Channels' database_sync_to_async
-    leaves behind would otherwise hold the test database open past its teardown."""
+    leaves behind would otherwise hold the test database open past its teardown. Under
+    xdist each worker's database keeps its suffix (test_llmgw_gw0), as pytest-django's own
+    fixture does."""
     from django.db import connections
 
     connections.settings["default"]["CONN_MAX_AGE"] = 0

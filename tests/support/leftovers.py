@@ -18,7 +18,11 @@ GRACE_SECONDS = 5.0  # a process told to stop in the last teardown may still be 
 
 
 def label_this_run() -> str:
-    """Give this run (and so every child it starts) its label; return it."""
+    """Give this run (and so every child it starts) its label; return it. Each xdist
+    worker is a run of its own: it must not take the other's processes for leftovers."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        os.environ[LABEL] = f"{uuid.uuid4().hex}-{worker}"
     return os.environ.setdefault(LABEL, uuid.uuid4().hex)
 
 
