@@ -201,7 +201,8 @@ def _replicas_text(replicas: list[dict]) -> str:
         rows.extend(["", "", "", "", "", "", "", reason] for reason in r["reasons"])
         if r["backoff"]:
             rows.append(["", "", "", "", "", "", "", r["backoff"]])
-    return render_table(["MODEL", "PROFILE", "REPLICA", "STATE", "AGE", "NODE", "GPUS", ""], rows)
+    headers = ["MODEL", "PROFILE", "REPLICA", "STATE", "AGE", "NODE", "GPUS", "ENGINE / WHY"]
+    return render_table(headers, rows)
 
 
 def status_command(options, out) -> None:

@@ -64,7 +64,7 @@ class ShardState(models.TextChoices):
 
     # Holds its node's GPUs and port: running, or on its way to running.
     LIVE = nonmember(frozenset({PENDING, FETCHING, STARTING, READY}))
-    # On its way to ready: its download progress is kept, its memory not yet taken.
+    # On its way to ready: its memory not yet taken (progress is kept only while fetching).
     LOADING = nonmember(frozenset({PENDING, FETCHING, STARTING}))
     # Over: no process of it runs, and no transition leaves it.
     FINAL = nonmember(frozenset({FAILED, STOPPED}))
