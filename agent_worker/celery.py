@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import logging
 
-from celery import Celery
 from celery.signals import after_setup_logger
 
 from agent_worker.bootstep import AgentRuntimeStep
 from agent_worker.config import celery_broker_config
+from core.quiet_celery import QuietCelery
 
-app = Celery("agent_worker")
+# Quiet: no gossip, mingle, worker heartbeats or remote control, whose broker traffic
+# grows with the square of the fleet; an agent needs only its own queue.
+app = QuietCelery("agent_worker")
 app.conf.update(
     # broker_url, result_backend and, for rediss://, the TLS both verify the server with.
     **celery_broker_config(),

@@ -3,12 +3,15 @@
 import logging
 import os
 
-from celery import Celery
 from celery.signals import after_setup_logger
+
+from core.quiet_celery import QuietCelery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 
-app = Celery("llmgw_site")
+# Quiet, as the agents' app: the reconciler talks to no other worker (leadership is a
+# Redis lease), so their gossip would only cost broker traffic.
+app = QuietCelery("llmgw_site")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.task_default_queue = "control"
 app.conf.beat_schedule = {
