@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from agent_worker.discovery.infiniband import INFINIBAND
 from core.redis_urls import RedisURL, RedisURLError, parse_redis_url
 from protocol.units import format_size, parse_size
 
@@ -51,6 +52,8 @@ class AgentConfig:
     look_dirs: tuple[Path, ...] = ()
     shared_dirs: tuple[Path, ...] = ()
     fabrics: dict[str, list[str]] = field(default_factory=dict)
+    # Where the InfiniBand adapters are read from: another tree only on a simulated node.
+    infiniband_root: Path = INFINIBAND
     # engine -> what the agent file names for it (llama-server, a vLLM venv, SGLang's Python)
     engines: dict[str, str] = field(default_factory=dict)
     # Where llmgw installs vLLM and SGLang from; "" is pip's own default (or pip.conf).
@@ -137,6 +140,7 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
         ),
         install_dirs=tuple(Path(d) for d in install_dirs),
         fabrics={str(k): [str(a) for a in v] for k, v in fabrics.items()},
+        infiniband_root=infiniband_root_from(environ, data, path),
         engines=engines_from(environ, data, path),
         look_dirs=_dirs(environ, data, path, "LLMGW_WEIGHTS_LOOK", "look"),
         shared_dirs=_dirs(environ, data, path, "LLMGW_WEIGHTS_SHARED", "shared"),
@@ -167,6 +171,22 @@ def _dirs(
                 f"{path}: weights: {key}: {directory!r} is not an absolute path; write it as /…"
             )
     return tuple(Path(str(d)) for d in listed if str(d))
+
+
+def infiniband_root_from(environ: Mapping[str, str], data: dict[str, Any], path: Path) -> Path:
+    """``LLMGW_INFINIBAND_ROOT``, else ``infiniband_root:`` in the agent file, else sysfs."""
+    if environ.get("LLMGW_INFINIBAND_ROOT"):
+        named, where = environ["LLMGW_INFINIBAND_ROOT"], "LLMGW_INFINIBAND_ROOT"
+    else:
+        named, where = str(data.get("infiniband_root") or ""), f"{path}: infiniband_root"
+    if not named:
+        return INFINIBAND
+    if not named.startswith("/"):
+        raise AgentConfigError(
+            f"{where}: {named!r} is not an absolute path; write it as /… (the directory "
+            "that holds mlx5_0/, like /sys/class/infiniband)"
+        )
+    return Path(named)
 
 
 def engines_from(environ: Mapping[str, str], data: dict[str, Any], path: Path) -> dict[str, str]:

@@ -13,7 +13,13 @@ import time
 
 from agent_worker.agent_state import AgentState
 from agent_worker.config import AgentConfig
-from agent_worker.discovery import DiscoveryConfig, UsageSampler, discover, storage_dirs
+from agent_worker.discovery import (
+    DiscoveryConfig,
+    HostSources,
+    UsageSampler,
+    discover,
+    storage_dirs,
+)
 from agent_worker.discovery.nvidia import discover_gpus, gpu_process_pids
 from agent_worker.engines import get_adapter
 from agent_worker.engines.install import (
@@ -84,6 +90,7 @@ class AgentRuntime:
             hostname=self.node_id,
             address=config.address,
         )
+        self.host_sources = HostSources(infiniband=config.infiniband_root)
         self.agent_state = AgentState(config.agent_dir / "agent-state.json")
         self.sequence = StatusSequence(self.agent_state.begin_generation())
         self.supervisor = Supervisor(
@@ -269,7 +276,7 @@ class AgentRuntime:
                 f"adopting the engines a previous agent left running took over "
                 f"{REGISTER_WAITS_FOR_ADOPTION:g}s; registering once it is done"
             )
-        inventory = discover(self.discovery_config)
+        inventory = discover(self.discovery_config, host=self.host_sources)
         shards = [
             messages.RunningShard(
                 spec=shard.spec, state=shard.state, pid=shard.pid, reason=shard.detail,

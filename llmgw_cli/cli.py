@@ -1,5 +1,6 @@
 """The ``llmgw`` command: ``llmgw up`` starts everything, ``llmgw supervise`` keeps one
-process running; anything else goes to manage.py."""
+process running, ``llmgw sim`` runs a fleet in network namespaces; anything else goes to
+manage.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ def main() -> None:
         from llmgw_cli.up import run
 
         sys.exit(run(args[1:]))
+    if args[:1] == ["sim"]:  # before the embedded services: the sim starts its own
+        from llmgw_cli.sim.command import main as sim_main
+
+        sys.exit(sim_main(args[1:]))
     if args[:1] == ["supervise"]:
         from llmgw_cli.supervise import supervise_main
 

@@ -97,3 +97,14 @@ def test_servers_from_the_environment_replace_the_file(tmp_path):
     loaded = load_config(path, {"LLMGW_AGENT_SERVERS": "wss://cp3:8000, wss://cp4:8000"})
 
     assert loaded.servers == ("wss://cp3:8000", "wss://cp4:8000")
+
+
+def test_infiniband_sysfs_root_comes_from_the_file_and_the_environment(tmp_path):
+    # A simulated node reads a fake sysfs tree; a real one /sys/class/infiniband.
+    assert str(config(tmp_path).infiniband_root) == "/sys/class/infiniband"
+    loaded = config(tmp_path, "infiniband_root: /srv/fake-ib\n")
+    assert str(loaded.infiniband_root) == "/srv/fake-ib"
+    loaded = config(tmp_path, "infiniband_root: /srv/fake-ib\n", LLMGW_INFINIBAND_ROOT="/x/ib")
+    assert str(loaded.infiniband_root) == "/x/ib"
+    with pytest.raises(AgentConfigError, match="infiniband_root: 'fake-ib' is not an absolute"):
+        config(tmp_path, "infiniband_root: fake-ib\n")

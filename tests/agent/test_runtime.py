@@ -329,3 +329,12 @@ def _eventually(condition, timeout: float = 20.0) -> bool:
     except AssertionError:
         return False
     return True
+
+
+def test_the_register_reads_infiniband_from_the_configured_root(tmp_path):
+    from fakes.sysfs import add_adapter
+
+    add_adapter(tmp_path / "ib", "mlx5_0", {1: ("ACTIVE", 200)})
+    agent = runtime(tmp_path, fabrics={"ib-a": ["mlx5_0"]}, infiniband_root=tmp_path / "ib")
+    [fabric] = agent.register_message().inventory.fabrics
+    assert (fabric.name, fabric.adapters, fabric.rate_gbps) == ("ib-a", ["mlx5_0"], 200.0)

