@@ -10,7 +10,9 @@ import psutil
 from fault_system import System, retry, wait_for
 
 PROCESS_FAULTS = ["agent", "control-plane", "reconciler", "router", "redis", "postgres"]
-FAULTS = [*PROCESS_FAULTS, "engine", "agent-stop", "failover"]
+# The engine last: it is killed only once it has served past the reconciler's settling
+# time, which the faults before it have used up by then instead of a wait.
+FAULTS = [*PROCESS_FAULTS, "agent-stop", "failover", "engine"]
 
 
 def _started(pid: int) -> float:

@@ -37,8 +37,8 @@ def test_one_injection_of_each_fault_keeps_every_invariant(tmp_path):
     assert run.returncode == 0, report
     rows = json.loads(out.read_text())
     assert [row["fault"] for row in rows] == [
-        "agent", "control-plane", "reconciler", "router", "redis", "postgres", "engine",
-        "agent-stop", "failover",
+        "agent", "control-plane", "reconciler", "router", "redis", "postgres", "agent-stop",
+        "failover", "engine",
     ], report  # fmt: skip
     for row in rows:
         fault = row["fault"]
