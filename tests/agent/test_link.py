@@ -94,6 +94,19 @@ def no_backoff(monkeypatch):
     return waits
 
 
+async def link_until_status_arrives(link, plane, shard_id: str = "s1"):
+    """Point ``link`` at ``plane``, run it until the status of ``shard_id`` has arrived, stop
+    both, and return the plane with everything it received in order."""
+    await plane.start()
+    link.servers = [plane.url]
+    task = asyncio.create_task(link.run())
+    await wait_until(lambda: any(m.get("shard_id") == shard_id for m in plane.received))
+    link.stop()
+    await asyncio.wait_for(task, 5)
+    await plane.stop()
+    return plane
+
+
 def test_a_refusing_first_address_fails_over_to_the_second_without_backoff(no_backoff, caplog):
     async def scenario():
         standby = await FakeControlPlane(refuse="standby; the leader is cp2").start()
@@ -235,14 +248,7 @@ def test_events_sent_while_unlinked_go_out_right_after_the_register(no_backoff):
         plane = FakeControlPlane()
         link = make_link(["ws://127.0.0.1:9"], heartbeat_interval=60)
         await asyncio.to_thread(link.send, Canned(type="shard_status", shard_id="s1"))
-        await plane.start()
-        link.servers = [plane.url]
-        task = asyncio.create_task(link.run())
-        await wait_until(lambda: any(m.get("shard_id") == "s1" for m in plane.received))
-        link.stop()
-        await asyncio.wait_for(task, 5)
-        await plane.stop()
-        return plane
+        return await link_until_status_arrives(link, plane)
 
     plane = asyncio.run(scenario())
     assert [m["type"] for m in plane.received][:2] == ["register", "shard_status"]
@@ -259,14 +265,7 @@ def test_a_newer_statement_replaces_an_older_one_not_yet_sent(no_backoff):
         await asyncio.to_thread(link.send_latest, "engines", Canned(type="engines", n=1))
         await asyncio.to_thread(link.forget, "engines")  # a register will say them anew
         link.send(Canned(type="shard_status", shard_id="s1"))
-        await plane.start()
-        link.servers = [plane.url]
-        task = asyncio.create_task(link.run())
-        await wait_until(lambda: any(m.get("shard_id") == "s1" for m in plane.received))
-        link.stop()
-        await asyncio.wait_for(task, 5)
-        await plane.stop()
-        return plane
+        return await link_until_status_arrives(link, plane)
 
     plane = asyncio.run(scenario())
     assert plane.received == [
