@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
@@ -33,6 +32,7 @@ from fleet.models import (
     ShardState,
 )  # fmt: skip
 from fleet.node_engines import tell_nodes_their_engines
+from fleet.reconcile_report import ReconcileReport as ReconcileReport  # tests read it here
 from fleet.routing_table import read_inflight_reports
 from fleet.services import refresh_replica_state
 from fleet.shard_specs import allocate_port, shard_spec, version_on_nodes
@@ -44,35 +44,6 @@ log = logging.getLogger("llmgw.reconciler")
 
 # The key of the PostgreSQL advisory lock that makes a pass one at a time, cluster-wide.
 PASS_LOCK_KEY = 0x6C6C6D67  # "llmg"
-
-
-@dataclass
-class ReconcileReport:
-    created: list[str] = field(default_factory=list)
-    placed: list[str] = field(default_factory=list)
-    unplaceable: list[str] = field(default_factory=list)
-    stopping: list[str] = field(default_factory=list)
-    stopped: list[str] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-    draining: list[str] = field(default_factory=list)
-    # Autoscaled profiles whose wanted count changed, with why.
-    scaled: list[str] = field(default_factory=list)
-    # Nodes told which engines to have (on link, on a catalog change, every 10 minutes).
-    told_engines: list[str] = field(default_factory=list)
-    # Why the pass did not run (or stopped early), if it did not run whole.
-    skipped: str = ""
-
-    def did_anything(self) -> bool:
-        return any(getattr(self, name) for name in self.counted())
-
-    def counted(self) -> list[str]:
-        return [name for name in self.__dataclass_fields__ if name != "skipped"]
-
-    def summary(self) -> dict[str, object]:
-        counts: dict[str, object] = {name: len(getattr(self, name)) for name in self.counted()}
-        if self.skipped:
-            counts["skipped"] = self.skipped
-        return counts
 
 
 def reconcile(

@@ -24,7 +24,7 @@ from audit.events import record_event, record_news
 from catalog.models import Profile, newest_engine_versions
 from fleet.actions.replicas import create_replica, stop_replica
 from fleet.models import Replica, ReplicaState
-from fleet.reconciler import ReconcileReport
+from fleet.reconcile_report import ReconcileReport
 from fleet.routing_table import read_inflight_reports
 
 # Routers reload within a second of the notification and report every second; a drain

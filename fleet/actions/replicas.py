@@ -4,7 +4,6 @@ reconciler start a fresh one with the profile's current settings)."""
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
 
 from django.db import transaction
 
@@ -13,10 +12,8 @@ from audit.models import EventKind
 from catalog.models import Profile, newest_engine_versions
 from fleet import commands
 from fleet.models import Replica, ReplicaState, ShardState, replica_secret
+from fleet.reconcile_report import ReconcileReport
 from fleet.transitions import transition
-
-if TYPE_CHECKING:
-    from fleet.reconciler import ReconcileReport
 
 
 def create_replica(profile: Profile, why: str, report: ReconcileReport | None = None) -> Replica:
