@@ -261,6 +261,20 @@ class Replica(models.Model):
         return f"{self.model_name}/{self.profile_name} {str(self.id)[:8]}"
 
     @property
+    def serves_from_lost_node(self) -> bool:
+        """Ready, with a shard on a node the control plane has lost.
+
+        A lost node may only be cut from the control plane, its engines still answering
+        the router, so such a replica stays routable (the router's breaker judges whether
+        it answers) but no longer counts toward its profile: a replacement is made, and
+        it is stopped once that is ready. Reads ``shards`` with their nodes: prefetch them.
+        """
+        return self.state == ReplicaState.READY and any(
+            shard.node is not None and shard.node.state == NodeState.LOST
+            for shard in self.shards.all()
+        )
+
+    @property
     def engine_label(self) -> str:
         """The engine and version as replica rows show it ("llama.cpp b6000"); "" if none."""
         return engine_label(self.engine, self.engine_version)

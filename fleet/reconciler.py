@@ -33,6 +33,7 @@ from fleet.models import (
 )  # fmt: skip
 from fleet.node_engines import tell_nodes_their_engines
 from fleet.reconcile_report import ReconcileReport as ReconcileReport  # tests read it here
+from fleet.rollout import drain_verdict, reports_once, roll_stale, start_drain
 from fleet.routing_table import read_inflight_reports
 from fleet.services import refresh_replica_state
 from fleet.shard_specs import allocate_port, shard_spec, version_on_nodes
@@ -57,8 +58,6 @@ def reconcile(
     ``still_leading`` is asked before every step: a leader that lost its lease mid-pass
     must not write, or send commands under an epoch that is no longer current.
     """
-    from fleet.rollout import roll_stale  # it builds on this module's verbs
-
     now = now or timezone.now()
     report = ReconcileReport()
     with one_pass_at_a_time() as alone:
@@ -124,8 +123,10 @@ def retire_from_bad_nodes(
 ) -> None:
     """Move replicas off lost or draining nodes (a lost node's engines are still stopped).
 
-    A lost node's replica moves only if another node can take it now: its engines are
-    not assumed dead, and stopping one with nowhere else to go would only turn a silent
+    A lost node's engines are not assumed dead. Its ready replica serves until its
+    replacement is ready (``scale`` makes one, as it no longer counts it), then drains
+    like a replica a rollout replaces; one not yet ready moves only if another node can
+    take it now, since stopping one with nowhere else to go would only turn a silent
     agent into a restarted engine once it is back.
     """
     bad = {
@@ -134,16 +135,22 @@ def retire_from_bad_nodes(
     }
     if not bad:
         return
+    now = now or timezone.now()
+    read = reports_once()
     moving: list[tuple[Replica, str]] = []
     counted = Replica.objects.filter(state__in=ReplicaState.COUNTED)
-    for replica in counted.select_related("profile__model").prefetch_related("shards"):
+    for replica in counted.select_related("profile__model").prefetch_related("shards__node"):
         node_id = next((s.node_id for s in replica.shards.all() if s.node_id in bad), None)
-        if node_id is not None:
+        if node_id is None:
+            continue
+        if replica.serves_from_lost_node and replica.profile is not None:
+            _retire_once_replaced(replica, node_id, now, read, report, epoch)
+        else:
             moving.append((replica, node_id))
     lost = [(r, n) for r, n in moving if bad[n] == "lost" and r.profile is not None]
     decisions = place_batch(
         [placement_request(str(r.id), r.profile, engine_version_of(r)) for r, _n in lost],
-        node_snapshots(now or timezone.now()),
+        node_snapshots(now),
     ) if lost else []  # fmt: skip
     nowhere = {
         replica.id: decision.summary
@@ -161,6 +168,29 @@ def retire_from_bad_nodes(
             report,
             epoch,
         )
+
+
+def _retire_once_replaced(
+    replica: Replica, node_id: str, now: datetime, read: Callable, report: ReconcileReport,
+    epoch: int | None,
+) -> None:  # fmt: skip
+    """Drain a replica serving from a lost node once its profile has its wanted replicas
+    ready without it, and stop it when the drain is over; until then it keeps serving."""
+    profile = replica.profile
+    assert profile is not None
+    lost = f"node {node_id} is lost"
+    if replica.draining_since is not None:
+        verdict = drain_verdict(replica, now, profile.drain_timeout, read)
+        if verdict is not None:
+            stop_replica(replica, f"{lost}; its replacement is ready; {verdict}", report, epoch)
+        return
+    ready = Replica.objects.filter(profile=profile, state=ReplicaState.READY)
+    others = [r for r in ready.prefetch_related("shards__node") if not r.serves_from_lost_node]
+    if len(others) >= profile.replicas:
+        start_drain(replica, now, profile, f"off lost node {node_id}, its replacement ready",
+                    report)  # fmt: skip
+    else:
+        record_news("replica", str(replica.id), f"{lost}; serving until its replacement is ready")
 
 
 def fail_slow_starts(now: datetime, report: ReconcileReport) -> None:
@@ -203,7 +233,8 @@ def scale(report: ReconcileReport, epoch: int | None = None) -> None:
     newest = newest_engine_versions()
     for profile in Profile.objects.select_related("model"):
         counted = Replica.objects.filter(profile=profile, state__in=ReplicaState.COUNTED)
-        live = list(counted.order_by("-created_at"))
+        in_order = counted.order_by("-created_at").prefetch_related("shards__node")
+        live = [r for r in in_order if not r.serves_from_lost_node]
         missing = profile.replicas - len(live)
         for _ in range(missing):
             create_replica(profile, f"wanted by {profile}", report)

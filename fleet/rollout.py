@@ -105,7 +105,7 @@ def rollouts(model_name: str | None = None) -> list[Rollout]:
 
 def roll_stale(now: datetime, report: ReconcileReport, epoch: int | None = None) -> None:
     """Move every profile's rolling restart on by one step its bounds allow."""
-    read = _reports_once()
+    read = reports_once()
     for rollout in rollouts():
         if not rollout.rolling:
             continue
@@ -126,7 +126,7 @@ def roll_stale(now: datetime, report: ReconcileReport, epoch: int | None = None)
             )
 
 
-def _reports_once() -> Callable[[], Reports]:
+def reports_once() -> Callable[[], Reports]:
     """Read the routers' reports at most once a pass, and only if a drain asks."""
     cache: list[Reports] = []
 
@@ -206,12 +206,15 @@ def _surge(rollout: Rollout, report: ReconcileReport) -> None:
 def _drain(rollout: Rollout, now: datetime, report: ReconcileReport) -> None:
     ready_stale = [r for r in rollout.stale if r.state == ReplicaState.READY]
     for replica in ready_stale[: max(0, rollout.drainable())]:
-        if start_drain(replica, now, rollout.profile, report):
+        because = f"to be replaced by {rollout.profile}'s current settings"
+        if start_drain(replica, now, rollout.profile, because, report):
             rollout.stale.remove(replica)
             rollout.draining.append(replica)
 
 
-def start_drain(replica: Replica, now: datetime, profile: Profile, report: ReconcileReport) -> bool:
+def start_drain(
+    replica: Replica, now: datetime, profile: Profile, because: str, report: ReconcileReport
+) -> bool:
     """Take a ready replica out of the routing table; it is stopped once its drain is over."""
     with transaction.atomic():
         taken = Replica.objects.filter(
@@ -222,7 +225,7 @@ def start_drain(replica: Replica, now: datetime, profile: Profile, report: Recon
         record_event(
             "replica",
             str(replica.id),
-            f"draining to be replaced by {profile}'s current settings: no new requests; "
+            f"draining {because}: no new requests; "
             f"stopped once its requests are done (at most {profile.drain_timeout}s)",
         )
         # Routers drop it from their tables now, not at their next refresh.

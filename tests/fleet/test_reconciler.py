@@ -14,6 +14,7 @@ from catalog.actions import apply_catalog
 from fleet.models import Node, Replica, Shard, replica_secret
 from fleet.node_auth import node_token
 from fleet.reconciler import reconcile, replacement_delay
+from fleet.routing_table import routing_snapshot
 from fleet.services import (
     adopt_reported_shards,
     forget_unreported_shards,
@@ -153,6 +154,51 @@ def test_a_lost_nodes_replica_is_placed_elsewhere(node_ids, django_capture_on_co
     assert replacement.state == "starting"
     assert replacement.shards.get().node_id == node_ids[1]
     # The lost node is still told to stop its engine, in case it comes back.
+    assert queued_commands(node_ids[0])[-1] == ("agent.stop_shard", [first.shards.get().id, 0])
+
+
+def test_a_lost_nodes_ready_replica_serves_until_its_replacement_is_ready(
+    node_ids, django_capture_on_commit_callbacks
+):
+    # A lost node may be cut from the control plane only: its engine still answers the
+    # router. Make before break: it stays routable until a replacement is ready elsewhere.
+    connect(node_ids[0])
+    apply_catalog(catalog())
+    run(django_capture_on_commit_callbacks)
+    first = Replica.objects.get()
+    record_shard_status(
+        node_ids[0], messages.ShardStatus(shard_id=first.shards.get().id, state="ready", pid=7)
+    )
+    connect(node_ids[1])
+    transition(Node, node_ids[0], "lost", "no heartbeat for 61s")
+    run(django_capture_on_commit_callbacks)
+
+    first.refresh_from_db()
+    assert first.state == "ready"
+    assert [e.replica for e in routing_snapshot().models[0].endpoints] == [str(first.id)]
+    replacement = Replica.objects.exclude(id=first.id).get()
+    assert replacement.shards.get().node_id == node_ids[1]
+    sent = len(queued_commands(node_ids[0]))
+    run(django_capture_on_commit_callbacks)
+    assert Replica.objects.count() == 2  # one replacement, however many passes
+    assert len(queued_commands(node_ids[0])) == sent
+
+    record_shard_status(
+        node_ids[1],
+        messages.ShardStatus(shard_id=replacement.shards.get().id, state="ready", pid=8),
+    )
+    run(django_capture_on_commit_callbacks)
+    first.refresh_from_db()
+    # Drained first, like a replica a rollout replaces: what it carries finishes.
+    assert first.state == "ready" and first.draining_since is not None
+    assert [e.replica for e in routing_snapshot().models[0].endpoints] == [str(replacement.id)]
+    assert len(queued_commands(node_ids[0])) == sent
+
+    later = timezone.now() + timedelta(seconds=first.profile.drain_timeout + 1)
+    run(django_capture_on_commit_callbacks, now=later)
+    first.refresh_from_db()
+    assert first.state in ("stopping", "stopped")
+    assert first.reasons[0].startswith(f"node {node_ids[0]} is lost; its replacement is ready; ")
     assert queued_commands(node_ids[0])[-1] == ("agent.stop_shard", [first.shards.get().id, 0])
 
 
