@@ -377,6 +377,13 @@ class AgentRuntime:
             self.supervisor.stop(shard_id)
         return True
 
+    def learn_epoch(self, epoch: int) -> bool:
+        """A leader announced its epoch; False when a newer one is already known."""
+        if not self.agent_state.accept_epoch(epoch):
+            return False
+        log.info("epoch %d leads; commands from older epochs are refused from now on", epoch)
+        return True
+
     def _from_current_leader(self, verb: str, shard_id: str, epoch: int) -> bool:
         # A deposed leader's command: the current leader decides what runs here. The
         # highest epoch is kept on disk, so an agent restart does not forget it.

@@ -19,6 +19,7 @@ from protocol.commands import (
     DRAIN,
     ENGINE_CHECK,
     FETCH_WEIGHTS,
+    LEADER_EPOCH,
     READ_LOGS,
     START_SHARD,
     STOP_SHARD,
@@ -53,6 +54,13 @@ def stop_shard_task(shard_id: str, epoch: int = 0, deadline: float = 0, signatur
     if not _checked(STOP_SHARD, [shard_id, epoch], deadline, signature):
         return "refused"
     return "stopped" if current().stop_shard(shard_id, epoch) else "ignored"
+
+
+@shared_task(name=LEADER_EPOCH)
+def leader_epoch_task(epoch: int, deadline: float = 0, signature: str = "") -> str:
+    if not _checked(LEADER_EPOCH, [epoch], deadline, signature):
+        return "refused"
+    return "learned" if current().learn_epoch(epoch) else "older"
 
 
 @shared_task(name=READ_LOGS)

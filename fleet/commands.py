@@ -14,6 +14,7 @@ from celery import current_app
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from fleet import leadership
+from fleet.models import Node
 from fleet.node_auth import node_token
 from protocol.commands import (
     CollectWeights,
@@ -21,6 +22,7 @@ from protocol.commands import (
     Drain,
     EngineCheck,
     FetchWeights,
+    LeaderEpoch,
     NodeCommand,
     ReadLogs,
     StartShard,
@@ -36,6 +38,8 @@ START_EXPIRES = 120
 STOP_EXPIRES = 600
 # A node away longer is told again when it links; an hour-old engine list is no order.
 CONVERGE_EXPIRES = 600
+# As long as a deposed leader's stop can wait on a queue: it outlives every command it fences.
+EPOCH_EXPIRES = STOP_EXPIRES
 REPLY_TIMEOUT = 10.0
 
 
@@ -75,6 +79,13 @@ def send_stop_shard(node_id: str, shard_id: str, epoch: int | None = None) -> No
         lease = leadership.current()
         epoch = lease.epoch if lease is not None else 0
     send(node_id, StopShard(shard_id=shard_id, epoch=epoch), STOP_EXPIRES)
+
+
+def announce_epoch(epoch: int) -> None:
+    """Tell every node the epoch of the leader that just took the lease (lost nodes too:
+    one that comes back reads its queue first)."""
+    for node_id in Node.objects.values_list("id", flat=True):
+        send(node_id, LeaderEpoch(epoch=epoch), EPOCH_EXPIRES)
 
 
 def send_converge_engines(node_id: str, engines: list[WantedEngine]) -> None:

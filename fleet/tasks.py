@@ -10,14 +10,22 @@ from datetime import UTC, datetime, timedelta
 from celery import shared_task
 from django.conf import settings
 
-from fleet import leadership
+from fleet import commands, leadership
 from fleet.liveness import check_liveness
 from fleet.reconciler import reconcile
 
 
+def lease_as_leader() -> leadership.Lease:
+    """Take or renew the lease; on taking it, tell every node the new epoch first."""
+    lease = leadership.acquire_or_renew()
+    if lease.acquired_now and lease.holder == leadership.identity():
+        commands.announce_epoch(lease.epoch)
+    return lease
+
+
 @shared_task(name="fleet.reconcile")
 def reconcile_task() -> dict:
-    lease = leadership.acquire_or_renew()
+    lease = lease_as_leader()
     if lease.holder != leadership.identity():
         return {"leader": lease.holder}
     report = reconcile(
@@ -28,7 +36,7 @@ def reconcile_task() -> dict:
 
 @shared_task(name="fleet.check_liveness")
 def check_liveness_task() -> dict:
-    lease = leadership.acquire_or_renew()
+    lease = lease_as_leader()
     if lease.holder != leadership.identity():
         return {"leader": lease.holder}
     # After a failover or a restart of the control plane taking the links, give every

@@ -21,6 +21,7 @@ COLLECT_WEIGHTS = "agent.collect_weights"
 CONVERGE_ENGINES = "agent.converge_engines"
 DRAIN = "agent.drain"
 FETCH_WEIGHTS = "agent.fetch_weights"
+LEADER_EPOCH = "agent.leader_epoch"
 
 
 class NodeCommand(BaseModel):
@@ -46,6 +47,14 @@ class StopShard(NodeCommand):
     task: ClassVar[str] = STOP_SHARD
     shard_id: str
     epoch: int = 0
+
+
+class LeaderEpoch(NodeCommand):
+    """A new leader's epoch, told to every node as it takes the lease, so that a command
+    the deposed leader still sends is refused even by a node the new one never commanded."""
+
+    task: ClassVar[str] = LEADER_EPOCH
+    epoch: int
 
 
 class ReadLogs(NodeCommand):

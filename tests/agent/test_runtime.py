@@ -243,6 +243,22 @@ def test_a_draining_agent_refuses_new_shards_and_says_why(tmp_path):
     assert "draining" not in told[-1].reason  # undrained: refused for another reason
 
 
+def test_an_announced_epoch_fences_the_deposed_leaders_stops(tmp_path, caplog):
+    # A failover the agent was never commanded through: the announcement alone must do.
+    agent = runtime(tmp_path)
+    agent.link.send = lambda message: None  # type: ignore[method-assign]
+    stopped = []
+    agent.launcher.stop = lambda shard_id: stopped.append(shard_id) or True  # type: ignore[method-assign]
+    assert agent.stop_shard("a" * 32, epoch=1)  # the first leader's stop is obeyed
+
+    assert agent.learn_epoch(2)
+    assert not agent.stop_shard("b" * 32, epoch=1)
+    assert stopped == ["a" * 32]
+    assert "ignoring stop of shard " + "b" * 32 + " from epoch 1; epoch 2 leads" in caplog.text
+    assert not agent.learn_epoch(1)  # an older announcement, late: changes nothing
+    assert runtime(tmp_path).agent_state.highest_epoch == 2  # kept across a restart
+
+
 def test_engines_named_in_the_agent_file_are_reported_as_not_managed(tmp_path):
     binary = tmp_path / "opt" / "llama-server"
     binary.parent.mkdir()

@@ -11,6 +11,9 @@ import uuid
 import pytest
 
 from fleet import leadership
+from fleet.models import Node
+from fleet.tasks import lease_as_leader
+from tests.fleet.queues import queued_commands
 
 pytestmark = pytest.mark.django_db
 
@@ -41,3 +44,21 @@ def test_renewing_keeps_the_epoch(lease_key):
     assert (renewed.epoch, renewed.acquired_now) == (taken.epoch, False)
     other = leadership.acquire_or_renew("ws://b:8000")
     assert (other.holder, other.epoch) == ("ws://a:8000", taken.epoch)
+
+
+def test_a_control_plane_taking_the_lease_tells_every_node_its_epoch(lease_key, settings):
+    # Agents learn epochs from commands; one the new leader never commands would still
+    # obey the deposed leader's late stop without this.
+    nodes = [f"epoch-{uuid.uuid4().hex[:6]}" for _ in range(2)]
+    Node.objects.create(id=nodes[0], state="connected")
+    Node.objects.create(id=nodes[1], state="lost")  # one that comes back reads its queue
+    leadership.acquire_or_renew("ws://other:8000")
+    leadership.release("ws://other:8000")
+    settings.CONTROL_PLANE_ID = "ws://me:8000"
+
+    taken = lease_as_leader()
+    lease_as_leader()  # renewing says nothing more
+
+    assert taken.acquired_now and taken.epoch >= 2
+    for node in nodes:
+        assert queued_commands(node, orders=True) == [("agent.leader_epoch", [taken.epoch])]
