@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping
 from datetime import datetime
 
@@ -24,10 +24,15 @@ def node_snapshots(now: datetime) -> list[NodeSnapshot]:
     """Every node with what is free on it: GPUs held by live shards are taken."""
     held_gpus: dict[str, set[int]] = defaultdict(set)
     loading_memory: dict[str, int] = defaultdict(int)
-    for node_id, gpus, state, memory in Shard.objects.filter(
+    replicas: dict[str, Counter[str]] = defaultdict(Counter)
+    for node_id, gpus, state, memory, model, profile in Shard.objects.filter(
         state__in=ShardState.LIVE, node__isnull=False
-    ).values_list("node_id", "gpus", "state", "replica__profile__memory"):
+    ).values_list(
+        "node_id", "gpus", "state", "replica__profile__memory", "replica__model_name",
+        "replica__profile_name",
+    ):  # fmt: skip
         held_gpus[node_id].update(gpus or [])
+        replicas[node_id][f"{model}/{profile}"] += 1
         if state in ShardState.LOADING:
             # An engine still loading has not taken its memory yet; count it as taken.
             loading_memory[node_id] += memory or 0
@@ -35,7 +40,14 @@ def node_snapshots(now: datetime) -> list[NodeSnapshot]:
     # What each node holds, its own and what it sees on shared stores.
     weights = weights_map(nodes).held
     return [
-        snapshot_of(node, held_gpus[node.id], loading_memory[node.id], now, weights[node.id])
+        snapshot_of(
+            node,
+            held_gpus[node.id],
+            loading_memory[node.id],
+            now,
+            weights[node.id],
+            replicas[node.id],
+        )  # fmt: skip
         for node in nodes
     ]
 
@@ -46,6 +58,7 @@ def snapshot_of(
     loading_memory: int,
     now: datetime,
     weights: frozenset[str],
+    replicas: Mapping[str, int] | None = None,
 ) -> NodeSnapshot:
     """One node as placement sees it; usage that is not fresh gives way to the inventory."""
     facts, usage = node.inventory_facts(), node.usage_at(now)
@@ -83,6 +96,7 @@ def snapshot_of(
             fabric_snapshot(fabric, adapters) for fabric in (facts.fabrics if facts else [])
         ),
         weights=weights,
+        replicas=dict(replicas or {}),
     )
 
 

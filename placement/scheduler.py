@@ -189,7 +189,7 @@ class _Fleet:
 
     def _queue(self, request: PlacementRequest) -> _Queue:
         shape = _shape(request)
-        signature = (shape, request.weights_key, request.disk)
+        signature = (shape, request.weights_key, request.disk, request.spread_key)
         queue = self.queues.get(signature)
         if queue is None:
             queue = _Queue(request, self.fits.setdefault(shape, {}))
@@ -211,12 +211,16 @@ class _Fleet:
             disk_left -= request.disk
             if request.weights_key:
                 fetching = fetching | {request.weights_key}
+        replicas = dict(node.replicas)
+        if request.spread_key:
+            replicas[request.spread_key] = replicas.get(request.spread_key, 0) + 1
         node = replace(
             node,
             gpus=tuple(gpu for gpu in node.gpus if gpu.index not in taken),
             ram_free=node.ram_free - request.memory,
             disk_free=disk_left,
             weights_fetching=fetching,
+            replicas=MappingProxyType(replicas),
         )
         self.nodes[node.id] = node
         self.versions[node.id] += 1

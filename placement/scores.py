@@ -5,11 +5,14 @@ in the decision. They are compared in order, not summed, so each reads as a rule
 
 1. nvlink  — a tensor-parallel group joined by NVLink; a straddling group runs
              several times slower for as long as the replica lives.
-2. weights — the node already holds the model. A preference and never a filter:
+2. spread  — spread only: fewest replicas of the same profile on the node, so that
+             losing one node leaves the profile serving. Before weights, since the
+             node running a replica always holds its weights.
+3. weights — the node already holds the model. A preference and never a filter:
              fetching is a valid answer, and refusing would turn a slow start
              into no start at all.
-3. gpus    — pack: fewest free GPUs left after; spread: most.
-4. ram     — the same for host RAM.
+4. gpus    — pack: fewest free GPUs left after; spread: most.
+5. ram     — the same for host RAM.
 
 Ties go to the lowest node id, so the same snapshot always gives the same answer.
 """
@@ -49,6 +52,13 @@ def nvlink_joined(node: NodeSnapshot, request: PlacementRequest, fitted: Fit) ->
     return fitted.nvlink
 
 
+def fewest_replicas(node: NodeSnapshot, request: PlacementRequest, fitted: Fit) -> float:
+    """Score 1 for a node without a replica of the profile, less for each it has (spread)."""
+    if not request.spread_key:
+        return 0.0
+    return 1.0 / (1.0 + node.replicas.get(request.spread_key, 0))
+
+
 def holds_weights(node: NodeSnapshot, request: PlacementRequest, fitted: Fit) -> float:
     """Score 1 for a node that holds the weights (not merely fetching them), else 0."""
     return 1.0 if request.weights_key and request.weights_key in node.weights else 0.0
@@ -73,6 +83,7 @@ def _left(left: float, request: PlacementRequest) -> float:
 # Compared in this order: a later scorer only breaks the ties of the earlier ones.
 SCORERS: tuple[tuple[str, Scorer], ...] = (
     ("nvlink", nvlink_joined),
+    ("spread", fewest_replicas),
     ("weights", holds_weights),
     ("gpus", gpus_left),
     ("ram", ram_left),

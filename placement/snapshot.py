@@ -71,6 +71,8 @@ class NodeSnapshot:
     # Weight keys a shard is fetching onto the node now: their disk is already
     # claimed, but they are not held yet, so they earn no preference.
     weights_fetching: frozenset[str] = frozenset()
+    # Live replicas on the node per profile ("model/profile"): what spread spreads.
+    replicas: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -90,3 +92,8 @@ class PlacementRequest:
     pool: str = ""  # "" places in any pool
     weights_key: str = ""
     strategy: Strategy = "pack"
+
+    @property
+    def spread_key(self) -> str:
+        """The replicas spread apart from each other: those of one profile; "" for pack."""
+        return f"{self.model}/{self.profile}" if self.strategy == "spread" else ""

@@ -9,7 +9,7 @@ import pytest
 from fleet.snapshot import node_snapshots
 from placement import FabricSnapshot, PlacementRequest, place
 from protocol.inventory import AdapterPort, Fabric, FabricAdapter, Usage
-from tests.factories import make_node
+from tests.factories import make_node, make_profile, make_replica, make_shard
 from tests.fleet.inventories import inventory
 
 pytestmark = pytest.mark.django_db
@@ -95,3 +95,16 @@ def test_a_node_that_never_registered_offers_nothing():
     assert (snapshot.gpus, snapshot.ram_free, snapshot.disk_free, snapshot.fabrics) == (
         (), 0, 0, ()
     )  # fmt: skip
+
+
+def test_each_node_counts_the_live_replicas_of_each_profile_it_runs():
+    node = make_node("node01")
+    profile = make_profile()
+    key = f"{profile.model.name}/{profile.name}"
+    make_shard(make_replica(profile, state="ready"), node=node, state="ready")
+    make_shard(make_replica(profile, state="starting"), node=node, state="starting")
+    make_shard(make_replica(profile, state="stopped"), node=node, state="stopped")
+
+    [snapshot] = node_snapshots(NOW)
+
+    assert snapshot.replicas == {key: 2}  # what spread placement spreads

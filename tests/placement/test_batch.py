@@ -167,6 +167,9 @@ def _brute_force(
         has = req.weights_key and (
             req.weights_key in chosen.weights or req.weights_key in chosen.weights_fetching
         )
+        replicas = dict(chosen.replicas)
+        if req.spread_key:
+            replicas[req.spread_key] = replicas.get(req.spread_key, 0) + 1
         fleet[best.node] = replace(
             chosen,
             gpus=tuple(g for g in chosen.gpus if g.index not in best.gpus),
@@ -174,6 +177,7 @@ def _brute_force(
             disk_free=chosen.disk_free - (0 if has else req.disk),
             weights_fetching=chosen.weights_fetching
             | ({req.weights_key} if req.weights_key else set()),
+            replicas=replicas,
         )
     return answers
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from placement import SCORERS, choose_gpus, place
+from placement import SCORERS, choose_gpus, place, place_batch
 from placement.scores import fit_node, score
 from tests.placement.builders import GIB, gpus, node, paired, request
 
@@ -181,6 +181,27 @@ def test_scorers_are_named_functions_compared_in_their_order() -> None:
     candidate = score(holder, wanted, fitted)
 
     assert candidate is not None
-    assert [name for name, _ in SCORERS] == ["nvlink", "weights", "gpus", "ram"]
+    assert [name for name, _ in SCORERS] == ["nvlink", "spread", "weights", "gpus", "ram"]
     assert candidate.scores == {name: scorer(holder, wanted, fitted) for name, scorer in SCORERS}
     assert candidate.scores["weights"] == 1.0
+
+
+def test_spread_puts_a_profiles_replicas_on_different_nodes_before_weights() -> None:
+    # The node running a replica holds its weights; spread still goes to the other node,
+    # so one node's loss leaves the profile serving.
+    nodes = [node("node01", weights=CHAT, replicas={"chat/default": 1}), node("node02")]
+
+    assert place(request(strategy="spread"), nodes).ranks[0].node == "node02"
+    assert place(request(strategy="pack"), nodes).ranks[0].node == "node01"
+    other_profile = request(strategy="spread", profile="long")
+    assert place(other_profile, nodes).ranks[0].node == "node01"
+
+
+def test_a_spread_batch_places_one_replica_per_node_before_doubling_up() -> None:
+    nodes = [node("node01", weights=CHAT), node("node02"), node("node03")]
+    wanted = [request(replica_key=f"chat-{i}", strategy="spread") for i in range(4)]
+
+    placed = [decision.ranks[0].node for decision in place_batch(wanted, nodes)]
+
+    assert sorted(placed[:3]) == ["node01", "node02", "node03"]
+    assert placed[3] == "node01"  # every node has one: the weights decide
