@@ -10,14 +10,17 @@ direct throughput with httpx.
 
 What it does, and nothing more: keep-alive pools per engine address; a connect
 timeout; a read timeout on silence, not on total time (a long generation is not a
-fault); back-pressure (reading from an engine pauses while a slow client has not taken
-what was read); and closing the engine connection when the relay is abandoned, which
+fault); TCP keepalive, so that an engine whose host went silent is given up in
+seconds; back-pressure (reading from an engine pauses while a slow client has not
+taken what was read); and closing the engine connection when the relay is abandoned, which
 is how an engine learns that the client left and stops generating.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator
@@ -46,6 +49,17 @@ HOP_RESPONSE_HEADERS = frozenset(
 KEEPALIVE_SECONDS = 4.0
 # Reading pauses while this much of an answer waits for a slow client.
 HIGH_WATER = 256 * 1024
+# An engine whose host went silent (a cut link, a machine powered off) never closes its
+# connections, and the read timeout is long (prefill of a long prompt). The host's kernel
+# answers keepalive probes however busy the engine is, so no answer to 3 probes 2 s apart
+# after 4 s idle (or 10 s without an acknowledgement of what was sent) means no host: the
+# connection fails in about 10 s, and a request with no answer yet goes to another replica.
+KEEPALIVE_OPTIONS = (
+    (socket.IPPROTO_TCP, "TCP_KEEPIDLE", 4),
+    (socket.IPPROTO_TCP, "TCP_KEEPINTVL", 2),
+    (socket.IPPROTO_TCP, "TCP_KEEPCNT", 3),
+    (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", 10_000),  # milliseconds
+)
 
 
 class UpstreamUnreachable(Exception):
@@ -175,6 +189,9 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            give_up_on_silent_hosts(sock)
 
     def data_received(self, data: bytes) -> None:
         self.last_read = self.loop.time()
@@ -300,6 +317,16 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+
+
+def give_up_on_silent_hosts(sock) -> None:
+    """Keepalive on an engine connection (``KEEPALIVE_OPTIONS``; those the OS lacks are skipped)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for level, name, value in KEEPALIVE_OPTIONS:
+        option = getattr(socket, name, None)
+        if option is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(level, option, value)
 
 
 class Upstream:

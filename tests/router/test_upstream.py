@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 
 import pytest
 
@@ -315,3 +316,38 @@ def test_a_kept_alive_connection_the_engine_drops_on_reuse_is_retried_on_a_new_o
     answers, connections = run(scenario())
     assert answers == [b'{"ok": true}'] * 3
     assert connections >= 3  # each reuse was refused and redone on a fresh connection
+
+
+def test_engine_connections_give_up_on_a_silent_host_in_seconds():
+    # A cut link leaves no one to close the connection: keepalive probes, answered by
+    # the engine host's kernel however busy the engine is, are what notice.
+    async def scenario():
+        async def handler(reader, writer):
+            await read_request(reader)
+            writer.write(answer(b"ok"))
+            await writer.drain()
+            await reader.read()
+
+        server, url = await serve(handler)
+        upstream = await client(read_timeout=600)
+        response = await upstream.post(url, "/v1/x", BODY, [])
+        await response.read()
+        response.close()  # back to the pool
+        [connection] = [c for idle in upstream._idle.values() for c in idle]
+        sock = connection.transport.get_extra_info("socket")
+        options = {
+            "keepalive": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            "idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            "interval": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            "probes": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            "unacknowledged_ms": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+        }
+        await upstream.close()
+        server.close()
+        return options
+
+    options = run(scenario())
+    assert options["keepalive"] == 1
+    # Dead within ~10 s, not the 600 s read timeout.
+    assert options["idle"] + options["interval"] * options["probes"] <= 10
+    assert options["unacknowledged_ms"] <= 10_000
