@@ -1,6 +1,7 @@
-"""The load of bench/faults.py: streaming chat clients that count what failed and why.
+"""The load of bench/faults.py and bench/partitions.py: streaming chat clients that count
+what failed and why.
 
-Imported by bench/faults.py, which puts the repository on the path first.
+Imported by those scripts, which put the repository on the path first.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -29,18 +31,36 @@ class Request:
 class Load:
     """Streaming clients in a thread of their own, each one request after another."""
 
-    def __init__(self, url: str, key: str, clients: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        key: str,
+        clients: int,
+        max_requests: int = 100_000,
+        enter: Callable[[], None] | None = None,
+        hang_after: float = REQUEST_TIMEOUT,
+    ) -> None:
+        """``enter`` runs first in the load's thread: bench/partitions.py moves it into a
+        simulated host's network namespace, so every request leaves from that host."""
         self.url, self.key, self.clients = url, key, clients
+        self.max_requests = max_requests
+        self.hang_after = hang_after
         self.requests: list[Request] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+        self._enter = enter
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        if self._enter is not None:
+            self._enter()
+        asyncio.run(self._run())
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=REQUEST_TIMEOUT + 10)
+        self._thread.join(timeout=self.hang_after + 10)
 
     async def _run(self) -> None:
         limits = httpx.Limits(max_connections=self.clients * 2)
@@ -48,13 +68,13 @@ class Load:
             await asyncio.gather(*(self._client(client, n) for n in range(self.clients)))
 
     async def _client(self, client: httpx.AsyncClient, n: int) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and len(self.requests) < self.max_requests:
             request = Request(started=time.monotonic())
             self.requests.append(request)
             try:
-                request.error = await asyncio.wait_for(self._one(client, n), REQUEST_TIMEOUT)
+                request.error = await asyncio.wait_for(self._one(client, n), self.hang_after)
             except TimeoutError:
-                request.error = f"hung past {REQUEST_TIMEOUT:.0f}s"
+                request.error = f"hung past {self.hang_after:.0f}s"
             except httpx.HTTPError as exc:
                 request.error = type(exc).__name__
             request.ended = time.monotonic()

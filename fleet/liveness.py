@@ -4,9 +4,9 @@ If most of the fleet goes silent at once, the likelier story is that the control
 plane lost its network or its Redis, not that every node died — so nothing is
 marked unreachable or lost, and the log says why (Kubernetes' node lifecycle
 controller does the same). The hold lasts while this control plane hears no node at
-all; once it hears some, its own link works, and the hold ends MASS_SILENCE_HOLD after
-the silence became mass: dead nodes are lost then, not never. A lost node's engines
-are not assumed dead.
+all; once it hears some, its own link works, and the hold ends NODE_MASS_SILENCE_HOLD
+(5 minutes) after the silence became mass: dead nodes are lost then, not never. A lost
+node's engines are not assumed dead.
 """
 
 from __future__ import annotations
@@ -28,10 +28,6 @@ log = logging.getLogger("llmgw.fleet.liveness")
 # Above this share of silent nodes (with at least MASS_SILENCE_MIN_NODES), suspect ourselves.
 MASS_SILENCE_SHARE = 0.55
 MASS_SILENCE_MIN_NODES = 3
-# While some node is still heard, a mass silence is held back this long: time for a
-# control plane's flapping link or Redis failover, short enough that dead nodes stop
-# being chosen by placement within minutes.
-MASS_SILENCE_HOLD = timedelta(minutes=5)
 # All that a node's liveness is read from.
 _HEARD = ("id", "state", "last_heartbeat", "registered_at")
 
@@ -79,14 +75,17 @@ def check_liveness(
 
 def _holding_back(nodes: list[Node], silent: list[Node], now: datetime) -> bool:
     """Whether a mass silence suspends marking: always while no node is heard, otherwise
-    until MASS_SILENCE_HOLD has passed since the silence became mass."""
+    until the hold has passed since the silence became mass. The hold (5 minutes) gives a
+    control plane's flapping link or Redis failover time, and is short enough that dead
+    nodes stop being chosen by placement within minutes."""
     since = mass_silence_since(nodes, silent, now)
     if since is None:
         return False
     # Heard lately; a node never heard from (no register yet) says nothing of our link.
     silent_ids = {node.id for node in silent}
     heard = sum(1 for n in nodes if n.id not in silent_ids and n.silence(now) is not None)
-    if heard and now - since >= MASS_SILENCE_HOLD:
+    hold = timedelta(seconds=settings.NODE_MASS_SILENCE_HOLD)
+    if heard and now - since >= hold:
         log.warning(
             "%d of %d nodes silent for %ds while %d still heard: the hold is over, marking "
             "them as any silent node",
@@ -97,7 +96,7 @@ def _holding_back(nodes: list[Node], silent: list[Node], now: datetime) -> bool:
         "%d of %d nodes went silent at once; suspecting the control plane's own network "
         "or Redis rather than the nodes, so none is marked unreachable or lost%s",
         len(silent), len(nodes),
-        f" (for up to {int(MASS_SILENCE_HOLD.total_seconds())}s while {heard} still heard)"
+        f" (for up to {int(hold.total_seconds())}s while {heard} still heard)"
         if heard else " while no node is heard",
     )  # fmt: skip
     return True

@@ -18,11 +18,12 @@ def smollm2_path() -> Path | None:
     return path if path.exists() else None
 
 
-def demo_catalog(threads: int = 2) -> str | None:
+def demo_catalog(threads: int = 2, replicas: int = 1, spread: bool = False) -> str | None:
     """The catalog `llmgw up` applies, or None when the model package is not installed."""
     path = smollm2_path()
     if path is None:
         return None
+    strategy = "        strategy: spread\n" if spread else ""  # one replica per node
     return f"""\
 models:
   - name: {DEMO_MODEL}
@@ -31,8 +32,8 @@ models:
     profiles:
       - name: cpu
         engine: llama.cpp
-        replicas: 1
-        memory: 512MiB
+        replicas: {replicas}
+{strategy}        memory: 512MiB
         context: 2048
         args: ["--threads", "{threads}", "--no-warmup"]
 """

@@ -191,6 +191,8 @@ LOGGING = {
 # Node liveness (seconds). DESIGN.md: unreachable after 15 s of silence, lost after 60 s.
 NODE_UNREACHABLE_AFTER = env_int("LLMGW_NODE_UNREACHABLE_AFTER", 15)
 NODE_LOST_AFTER = env_int("LLMGW_NODE_LOST_AFTER", 60)
+# While most nodes are silent but some still heard, marking waits this long (fleet/liveness.py).
+NODE_MASS_SILENCE_HOLD = env_int("LLMGW_NODE_MASS_SILENCE_HOLD", 300)
 METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN")
 # llmgw's own CA (``llmgw_ctl ca init``): its key, and node certificates' issuer.
 LLMGW_CA_DIR = env_str("LLMGW_CA_DIR") or str(LLMGW_HOME / "ca")

@@ -2,9 +2,10 @@
 
 Found by name and by namespace, not only by the state file, so that a harness killed
 half way leaves nothing the next ``sim up`` cannot find: every process whose network
-namespace is one of ours (engines and PostgreSQL's backends included), every namespace
-and link named with the prefix, every UTS bind mount under an ``lsim-uts`` directory,
-every ``/etc/netns/lsim-*``.
+namespace is one of ours (engines and PostgreSQL's backends included), every impairment
+relay (by its command line: it lives in the root namespace), every namespace and link
+named with the prefix, every UTS bind mount under an ``lsim-uts`` directory, every
+``/etc/netns/lsim-*``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from llmgw_cli.sim import network
+from llmgw_cli.sim import impair, network
 
 UTS_DIR = f"{network.PREFIX}-uts"  # under the state directory: one file per host
 TERM_GRACE_SECONDS = 8
@@ -106,8 +107,9 @@ def still_ours(recorded: list[tuple[int, float]]) -> list[int]:
 
 
 def remove_everything(recorded: list[tuple[int, float]]) -> None:
-    """Every process (recorded, or in a namespace of ours), then the network."""
-    stop_processes(sorted(set(still_ours(recorded)) | set(processes_in_our_namespaces())))
+    """Every process (recorded, in a namespace of ours, or a relay), then the network."""
+    ours = set(still_ours(recorded)) | set(processes_in_our_namespaces()) | set(impair.relays())
+    stop_processes(sorted(ours))
     # Anything started in between (an engine a dying agent spawned) goes without grace.
     stop_processes(processes_in_our_namespaces(), grace=0)
     remove_network()
@@ -119,4 +121,5 @@ def leftovers() -> list[str]:
     found += [f"link {link}" for link in network.our_links()]
     found += [f"mount {point}" for point in uts_mounts()]
     found += [f"process {pid}" for pid in processes_in_our_namespaces()]
+    found += [f"impairment relay {pid} for {host}" for pid, host in impair.relays().items()]
     return found

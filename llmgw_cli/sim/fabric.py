@@ -6,6 +6,7 @@ file declares. With three nodes or more, the last is alone on ``ib-b``; the rest
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -35,4 +36,42 @@ def declare_fabric(agent_file: Path, fabric: str, root: Path) -> None:
     data = yaml.safe_load(agent_file.read_text()) or {}
     data["fabrics"] = {fabric: [ADAPTER]}
     data["infiniband_root"] = str(root)
+    agent_file.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+# A shared weights directory: a filer every node declares, mounted on some of them.
+
+FILER_MODEL = "tiny-shared.gguf"
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class Filer:
+    root: Path  # the filer's own files, on the machine's disk
+    mount_point: Path  # where each node declares it (`weights: {shared: [...]}`)
+
+    @property
+    def mount(self) -> tuple[Path, Path]:
+        return self.root, self.mount_point
+
+    @property
+    def model(self) -> Path:
+        """The model file as a node that mounted the filer sees it."""
+        return self.mount_point / FILER_MODEL
+
+
+def make_filer(directory: Path) -> Filer:
+    """A filer holding one small model file, and an empty directory to mount it on."""
+    filer = Filer(directory / "filer", directory / "shared-models")
+    filer.root.mkdir()
+    filer.mount_point.mkdir()
+    # A model by the agent's rule (a non-empty .gguf); never started, only listed.
+    (filer.root / FILER_MODEL).write_bytes(GGUF_MAGIC + bytes(4092))
+    return filer
+
+
+def declare_shared(agent_file: Path, directory: Path) -> None:
+    """``weights: {shared: [directory]}`` in a node's agent file."""
+    data = yaml.safe_load(agent_file.read_text()) or {}
+    data.setdefault("weights", {})["shared"] = [str(directory)]
     agent_file.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -102,14 +102,24 @@ class Fleet:
                 self.command(host, argv), env=self.env[host], cwd=REPO, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
-        self.record(host, name, popen.pid, log_path)
+        self.record(host, name, popen.pid, log_path, argv)
         return popen
 
-    def record(self, host: str, name: str, pid: int, log_path: Path) -> None:
+    def restart(self, host: str, name: str) -> subprocess.Popen:
+        """Start ``name`` on ``host`` again as it was started last (after a kill)."""
+        for process in reversed(self.processes):
+            if (process["host"], process["name"]) == (host, name) and process.get("argv"):
+                return self.start(host, name, process["argv"])
+        raise network.SimError(f"no process {name!r} was started on {host}")
+
+    def record(
+        self, host: str, name: str, pid: int, log_path: Path, argv: list[str] | None = None
+    ) -> None:
         started = psutil.Process(pid).create_time()
         self.processes.append(
-            {"host": host, "name": name, "pid": pid, "started": started, "log": str(log_path)}
-        )
+            {"host": host, "name": name, "pid": pid, "started": started, "log": str(log_path),
+             "argv": argv or []}
+        )  # fmt: skip
         self.save()
 
     def run(self, host: str, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
@@ -244,8 +254,26 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def up(nodes: int, directory: Path | None = None, demo: bool = True) -> Fleet:
+@dataclass(frozen=True)
+class Tuning:
+    """What a scenario run changes from an operator's defaults: replicas, timers (as the
+    settings' environment variables), and a shared weights directory some nodes mount."""
+
+    replicas: int = 1
+    control_env: dict[str, str] = field(default_factory=dict)
+    agent_env: dict[str, str] = field(default_factory=dict)
+    # Nodes that mount the filer on the shared directory every node declares; None: no
+    # filer at all. A node that declares it without mounting it is a failed mount.
+    shared_on: tuple[str, ...] | None = None
+    # One fabric per node, in order; None: fabric.fabric_of's layout.
+    fabrics: tuple[str, ...] | None = None
+
+
+def up(
+    nodes: int, directory: Path | None = None, demo: bool = True, tuning: Tuning | None = None
+) -> Fleet:
     """Remove what an earlier sim left, then build and start the whole fleet."""
+    tuning = tuning or Tuning()
     directory = directory or state_dir()
     planned = hosts.plan(nodes)  # a bad --nodes is refused before anything is removed
     down(directory, quiet=True)
@@ -259,24 +287,26 @@ def up(nodes: int, directory: Path | None = None, demo: bool = True) -> Fleet:
     for host in fleet.hosts:
         network.create_host(host.name, host.address, fleet.uts_file(host.name),
                             hosts.hosts_file(fleet.hosts))  # fmt: skip
-    start_services(fleet)
-    prepare_control(fleet, demo)
+    start_services(fleet, tuning)
+    prepare_control(fleet, demo, tuning.replicas)
     start_control_planes(fleet)
     start_router(fleet)
-    start_agents(fleet)
+    start_agents(fleet, tuning.shared_on, tuning.fabrics)
     return fleet
 
 
 @contextmanager
-def simulated_fleet(nodes: int, directory: Path, demo: bool = True) -> Iterator[Fleet]:
+def simulated_fleet(
+    nodes: int, directory: Path, demo: bool = True, tuning: Tuning | None = None
+) -> Iterator[Fleet]:
     """A fleet for a test or a benchmark, removed afterwards whatever happened."""
     try:
-        yield up(nodes, directory, demo)
+        yield up(nodes, directory, demo, tuning)
     finally:
         down(directory, quiet=True)
 
 
-def start_services(fleet: Fleet) -> None:
+def start_services(fleet: Fleet, tuning: Tuning) -> None:
     host = fleet.host(hosts.SERVICES)
     home = fleet.directory / "services"
     say(f"services: PostgreSQL and Redis on {host.address}")
@@ -286,9 +316,10 @@ def start_services(fleet: Fleet) -> None:
     redis_url = services.redis_url(host.address, redis_password)
     for other in fleet.hosts:
         if other.role in ("services", "control-plane", "router"):
-            fleet.env[other.name] = control_env(fleet.directory, fleet.hosts, database, redis_url)
+            env = control_env(fleet.directory, fleet.hosts, database, redis_url)
+            fleet.env[other.name] = {**env, **tuning.control_env}
         else:
-            fleet.env[other.name] = agent_env(fleet.directory, other)
+            fleet.env[other.name] = {**agent_env(fleet.directory, other), **tuning.agent_env}
     fleet.save()
     network.run(*fleet.command(host.name, services.postgres_command(home, host.address)))
     pid = int((home / "postgres" / "postmaster.pid").read_text().split("\n", 1)[0])
@@ -297,10 +328,13 @@ def start_services(fleet: Fleet) -> None:
     wait_for(lambda: listening(host, hosts.REDIS_PORT), "Redis on the services host")
 
 
-def prepare_control(fleet: Fleet, demo: bool) -> None:
+def prepare_control(fleet: Fleet, demo: bool, replicas: int = 1) -> None:
     """Migrate, make the CA, onboard every node, apply the demo: once, on cp1."""
     cp1 = hosts.CONTROL_PLANES[0]
-    catalog = demo_catalog() if demo else None
+    # Several replicas go to different nodes, as in a real fleet, and share the machine's
+    # cores: one thread each.
+    several = replicas > 1
+    catalog = demo_catalog(2 - several, replicas, spread=several) if demo else None
     catalog_file = fleet.directory / "demo-catalog.yaml"
     if catalog:
         catalog_file.write_text(catalog)
@@ -345,18 +379,25 @@ def start_router(fleet: Fleet) -> None:
     wait_for(lambda: listening(host, hosts.ROUTER_PORT), "the router")
 
 
-def start_agents(fleet: Fleet) -> None:
+def start_agents(
+    fleet: Fleet,
+    shared_on: tuple[str, ...] | None = None,
+    fabrics: tuple[str, ...] | None = None,
+) -> None:
+    filer = fabric.make_filer(fleet.directory) if shared_on is not None else None
     for index, node in enumerate(fleet.nodes, start=1):
         home = fleet.directory / "nodes" / node.name
         (home / "agent").mkdir(parents=True)
         (home / "weights").mkdir()
         fabric.write_adapter(home / "infiniband")
-        fabric.declare_fabric(
-            fleet.directory / "bundles" / node.name / "agent.yaml",
-            fabric.fabric_of(index, len(fleet.nodes)),
-            home / "infiniband",
-        )
-        fleet.start(node.name, "agent", hosts.agent_command())
+        agent_file = fleet.directory / "bundles" / node.name / "agent.yaml"
+        on = fabrics[index - 1] if fabrics else fabric.fabric_of(index, len(fleet.nodes))
+        fabric.declare_fabric(agent_file, on, home / "infiniband")
+        mount = None
+        if filer is not None:
+            fabric.declare_shared(agent_file, filer.mount_point)
+            mount = filer.mount if node.name in (shared_on or ()) else None
+        fleet.start(node.name, "agent", hosts.agent_command(mount))
     say(f"nodes: {', '.join(n.name for n in fleet.nodes)}; waiting for them to connect")
     expected = {n.name: n.address for n in fleet.nodes}
 

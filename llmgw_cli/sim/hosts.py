@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,10 +74,18 @@ def router_command(host: Host) -> list[str]:
             "--port", str(ROUTER_PORT), "--no-access-log"]  # fmt: skip
 
 
-def agent_command() -> list[str]:
-    """DESIGN.md's agent command line, its queue named by the host's own hostname."""
+def agent_command(mount: tuple[Path, Path] | None = None) -> list[str]:
+    """DESIGN.md's agent command line, its queue named by the host's own hostname.
+
+    ``mount`` (what, where) is bind-mounted first, seen by this agent and its engines
+    only: ``ip netns exec`` gives every command its own mount namespace, so a mount made
+    there is this host's, the way a filer is mounted on some machines and not others.
+    """
     script = (
         f"exec {sys.executable} -m celery -A agent_worker worker -Q node-$(hostname) "
         "-n agent@$(hostname) --loglevel INFO"
     )
+    if mount is not None:
+        what, where = mount
+        script = f"mount --bind {shlex.quote(str(what))} {shlex.quote(str(where))} && {script}"
     return ["sh", "-c", script]

@@ -11,7 +11,7 @@ sim's state directory, so that ``hostname`` there is the host's name (the node i
 certificate's common name). ``host_command`` enters both.
 
 The faults the partition scenarios need are here too: ``cut``/``heal`` a host's link,
-``block``/``unblock`` one peer from a host, ``impair`` a link with netem.
+``block``/``unblock`` one peer from a host; ``impair.py`` adds delay and loss.
 """
 
 from __future__ import annotations
@@ -72,20 +72,22 @@ def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     return result
 
 
-def create_bridge() -> None:
+def create_bridge(bridge: str = BRIDGE) -> None:
     # nf_call_*tables 0: a host firewall's FORWARD policy (Docker's DROP) must not filter
     # frames between simulated hosts; this bridge alone, not the machine's setting.
-    run("ip", "link", "add", BRIDGE, "type", "bridge", "nf_call_iptables", "0",
+    run("ip", "link", "add", bridge, "type", "bridge", "nf_call_iptables", "0",
         "nf_call_ip6tables", "0", "nf_call_arptables", "0")  # fmt: skip
-    run("ip", "link", "set", BRIDGE, "up")
+    run("ip", "link", "set", bridge, "up")
 
 
-def create_host(host: str, address: str, uts_file: Path, hosts_file: str) -> None:
+def create_host(
+    host: str, address: str, uts_file: Path, hosts_file: str, bridge: str = BRIDGE
+) -> None:
     """The namespaces, link, address and hostname of one host."""
     ns = namespace(host)
     run("ip", "netns", "add", ns)
     run("ip", "link", "add", ns, "type", "veth", "peer", "name", "eth0", "netns", ns)
-    run("ip", "link", "set", ns, "master", BRIDGE, "up")
+    run("ip", "link", "set", ns, "master", bridge, "up")
     run("ip", "-n", ns, "addr", "add", f"{address}/{PREFIX_LENGTH}", "dev", "eth0")
     run("ip", "-n", ns, "link", "set", "eth0", "up")
     run("ip", "-n", ns, "link", "set", "lo", "up")
@@ -109,11 +111,7 @@ def in_host(host: str, call: Callable[[], T]) -> T:
 
     def enter_and_call() -> None:
         try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            with open(NETNS_DIR / namespace(host)) as handle:
-                if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
-                    why = os.strerror(ctypes.get_errno())
-                    raise SimError(f"cannot enter {namespace(host)}: {why}")
+            enter(host)
             outcome["value"] = call()
         except BaseException as exc:  # handed to the caller's thread
             outcome["error"] = exc
@@ -124,6 +122,16 @@ def in_host(host: str, call: Callable[[], T]) -> T:
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
     return outcome["value"]  # type: ignore[return-value]
+
+
+def enter(host: str) -> None:
+    """Move the calling thread into ``host``'s network namespace, for good: only a thread
+    started for the purpose should call this (``in_host`` does, and so do load clients)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(NETNS_DIR / namespace(host)) as handle:
+        if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
+            why = os.strerror(ctypes.get_errno())
+            raise SimError(f"cannot enter {namespace(host)}: {why}")
 
 
 # Faults: what the partition scenarios (and a person at a shell) do to a host's link.
@@ -147,26 +155,16 @@ def unblock(host: str, peer_address: str) -> None:
     run("ip", "-n", namespace(host), "route", "del", "blackhole", f"{peer_address}/32")
 
 
-def impair(host: str, netem: str) -> None:
-    """netem on both directions of ``host``'s link, e.g. ``delay 50ms loss 1%``."""
-    ns = namespace(host)
+def link_master(link: str) -> str | None:
+    """The bridge ``link`` is a port of, if any."""
     try:
-        run("tc", "qdisc", "replace", "dev", ns, "root", "netem", *netem.split())
-    except SimError as exc:
-        if "kind is unknown" not in str(exc):
-            raise
-        raise SimError(
-            "this kernel has no netem qdisc (sch_netem): load it with `modprobe sch_netem`; "
-            "cutting links (cut, block) works without it"
-        ) from None
-    run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "netem",
-        *netem.split())  # fmt: skip
+        return os.path.basename(os.readlink(f"/sys/class/net/{link}/master"))
+    except OSError:
+        return None
 
 
-def unimpair(host: str) -> None:
-    ns = namespace(host)
-    run("tc", "qdisc", "del", "dev", ns, "root", check=False)
-    run("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+def link_mtu(link: str) -> str:
+    return Path(f"/sys/class/net/{link}/mtu").read_text().strip()
 
 
 # What exists now, for status and cleanup.
@@ -179,10 +177,11 @@ def our_namespaces() -> list[str]:
 
 
 def our_links() -> list[str]:
-    """Links in this (the root) namespace named with the sim's prefix."""
+    """Links in this (the root) namespace named with the sim's prefix (``lsim.HOST``: an
+    impairment relay's tap)."""
     listed = run("ip", "-o", "link", "show", check=False).stdout.splitlines()
     names = [line.split(":", 2)[1].strip().split("@")[0] for line in listed if ":" in line]
-    return [name for name in names if name.startswith(f"{PREFIX}-")]
+    return [name for name in names if name.startswith((f"{PREFIX}-", f"{PREFIX}."))]
 
 
 def link_up(host: str) -> bool:

@@ -242,7 +242,7 @@ def test_a_control_plane_that_hears_no_node_loses_none_however_long_that_lasts()
 
 def test_two_dead_nodes_of_three_are_lost_within_five_minutes_fifteen_of_their_silence():
     # c is still heard, so this control plane's link works: the hold lasts at most
-    # MASS_SILENCE_HOLD (5 min) from when the silence became mass (the second node's
+    # NODE_MASS_SILENCE_HOLD (5 min) from when the silence became mass (the second node's
     # heartbeat plus 15 s), after which the dead nodes are marked as any silent node is.
     node_silent_for("a", 20)
     node_silent_for("b", 20)
