@@ -144,13 +144,23 @@ def record_links_opened(at: float | None = None, me: str | None = None) -> None:
         log.warning("could not record when this control plane began taking links: %s", exc)
 
 
+def record_deaf(at: float | None = None, me: str | None = None) -> None:
+    """Say that this control plane heard no node at all just now (a mass silence it held
+    back for): until it hears them again, nobody could be heard."""
+    client().set(_deaf_key(me or identity()), str(time.time() if at is None else at),
+                 ex=LINKS_SINCE_TTL)  # fmt: skip
+
+
 def listening_since(lease: Lease) -> float | None:
-    """Since when the nodes could be heard without a break: the later of when this
-    epoch's leader took the lease and when its control plane began taking links."""
+    """Since when the nodes could be heard without a break: the latest of when this
+    epoch's leader took the lease, when its control plane began taking links, and when
+    it last heard no node at all. A node still reconnecting after any of them (on its
+    own jittered backoff) is given a full NODE_LOST_AFTER from then."""
     conn = client()
     times = [
         leader_since(lease.epoch, conn),
         _float(conn.get(_links_since_key(lease.holder))),
+        _float(conn.get(_deaf_key(lease.holder))),
     ]
     known = [at for at in times if at is not None]
     return max(known) if known else None
@@ -158,6 +168,10 @@ def listening_since(lease: Lease) -> float | None:
 
 def _links_since_key(holder: str) -> str:
     return f"{_keys()[0]}:links-since:{holder}"
+
+
+def _deaf_key(holder: str) -> str:
+    return f"{_keys()[0]}:deaf-at:{holder}"
 
 
 def _float(raw: bytes | None) -> float | None:

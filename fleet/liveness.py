@@ -37,6 +37,8 @@ class LivenessReport:
     unreachable: list[str]
     lost: list[str]
     held_back: bool = False
+    # Held back while no node at all was heard: this control plane was the one cut off.
+    deaf: bool = False
 
 
 def check_liveness(
@@ -50,8 +52,9 @@ def check_liveness(
     nodes = list(Node.objects.exclude(state=NodeState.LOST).only(*_HEARD))
     silent = [node for node in nodes if node.liveness_at(now) != NodeState.CONNECTED]
     report = LivenessReport(unreachable=[], lost=[])
-    if _holding_back(nodes, silent, now):
-        report.held_back = True
+    holding = _holding_back(nodes, silent, now)
+    if holding:
+        report.held_back, report.deaf = True, holding == DEAF
         return report
     in_grace = grace_until is not None and now < grace_until
     for node_id in (node.id for node in silent):
@@ -73,14 +76,17 @@ def check_liveness(
     return report
 
 
-def _holding_back(nodes: list[Node], silent: list[Node], now: datetime) -> bool:
-    """Whether a mass silence suspends marking: always while no node is heard, otherwise
-    until the hold has passed since the silence became mass. The hold (5 minutes) gives a
-    control plane's flapping link or Redis failover time, and is short enough that dead
-    nodes stop being chosen by placement within minutes."""
+DEAF, HOLDING = "deaf", "holding"
+
+
+def _holding_back(nodes: list[Node], silent: list[Node], now: datetime) -> str | None:
+    """Whether a mass silence suspends marking: always while no node is heard (DEAF),
+    otherwise until the hold has passed since the silence became mass (HOLDING). The
+    hold (5 minutes) gives a control plane's flapping link or Redis failover time, and
+    is short enough that dead nodes stop being chosen by placement within minutes."""
     since = mass_silence_since(nodes, silent, now)
     if since is None:
-        return False
+        return None
     # Heard lately; a node never heard from (no register yet) says nothing of our link.
     silent_ids = {node.id for node in silent}
     heard = sum(1 for n in nodes if n.id not in silent_ids and n.silence(now) is not None)
@@ -91,7 +97,7 @@ def _holding_back(nodes: list[Node], silent: list[Node], now: datetime) -> bool:
             "them as any silent node",
             len(silent), len(nodes), int((now - since).total_seconds()), heard,
         )  # fmt: skip
-        return False
+        return None
     log.error(
         "%d of %d nodes went silent at once; suspecting the control plane's own network "
         "or Redis rather than the nodes, so none is marked unreachable or lost%s",
@@ -99,7 +105,7 @@ def _holding_back(nodes: list[Node], silent: list[Node], now: datetime) -> bool:
         f" (for up to {int(hold.total_seconds())}s while {heard} still heard)"
         if heard else " while no node is heard",
     )  # fmt: skip
-    return True
+    return HOLDING if heard else DEAF
 
 
 def mass_silence_since(nodes: list[Node], silent: list[Node], now: datetime) -> datetime | None:

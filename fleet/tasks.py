@@ -39,8 +39,9 @@ def check_liveness_task() -> dict:
     lease = lease_as_leader()
     if lease.holder != leadership.identity():
         return {"leader": lease.holder}
-    # After a failover or a restart of the control plane taking the links, give every
-    # node a grace period before declaring it lost: nobody could hear its heartbeats.
+    # After a failover, a restart of the control plane taking the links, or a spell in
+    # which it heard no node at all, give every node a grace period before declaring it
+    # lost: nobody could hear its heartbeats.
     since = leadership.listening_since(lease)
     grace_until = None
     if since is not None:
@@ -48,4 +49,6 @@ def check_liveness_task() -> dict:
             seconds=settings.NODE_LOST_AFTER
         )
     report = check_liveness(grace_until=grace_until)
+    if report.deaf:
+        leadership.record_deaf()
     return {"unreachable": report.unreachable, "lost": report.lost, "held_back": report.held_back}

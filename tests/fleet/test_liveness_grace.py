@@ -66,3 +66,33 @@ def test_links_opened_by_another_control_plane_give_no_grace(lease_key):
     leadership.record_links_opened(at=time.time() - 10, me="ws://standby:8000")
 
     assert check_liveness_task()["lost"] == [node]
+
+
+def test_a_node_still_reconnecting_after_the_control_plane_heard_nobody_is_not_lost(lease_key):
+    # The control plane was cut off from every node: nobody could be heard, so nobody was
+    # marked. Once the first nodes are back the silence is no longer mass, but the rest
+    # reconnect on their own (jittered, backed-off) time: their silence says nothing yet.
+    leading_for(lease_key, 3600)
+    heard = timezone.now() - timedelta(seconds=90)
+    for node_id in ("node01", "node02", "node03"):
+        make_node(node_id, registered_at=heard, last_heartbeat=heard)
+
+    deaf = check_liveness_task()  # every node silent: we suspect ourselves
+    assert deaf["held_back"] and deaf["lost"] == []
+    Node.objects.filter(id__in=["node02", "node03"]).update(last_heartbeat=timezone.now())
+    back = check_liveness_task()
+
+    assert back["lost"] == []
+    assert Node.objects.get(id="node01").state == NodeState.UNREACHABLE
+
+
+def test_a_node_silent_a_full_lost_after_past_the_deafness_is_lost(lease_key):
+    leading_for(lease_key, 3600)
+    heard = timezone.now() - timedelta(seconds=200)
+    for node_id in ("node01", "node02", "node03"):
+        make_node(node_id, registered_at=heard, last_heartbeat=heard)
+    assert check_liveness_task()["held_back"]
+    leadership.record_deaf(at=time.time() - 61)  # the last pass that heard nobody: 61 s ago
+    Node.objects.filter(id__in=["node02", "node03"]).update(last_heartbeat=timezone.now())
+
+    assert check_liveness_task()["lost"] == ["node01"]
