@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.conf import settings
+from django.db.models import Q
 
 from fleet.models import Node, Replica, Shard, ShardState
 from placement import FabricSnapshot
@@ -14,8 +15,12 @@ from protocol.shard import FabricAssignment, ShardSpec
 
 def allocate_port(node_id: str) -> int:
     """The lowest engine port (stepping by 2: a multi-node rank 0 uses port+1 to rendezvous)
-    that no live shard on the node holds."""
-    live = Shard.objects.filter(node_id=node_id, state__in=ShardState.LIVE)
+    that no live shard on the node's host holds: the node, or any node at its address
+    (agents side by side on one machine, or a node back under a new id while an engine of
+    its old one still runs there)."""
+    address = Node.objects.filter(id=node_id).values_list("address", flat=True).first()
+    on_host = Q(node_id=node_id) | Q(node__address=address) if address else Q(node_id=node_id)
+    live = Shard.objects.filter(on_host, state__in=ShardState.LIVE)
     taken = set(live.values_list("port", flat=True))
     port = settings.ENGINE_PORT_BASE
     while port in taken or port + 1 in taken:
