@@ -144,9 +144,11 @@ class Fleet:
 
 
 def _inherited() -> dict[str, str]:
-    """This environment less llmgw's own settings: each host gets exactly the sim's."""
+    """This environment less llmgw's own settings: each host gets exactly the sim's. Labels
+    (``LLMGW_LABEL_*``) stay: whoever ran the sim finds its processes by them."""
     return {k: v for k, v in os.environ.items()
-            if not k.startswith("LLMGW_") and k not in ("DATABASE_URL", "REDIS_URL")}  # fmt: skip
+            if (not k.startswith("LLMGW_") or k.startswith("LLMGW_LABEL_"))
+            and k not in ("DATABASE_URL", "REDIS_URL")}  # fmt: skip
 
 
 def control_env(directory: Path, fleet_hosts: list[Host], database: str, redis: str) -> dict:
