@@ -33,7 +33,10 @@ from protocol.messages import CLOSE_BAD_MESSAGE, Heartbeat, Register
 log = logging.getLogger("llmgw.agent.link")
 
 BACKOFF_BASE = 1.0
-BACKOFF_MAX = 60.0
+# A node whose link comes back is heard again within this long, well inside the 60 s after
+# which it is lost: a 40 s cut must not become a lost node by the agent's own sleep. The
+# jitter still spreads a 10,000-node fleet's reconnects over 7.5 s (about 1,300 a second).
+BACKOFF_MAX = 15.0
 OPEN_TIMEOUT = 5.0
 # Messages kept while unlinked; past this the oldest go (register resends the state).
 OUTBOX_LIMIT = 10_000

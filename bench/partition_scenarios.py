@@ -38,8 +38,9 @@ MAX_REQUESTS = 5000  # per scenario: the load is bounded in requests as well as 
 REPLICAS = 2  # so that traffic has somewhere to move
 SETTLE_TIMEOUT = 240.0
 # A request still unanswered after this long is hung. A demo answer takes about a second;
-# the router must end one to a silent engine well before (its TCP keepalive: ~10 s).
-HANG_AFTER = 20.0
+# the router's worst case with every replica's host dead is about 20 s (keepalive gives
+# up on a reused connection in ~10 s, then a 5 s connect timeout on each host).
+HANG_AFTER = 30.0
 # How long P2 keeps the router cut from a node: longer than HANG_AFTER, so that a request
 # stuck on the cut link is seen hung, not rescued by the heal.
 ROUTER_CUT = HANG_AFTER + 5

@@ -1,4 +1,5 @@
-"""``llmgw sim up --nodes N | down | status | exec HOST -- CMD…``."""
+"""``llmgw sim up --nodes N | down | status | cut|heal|unimpair HOST | impair HOST SPEC |
+exec HOST -- CMD…``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,14 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--no-demo", action="store_true", help="apply no demo catalog")
     verbs.add_parser("down", help="stop every process, remove every namespace and link")
     verbs.add_parser("status", help="hosts, addresses, links and processes")
+    for verb, text in (("cut", "take a host's link down: it reaches no other host"),
+                       ("heal", "bring a host's link back up"),
+                       ("unimpair", "take delay and loss off a host's link")):  # fmt: skip
+        verbs.add_parser(verb, help=text).add_argument("host")
+    impair = verbs.add_parser("impair", help="delay and loss on a host's link (netem, or a "
+                              "relay where the kernel has none)")  # fmt: skip
+    impair.add_argument("host")
+    impair.add_argument("spec", help="e.g. 'delay 50ms loss 1%%'")
     run = verbs.add_parser("exec", help="run a command on a host: llmgw sim exec cp1 -- hostname")
     run.add_argument("host")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD")
@@ -40,6 +49,8 @@ def main(argv: list[str]) -> int:
             fleet.down()
         elif options.verb == "status":
             print("\n".join(fleet.status()))
+        elif options.verb in ("cut", "heal", "impair", "unimpair"):
+            on_link(options)
         else:
             return exec_on_host(options.host, options.argv)
     except (network.SimError, ValueError) as exc:
@@ -49,6 +60,25 @@ def main(argv: list[str]) -> int:
                   file=sys.stderr)  # fmt: skip
         return 1
     return 0
+
+
+def on_link(options: argparse.Namespace) -> None:
+    """cut, heal, impair or unimpair one host's link, by its name in the running sim."""
+    from llmgw_cli.sim import fleet, impair
+
+    state = fleet.Fleet.load(fleet.state_dir())
+    if state is None or not network.our_namespaces():
+        raise network.SimError("no simulated fleet here: llmgw sim up --nodes N starts one")
+    host = state.host(options.host).name  # an unknown name is refused, naming the hosts
+    if options.verb == "cut":
+        network.cut(host)
+    elif options.verb == "heal":
+        network.heal(host)
+    elif options.verb == "impair":
+        impair.impair(host, options.spec)
+    else:
+        impair.unimpair(host)
+    print(f"{options.verb}: {host}")
 
 
 def exec_on_host(host: str, argv: list[str]) -> int:

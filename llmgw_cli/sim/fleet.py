@@ -28,7 +28,7 @@ from core.env import llmgw_home
 from core.secret_files import ensure_private_dir
 from llmgw_cli.demo import demo_catalog
 from llmgw_cli.local_engine import local_engines
-from llmgw_cli.sim import cleanup, fabric, hosts, network, services
+from llmgw_cli.sim import cleanup, fabric, hosts, impair, network, services
 from llmgw_cli.sim.hosts import Host
 
 REPO = Path(__file__).resolve().parents[2]
@@ -443,11 +443,15 @@ def status(directory: Path | None = None) -> list[str]:
                 f"{', '.join(sorted(present))}; `llmgw sim down` removes them"]  # fmt: skip
     lines = [f"router: {fleet.router_url}/v1   api key: {directory / 'api-key'}"]
     running = set(cleanup.still_ours(fleet.recorded_pids()))
+    impaired = set(impair.relays().values()) | {
+        h.name for h in fleet.hosts if impair.has_netem(h.name)
+    }
     for host in fleet.hosts:
         exists = network.namespace(host.name) in present
         link = ("up" if network.link_up(host.name) else "CUT") if exists else "gone"
+        link += "+impaired" if host.name in impaired else ""
         procs = [f"{p['name']} {p['pid']}" + ("" if p["pid"] in running else " (dead)")
                  for p in fleet.processes if p["host"] == host.name]  # fmt: skip
-        lines.append(f"{host.name:<9} {host.role:<14} {host.address:<12} link {link:<4}  "
+        lines.append(f"{host.name:<9} {host.role:<14} {host.address:<12} link {link:<13} "
                      + ", ".join(procs))  # fmt: skip
     return lines

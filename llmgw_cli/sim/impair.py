@@ -144,6 +144,12 @@ def unimpair(host: str, bridge: str = network.BRIDGE) -> None:
         network.run("ip", "link", "set", ns, "master", bridge)
 
 
+def has_netem(host: str) -> bool:
+    """Whether ``host``'s link carries a netem qdisc (``impair`` where the kernel has it)."""
+    shown = network.run("tc", "qdisc", "show", "dev", network.namespace(host), check=False)
+    return "netem" in shown.stdout
+
+
 def tap_name(host: str) -> str:
     """The tap that stands on the bridge for ``host`` while it is impaired."""
     return f"{network.PREFIX}.{host}"
@@ -162,9 +168,12 @@ def start(host: str, impairment: Impairment) -> int:
     """Start the relay for ``host`` and wait until its tap and socket are open; its pid."""
     argv = [sys.executable, "-m", MODULE, host, "--delay", repr(impairment.delay),
             "--loss", repr(impairment.loss)]  # fmt: skip
-    # stdout carries the one line saying ready or why not; stderr stays the caller's.
-    relay = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             text=True, start_new_session=True)  # fmt: skip
+    # stdout carries the one line saying ready or why not. Nothing else of the caller's is
+    # kept open: `llmgw sim impair` must end, and whoever reads its output sees the end.
+    relay = subprocess.Popen(
+        argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+    )  # fmt: skip
     assert relay.stdout is not None
     readable, _, _ = select.select([relay.stdout], [], [], START_TIMEOUT)
     line = relay.stdout.readline().strip() if readable else ""

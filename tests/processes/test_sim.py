@@ -114,6 +114,15 @@ def test_two_node_fleet_serves_through_its_router_and_down_leaves_nothing(home):
     ]  # not another test's, on this machine
     assert engines
 
+    # A link cut, healed and impaired by hand, as status shows it.
+    for verb, *args, shown in (("cut", "CUT "), ("heal", "up "), ("impair", "delay 20ms",
+                               "up+impaired"), ("unimpair", "up ")):  # fmt: skip
+        done = sim(home, verb, "node2", *args)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert f"link {shown}" in status_of(home, "node2"), verb
+    refused = sim(home, "cut", "node9")
+    assert refused.returncode == 1 and "no simulated host 'node9'" in refused.stderr
+
     pids = [p["pid"] for p in Fleet.load(home / "sim").processes]
     pids += [p.pid for p in engines]
     down = sim(home, "down")
@@ -124,6 +133,11 @@ def test_two_node_fleet_serves_through_its_router_and_down_leaves_nothing(home):
     assert "lsim" not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
     assert "lsim" not in Path("/proc/self/mountinfo").read_text()
     assert [still_running(pid) for pid in pids if still_running(pid)] == []
+
+
+def status_of(home: Path, host: str) -> str:
+    lines = sim(home, "status").stdout.splitlines()
+    return next(line for line in lines if line.startswith(f"{host} "))
 
 
 def still_running(pid: int) -> str:
