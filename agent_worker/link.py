@@ -50,6 +50,8 @@ CLOSE_TIMEOUT = 2.0
 class LinkCallbacks:
     register: Callable[[], Register]
     heartbeat: Callable[[], Heartbeat]
+    # The leader's epoch, as the control plane names it when it links the node.
+    epoch: Callable[[int], object] | None = None
 
 
 def backoff_delay(failed_rounds: int, rng: random.Random | None = None) -> float:
@@ -238,6 +240,7 @@ class AgentLink:
             return False
         if self.identity is not None:
             self.command_key = str(answer.get("command_key") or self.command_key)
+        self._learn_epoch(answer)
         log.info("linked to control plane %s as %s", url, self.node_id)
         self.connected_to = url
         self.sessions += 1
@@ -337,8 +340,14 @@ class AgentLink:
                 log.error("control plane refused a message: %s", answer.get("reason"))
             elif answer.get("type") == "linked":  # the answer to a later register
                 self.command_key = str(answer.get("command_key") or self.command_key)
+                self._learn_epoch(answer)
             else:
                 log.info("control plane says: %s", message)
+
+    def _learn_epoch(self, answer: dict) -> None:
+        epoch = answer.get("epoch")
+        if self.callbacks.epoch is not None and isinstance(epoch, int) and epoch > 0:
+            self.callbacks.epoch(epoch)
 
     def _log_close(self, url: str, exc: ConnectionClosed, *, linked: bool) -> None:
         frame = exc.rcvd

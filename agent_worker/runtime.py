@@ -120,7 +120,11 @@ class AgentRuntime:
             config.servers,
             self.node_id,
             config.token,
-            LinkCallbacks(register=self.register_message, heartbeat=self.heartbeat_message),
+            LinkCallbacks(
+                register=self.register_message,
+                heartbeat=self.heartbeat_message,
+                epoch=self.learn_epoch,
+            ),  # fmt: skip
             heartbeat_interval=config.heartbeat_interval,
             ssl_context=self._ssl_context(),
             identity=self._identity(),

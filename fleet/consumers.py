@@ -13,6 +13,7 @@ import logging
 import secrets
 from typing import NoReturn
 
+import redis
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -171,9 +172,23 @@ class AgentConsumer(AsyncWebsocketConsumer):
         if self.by_certificate:
             # The key its commands are signed with: only this link, proven, learns it.
             answer["command_key"] = node_token(self.node_id)
+        # The epoch that leads: a node away through a failover learns it here, even once
+        # the new leader's announcement has expired, and refuses the deposed leader.
+        epoch = await database_sync_to_async(_leading_epoch)()
+        if epoch:
+            answer["epoch"] = epoch
         self.registered = True
         await self.send(json.dumps(answer))
 
     async def disconnect(self, code) -> None:
         if self.node_id and self.registered:
             log.info("node %s link closed (%s)", self.node_id, code)
+
+
+def _leading_epoch() -> int:
+    """The lease's epoch, 0 when there is none or Redis cannot say."""
+    try:
+        lease = leadership.current()
+    except redis.RedisError:
+        return 0
+    return lease.epoch if lease is not None else 0

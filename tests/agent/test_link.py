@@ -17,9 +17,10 @@ from agent_worker.link import AgentLink, LinkCallbacks, agent_url, backoff_delay
 class FakeControlPlane:
     """A websocket server that links agents (or refuses them) and records messages."""
 
-    def __init__(self, refuse: str = "", drop: bool = False) -> None:
+    def __init__(self, refuse: str = "", drop: bool = False, epoch: int = 0) -> None:
         self.refuse = refuse
         self.drop = drop  # close every link right after accepting it
+        self.epoch = epoch  # told in the answer to a register, when set
         self.received: list[dict] = []
         self.links = 0
         self.server = None
@@ -33,7 +34,9 @@ class FakeControlPlane:
             await ws.close(code=4001)
             return
         self.links += 1
-        await ws.send(json.dumps({"type": "linked"}))
+        await ws.send(
+            json.dumps({"type": "linked", **({"epoch": self.epoch} if self.epoch else {})})
+        )
         if self.drop:
             await ws.close()
             return
@@ -304,3 +307,22 @@ def test_a_register_asked_for_while_linked_goes_on_the_same_link(no_backoff):
     plane, link = asyncio.run(scenario())
     assert plane.received == [{"type": "register", "n": 1}, {"type": "register", "n": 2}]
     assert (plane.links, link.sessions) == (1, 1)
+
+
+def test_the_epoch_a_control_plane_names_on_linking_reaches_the_agent(no_backoff):
+    told: list[int] = []
+
+    async def scenario():
+        plane = await FakeControlPlane(epoch=7).start()
+        register, heartbeat = Canned(type="register"), Canned(type="heartbeat")
+        callbacks = LinkCallbacks(register=lambda: register, heartbeat=lambda: heartbeat,
+                                  epoch=told.append)  # fmt: skip
+        link = AgentLink([plane.url], "node01", "token", callbacks, heartbeat_interval=60)
+        task = asyncio.create_task(link.run())
+        await wait_until(lambda: told)
+        link.stop()
+        await asyncio.wait_for(task, 5)
+        await plane.stop()
+
+    asyncio.run(scenario())
+    assert told == [7]

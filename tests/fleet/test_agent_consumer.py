@@ -200,3 +200,21 @@ async def test_a_challenge_answered_with_nonsense_is_refused(settings):
     assert "did not answer the challenge with a proof" in refusal["reason"]
     assert await consumer_ended(ws)
     assert not await sync_to_async(Node.objects.exists)()
+
+
+async def test_the_link_tells_a_registering_node_the_epoch_that_leads(settings):
+    # A node away through a failover learns the new epoch on its way back, so a deposed
+    # leader's late command is refused even if the announcement expired meanwhile.
+    from fleet import leadership
+
+    settings.LEADER_LEASE_KEY = f"llmgw:test-lease:{node_token('epoch')[-8:]}"
+    lease = await sync_to_async(leadership.acquire_or_renew)()  # this control plane leads
+    ws = communicator("node01")
+    assert (await ws.connect())[0]
+    await ws.send_to(text_data=register("node01"))
+    answer = json.loads(await ws.receive_from())
+    await ws.disconnect()
+    conn = leadership.client()
+    conn.delete(*conn.keys(settings.LEADER_LEASE_KEY + "*"))
+
+    assert (answer["type"], answer.get("epoch")) == ("linked", lease.epoch), (answer, lease)
