@@ -41,7 +41,7 @@ def main() -> int:
     parser.add_argument(
         "--short",
         action="store_true",
-        help="short liveness timers (unreachable 4 s, lost 12 s, hold 10 s)",
+        help="short liveness timers (unreachable 4 s, lost 20 s, hold 10 s)",
     )
     parser.add_argument("--only", default="", help="scenarios to run, e.g. P1,P3")
     parser.add_argument("--dir", type=Path, help="the fleet's state directory (kept)")
