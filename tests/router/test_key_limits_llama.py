@@ -132,8 +132,10 @@ def test_tokens_per_minute_cut_a_key_off_by_what_the_engine_counted(routers):
 def test_a_key_running_one_stream_gets_429_for_a_second_request(routers):
     _row, key = create_key("one-at-a-time", limits={"concurrency": 1})
     wait_for_key(routers[0], key)
+    # Long enough to still run when the second request arrives, even on a busy machine:
+    # a model that says hello and stops would give its place back first.
     stream = client(routers[0], key).chat.completions.create(
-        model="smol", messages=HELLO, max_tokens=64, stream=True
+        model="smol", messages=HELLO, max_tokens=256, stream=True, extra_body={"ignore_eos": True}
     )
     first = next(iter(stream))  # the stream is running
     assert first.choices is not None
