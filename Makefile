@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint typecheck pytest clean
 
-$(STAMP): pyproject.toml scripts/ensure-llama-server scripts/ensure-chromium
+$(STAMP): pyproject.toml scripts/ensure-llama-server scripts/llama-cpp-only-llmgw.cmake scripts/ensure-chromium
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet ninja cmake

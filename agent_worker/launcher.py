@@ -77,10 +77,14 @@ class ShardLauncher:
 
     def problems(self, spec: ShardSpec, check_file: bool) -> list[str]:
         """Everything wrong with a spec, found in milliseconds, before anything loads."""
-        problems = get_adapter(spec.engine).validate(spec)
-        if self.find_engine(spec.engine, spec.engine_version) is None:
+        adapter = get_adapter(spec.engine)
+        problems = adapter.validate(spec)
+        binary = self.find_engine(spec.engine, spec.engine_version)
+        if binary is None:
             wanted = f"{spec.engine} {spec.engine_version}".strip()
             problems.append(f"engine {wanted} is not installed on {self.node_id}")
+        else:
+            problems += adapter.binary_problems(spec, binary)
         if check_file and spec.model_path and not Path(spec.model_path).exists():
             problems.append(f"model file {spec.model_path} is not on this node")
         return problems
@@ -92,7 +96,12 @@ class ShardLauncher:
             return self.refuse(spec, f"engine {spec.engine} is no longer installed here")
         commands = adapter.commands(spec, path)
         return self.supervisor.start(
-            spec, commands, adapter.serves_http(spec.rank), adapter.health_path
+            spec,
+            commands,
+            adapter.serves_http(spec.rank),
+            adapter.health_path,
+            start_after=adapter.start_after(spec),
+            ready_when_listening=adapter.ready_when_listening(spec.rank),
         )
 
     def _fetch_then_launch(self, spec: ShardSpec) -> ShardState:

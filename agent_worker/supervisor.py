@@ -10,12 +10,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from agent_worker.engines.command import LaunchCommand
-from agent_worker.engines.validation import parse_rendezvous
+from agent_worker.engines.command import LaunchCommand, Listener
 from agent_worker.logbuffer import LogBuffer
 from agent_worker.supervision.adoption import Verdict, judge
 from agent_worker.supervision.gpu_holders import GpuSweep, sweep_gpu_holders
@@ -51,11 +50,18 @@ class Supervisor(ShardLoop):
         commands: list[LaunchCommand],
         serves_http: bool,
         health_path: str = "/health",
+        *,
+        start_after: Sequence[Listener] = (),
+        ready_when_listening: bool = False,
     ) -> ShardState:
         """Launch a shard's commands in order and return its state.
 
-        A start for a shard that is already known — running, failed or stopped — launches
-        nothing and reports where it stands: the broker redelivers tasks.
+        The first command waits until every port in ``start_after`` accepts connections
+        (the other ranks its engine connects to), bounded by the startup timeout. A rank
+        that serves no HTTP is ready once alive a while, or with ``ready_when_listening``
+        once its own port accepts. A start for a shard that is already known — running,
+        failed or stopped — launches nothing and reports where it stands: the broker
+        redelivers tasks.
         """
         shard_id = check_shard_id(spec.shard_id)
         if not commands:
@@ -74,6 +80,7 @@ class Supervisor(ShardLoop):
                     run = ShardRun(
                         spec, serves_http, health_path, list(commands), len(commands), tail
                     )
+                    run.ready_when_listening = ready_when_listening
                     self._runs[shard_id] = run
         if known is not None:
             return self._answer_again(known, spec)
@@ -84,26 +91,25 @@ class Supervisor(ShardLoop):
                 with self._lock:
                     del self._runs[shard_id]
                 raise OSError(f"shard {shard_id}: cannot write its state file: {err}") from err
-            if serves_http and port_open(spec.host, spec.port, timeout=0.2):
+            listens = serves_http or ready_when_listening
+            if listens and port_open(spec.host, spec.port, timeout=0.2):
                 self._finish(run, "failed", f"port {spec.port} on {spec.host} is already in use")
             else:
-                self._wait_for_rank0(run)
+                self._wait_for(run, start_after)
                 self._advance_launch(run)
             state = run.state
         self._watch(run)
         self._drain()
         return state
 
-    def _wait_for_rank0(self, run: ShardRun) -> None:
-        # Every engine puts the rendezvous on rank 0: a worker started before it is up
-        # has nothing to join, so its first command waits for that port to listen.
-        spec = run.spec
-        if spec.rank == 0 or not spec.rendezvous:
-            return
-        host, port = parse_rendezvous(spec.rendezvous)
-        timeout = float(spec.startup_timeout)
-        run.waiting = PortWait("rank 0's rendezvous", host, port, timeout, self._clock() + timeout)
-        run.tail.note(f"waiting for rank 0's rendezvous on {host}:{port} before starting")
+    def _wait_for(self, run: ShardRun, listeners: Sequence[Listener]) -> None:
+        # A rank started before the ranks it connects to listen has nothing to connect to.
+        timeout = float(run.spec.startup_timeout)
+        deadline = self._clock() + timeout
+        for listener in listeners:
+            host, port = listener.host, listener.port
+            run.waiting.append(PortWait(listener.name, host, port, timeout, deadline))
+            run.tail.note(f"waiting for {listener.name} on {host}:{port} before starting")
 
     def stop(self, shard_id: str, grace: float = 10.0) -> None:
         """SIGTERM each process group (the engine first, then sidecars), SIGKILL after grace.
@@ -233,6 +239,7 @@ class Supervisor(ShardLoop):
         run = ShardRun(
             spec, record.serves_http, record.health_path, [], record.commands, tail, verdict.live
         )
+        run.ready_when_listening = record.ready_when_listening
         run.seq = self._sequence.next()
         # Health-checked before anyone hears of it: a ready engine reported as starting
         # would leave every router until the next check, so an agent restart would be an
@@ -294,6 +301,8 @@ class Supervisor(ShardLoop):
 
     def _answers_at_adoption(self, spec: ShardSpec, record: ShardRecord, verdict: Verdict) -> str:
         """Why an adopted shard is ready now, or "" when its health checks must decide."""
+        if record.ready_when_listening:
+            return self._listening(spec)
         if not record.serves_http:
             started = max(proc.record.create_time for proc in verdict.live)
             alive = time.time() - started

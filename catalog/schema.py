@@ -240,8 +240,6 @@ class ProfileEntry(_Strict):
             )
         if not self.gpus_per_rank and self.tensor_parallel > 1:
             raise ValueError("tensor_parallel above 1 needs gpus_per_rank; a CPU rank has none")
-        if self.engine == "llama.cpp" and self.nodes > 1:
-            raise ValueError("llama.cpp cannot span nodes; set nodes: 1")
         if self.engine == "sglang" and self.launch_mode == "ray":
             raise ValueError("sglang has no ray launch mode; use native")
         return self

@@ -36,7 +36,7 @@ from fleet.reconcile_report import ReconcileReport as ReconcileReport  # tests r
 from fleet.rollout import drain_verdict, reports_once, roll_stale, start_drain
 from fleet.routing_table import read_inflight_reports
 from fleet.services import refresh_replica_state
-from fleet.shard_specs import allocate_port, shard_spec, version_on_nodes
+from fleet.shard_specs import allocate_port, meeting_points, shard_spec, version_on_nodes
 from fleet.snapshot import node_snapshots, placement_request
 from fleet.transitions import transition
 from placement import place_batch
@@ -319,11 +319,9 @@ def _start(replica: Replica, decision, epoch: int) -> None:
                     port=allocate_port(rank.node),
                 )
             )
-        rendezvous = ""
-        if len(shards) > 1:
-            rendezvous = f"{nodes[shards[0].node_id].address}:{shards[0].port + 1}"
+        meeting = meeting_points(shards, nodes)
         for shard, rank in zip(shards, decision.ranks, strict=True):
-            spec = shard_spec(replica, shard, nodes[rank.node], len(shards), rendezvous,
+            spec = shard_spec(replica, shard, nodes[rank.node], len(shards), meeting,
                               rank.fabric, epoch)  # fmt: skip
             transaction.on_commit(lambda n=shard.node_id, s=spec: commands.send_start_shard(n, s))
 

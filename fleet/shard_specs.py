@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db.models import Q
@@ -41,12 +42,35 @@ def version_on_nodes(engine: str, nodes: Iterable[Node]) -> str:
     return newest_version(shared or ())
 
 
+@dataclass(frozen=True)
+class MeetingPoints:
+    """Where the ranks of a replica across nodes find each other; empty for one node.
+
+    Both are sent and each engine's adapter uses the one its engine needs: vLLM and SGLang
+    workers join rank 0's rendezvous, llama.cpp's rank 0 connects to its workers.
+    """
+
+    rendezvous: str = ""  # rank 0's host:port+1
+    workers: tuple[str, ...] = ()  # ranks 1.., each on its own engine port
+
+
+def meeting_points(shards: Sequence[Shard], nodes: Mapping[str, Node]) -> MeetingPoints:
+    """The meeting points of a replica's shards, listed in rank order."""
+    if len(shards) < 2:
+        return MeetingPoints()
+    first = shards[0]
+    return MeetingPoints(
+        rendezvous=f"{nodes[first.node_id].address}:{first.port + 1}",
+        workers=tuple(f"{nodes[shard.node_id].address}:{shard.port}" for shard in shards[1:]),
+    )
+
+
 def shard_spec(
     replica: Replica,
     shard: Shard,
     node: Node,
     world_size: int,
-    rendezvous: str,
+    meeting: MeetingPoints,
     fabric: FabricSnapshot | None,
     epoch: int,
 ) -> ShardSpec:
@@ -71,7 +95,8 @@ def shard_spec(
         # Bind where the router reaches it; the per-replica secret keeps others out.
         host=node.address or "127.0.0.1",
         port=shard.port,
-        rendezvous=rendezvous,
+        rendezvous=meeting.rendezvous,
+        workers=list(meeting.workers),
         fabric=_assignment(fabric) if world_size > 1 else None,
         context=profile.context,
         launch_mode=profile.launch_mode,

@@ -18,12 +18,18 @@ def smollm2_path() -> Path | None:
     return path if path.exists() else None
 
 
-def demo_catalog(threads: int = 2, replicas: int = 1, spread: bool = False) -> str | None:
-    """The catalog `llmgw up` applies, or None when the model package is not installed."""
+def demo_catalog(
+    threads: int = 2, replicas: int = 1, spread: bool = False, nodes: int = 1
+) -> str | None:
+    """The catalog `llmgw up` applies, or None when the model package is not installed.
+
+    ``nodes`` above 1 splits each replica's layers over that many nodes (llama.cpp's RPC).
+    """
     path = smollm2_path()
     if path is None:
         return None
     strategy = "        strategy: spread\n" if spread else ""  # one replica per node
+    strategy += f"        nodes: {nodes}\n" if nodes > 1 else ""
     return f"""\
 models:
   - name: {DEMO_MODEL}

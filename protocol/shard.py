@@ -48,6 +48,11 @@ class ShardSpec(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(ge=1, le=65535)
     rendezvous: str = Field(default="", description="host:port of rank 0's rendezvous point")
+    workers: list[str] = Field(
+        default_factory=list,
+        description="host:port of ranks 1.. in rank order, each on its engine port: where "
+        "rank 0 connects when the workers listen (llama.cpp's RPC)",
+    )
     fabric: FabricAssignment | None = None
     context: int = Field(default=0, ge=0)
     launch_mode: LaunchMode = "native"

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from agent_worker.engines.command import LaunchCommand
-from agent_worker.engines.validation import common_problems, owned_env_problems, owned_flag_problems
+from agent_worker.engines.command import LaunchCommand, Listener
+from agent_worker.engines.validation import (
+    common_problems,
+    owned_env_problems,
+    owned_flag_problems,
+    parse_rendezvous,
+)
 from protocol.shard import ShardSpec
 
 # Flags every engine's HTTP server takes that llmgw decides for each replica.
@@ -34,6 +39,10 @@ class EngineAdapter(ABC):
     owned_flags: ClassVar[Mapping[str, str]] = COMMON_OWNED_FLAGS
     # env name -> why it is llmgw's, beyond the CUDA/NCCL ones every engine has
     owned_env: ClassVar[Mapping[str, str]] = {}
+    # Across nodes, who listens for whom: "rank0" (the workers join rank 0's rendezvous,
+    # as vLLM and SGLang do) or "workers" (rank 0 connects to each worker, as llama.cpp's
+    # RPC backend does). The side that connects starts only once the other listens.
+    listening_side: ClassVar[Literal["rank0", "workers"]] = "rank0"
 
     def validate(self, spec: ShardSpec) -> list[str]:
         """Return every problem with this spec for this engine; empty means launch it."""
@@ -47,6 +56,10 @@ class EngineAdapter(ABC):
         """Return what only this engine refuses; the common checks have already run."""
         return []
 
+    def binary_problems(self, spec: ShardSpec, binary: str) -> list[str]:
+        """Return what the installed build at ``binary`` cannot do for this spec."""
+        return []
+
     @abstractmethod
     def commands(self, spec: ShardSpec, binary: str) -> list[LaunchCommand]:
         """Return this rank's processes, in start order, with the environment each adds."""
@@ -54,6 +67,32 @@ class EngineAdapter(ABC):
     def serves_http(self, rank: int) -> bool:
         """Say whether this rank answers HTTP; the others are judged by staying alive."""
         return rank == 0
+
+    def ready_when_listening(self, rank: int) -> bool:
+        """Say whether a rank that serves no HTTP is ready once its port accepts (rather
+        than once it has stayed alive a while): true of the side that listens."""
+        return rank > 0 and self.listening_side == "workers"
+
+    def start_after(self, spec: ShardSpec) -> list[Listener]:
+        """What must accept connections before this rank's first process starts.
+
+        The one start-order rule for every engine: the connecting side waits for the
+        listening side, bounded by the shard's startup timeout.
+        """
+        if spec.world_size == 1:
+            return []
+        if self.listening_side == "rank0":
+            if spec.rank == 0:
+                return []
+            host, port = parse_rendezvous(spec.rendezvous)
+            return [Listener("rank 0's rendezvous", host, port)]
+        if spec.rank > 0:
+            return []
+        listeners = []
+        for rank, worker in enumerate(spec.workers, start=1):
+            host, port = parse_rendezvous(worker)
+            listeners.append(Listener(f"rank {rank}'s worker", host, port))
+        return listeners
 
     @abstractmethod
     def version_command(self, binary: str) -> list[str]:

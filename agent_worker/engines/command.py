@@ -22,3 +22,12 @@ class LaunchCommand:
     name: str = ""
     wait_for_port: tuple[str, int] | None = None
     wait_timeout: float = 60.0
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A port another rank listens on, which this rank waits for before it starts."""
+
+    name: str  # in words, e.g. "rank 0's rendezvous"
+    host: str
+    port: int

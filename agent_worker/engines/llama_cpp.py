@@ -1,25 +1,42 @@
-"""llama.cpp's ``llama-server``: one process on one node, serving a GGUF file over HTTP."""
+"""llama.cpp's ``llama-server`` serving a GGUF file over HTTP, on one node or across several.
+
+Across nodes llama.cpp's RPC backend splits the model's layers: ranks 1.. each run
+``rpc-server`` on their engine port and rank 0 runs ``llama-server --rpc`` naming them all,
+so here the workers listen and rank 0 connects (the reverse of vLLM and SGLang).
+``rpc-server`` has no authentication and runs whatever tensor operations it is sent: it is
+bound only to the address placement gave the rank, never to every interface.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import ClassVar
 
 from agent_worker.engines.base import COMMON_OWNED_FLAGS, EngineAdapter, engine_env
 from agent_worker.engines.command import LaunchCommand
+from agent_worker.weights.gguf import GgufError, block_count
 from protocol.shard import ShardSpec
+
+log = logging.getLogger(__name__)
 
 _SET_CONTEXT = "llmgw sets from the profile's context; set context: there instead"
 _MODEL = "llmgw sets to the weights it placed on this node"
 
 # Offload every layer: llama-server stops at the model's real layer count.
 ALL_LAYERS = "999"
+# rpc-server's names beside llama-server: before llama.cpp renamed it, and after.
+RPC_SERVERS = ("rpc-server", "ggml-rpc-server")
+# Addresses that would open rpc-server to every network the node is on.
+_EVERY_INTERFACE = {"", "0.0.0.0", "::", "[::]"}
 
 
 class LlamaCppAdapter(EngineAdapter):
     """Run ``llama-server`` on the GPUs given, or on the CPU when given none."""
 
     name: ClassVar[str] = "llama.cpp"
-    launch_mode_note = "llama-server is one process on one node"
+    launch_mode_note = "llama.cpp runs its own processes, across nodes over its RPC backend"
+    listening_side = "workers"
     owned_flags = {
         **COMMON_OWNED_FLAGS,
         "--api-key-file": COMMON_OWNED_FLAGS["--api-key"],
@@ -34,34 +51,104 @@ class LlamaCppAdapter(EngineAdapter):
         "--alias": "llmgw sets to the model's name, which clients send",
         "-c": _SET_CONTEXT,
         "--ctx-size": _SET_CONTEXT,
+        "--rpc": "llmgw sets to the worker ranks placement chose; set nodes: instead",
     }
 
     def engine_problems(self, spec: ShardSpec) -> list[str]:
         problems = []
-        if spec.world_size > 1:
-            problems.append(
-                f"llama.cpp cannot span nodes; set nodes: 1 (this replica has {spec.world_size})"
-            )
-        if not spec.model_path:
+        if spec.rank == 0 and not spec.model_path:
             problems.append(
                 f"llama.cpp needs a GGUF file on this node, and {spec.source!r} was not "
                 "resolved to one (model_path is empty); give the model a path or URL to a .gguf"
             )
+        if spec.world_size > 1 and spec.host in _EVERY_INTERFACE:
+            problems.append(
+                f"rank {spec.rank} was told to listen on {spec.host or 'no address'!r}, which "
+                "would open rpc-server (no authentication, runs any tensor operation it is "
+                "sent) to every network; set the node's own address in its agent file"
+            )
+        if spec.world_size > 1 and spec.rank == 0 and len(spec.workers) != spec.world_size - 1:
+            problems.append(
+                f"rank 0 of a replica across {spec.world_size} nodes needs the address of "
+                f"each of its {spec.world_size - 1} workers, and was given {len(spec.workers)}"
+            )
         return problems
 
+    def binary_problems(self, spec: ShardSpec, binary: str) -> list[str]:
+        if spec.world_size > 1 and rpc_server_beside(binary) is None:
+            return [
+                f"this llama.cpp build ({binary}) has no rpc-server beside llama-server, so "
+                "it cannot span nodes; install a build made with -DGGML_RPC=ON, or set nodes: 1"
+            ]
+        return []
+
     def commands(self, spec: ShardSpec, binary: str) -> list[LaunchCommand]:
+        if spec.rank > 0:
+            return [self._rpc_worker(spec, binary)]
         argv = [binary, "-m", spec.model_path, "--alias", spec.model]
         argv += ["--host", spec.host, "--port", str(spec.port)]
         if spec.context:
             argv += ["-c", str(spec.context)]
         argv.append("--metrics")
+        if spec.world_size > 1:
+            argv += ["--rpc", ",".join(spec.workers)]
         # CPU shards also say -ngl 0: CUDA_VISIBLE_DEVICES="" hides NVIDIA cards, not a
         # Vulkan or ROCm build's, and a CPU profile must stay on the CPU.
-        argv += ["-ngl", ALL_LAYERS if spec.gpus else "0"]
+        argv += ["-ngl", _offloaded_layers(spec)]
         if spec.api_key:
             argv += ["--api-key", spec.api_key]
         argv += spec.args
         return [LaunchCommand(argv=tuple(argv), env=engine_env(spec), name="llama-server")]
 
+    def _rpc_worker(self, spec: ShardSpec, binary: str) -> LaunchCommand:
+        # Only llmgw's flags: the profile's args are llama-server's, and none of them may
+        # move rpc-server off the address placement gave this rank.
+        argv = [rpc_server_beside(binary) or RPC_SERVERS[0]]
+        argv += ["--host", spec.host, "--port", str(spec.port)]
+        threads = _threads(spec.args)
+        if threads:
+            argv += ["--threads", threads]
+        return LaunchCommand(argv=tuple(argv), env=engine_env(spec), name="rpc-server")
+
     def version_command(self, binary: str) -> list[str]:
         return [binary, "--version"]
+
+
+def rpc_server_beside(binary: str) -> str | None:
+    """The rpc-server of the same build as ``binary`` (llama-server), if it has one."""
+    directory = os.path.dirname(binary)
+    for name in RPC_SERVERS:
+        candidate = os.path.join(directory, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _offloaded_layers(spec: ShardSpec) -> str:
+    """-ngl for rank 0: layers go to GPUs and to the RPC workers, the rest stay on its CPU.
+
+    A CPU rank 0 keeps its 1/N share of the blocks: llama.cpp offloads the output layer
+    and then the last blocks, -ngl counting both. GPUs and workers together take every layer.
+    """
+    if spec.gpus:
+        return ALL_LAYERS
+    if spec.world_size == 1:
+        return "0"
+    try:
+        blocks = block_count(spec.model_path)
+    except GgufError as err:
+        log.warning("shard %s: %s; the workers take every layer", spec.shard_id, err)
+        blocks = None
+    if blocks is None:
+        return ALL_LAYERS
+    return str(blocks - blocks // spec.world_size + 1)
+
+
+def _threads(args: list[str]) -> str:
+    """The profile's thread count (llama-server's -t), which its workers run with too."""
+    for index, arg in enumerate(args):
+        if arg in ("-t", "--threads") and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith("--threads="):
+            return arg.split("=", 1)[1]
+    return ""

@@ -20,7 +20,7 @@ from agent_worker.supervision.logtail import read_log_lines
 from agent_worker.supervision.process import ShardProcess
 from agent_worker.supervision.shard import PortWait, ShardRun, ShardTransition, StatusSequence
 from agent_worker.supervision.statedir import StateDir, check_shard_id
-from protocol.shard import ShardState
+from protocol.shard import ShardSpec, ShardState
 
 log = logging.getLogger("agent_worker.supervisor")
 
@@ -133,21 +133,21 @@ class ShardLoop:
         """Start the next commands, stopping at one whose port is not listening yet."""
         did = False
         while True:
-            wait = run.waiting
-            if wait is not None:
+            if run.waiting:
+                wait = run.waiting[0]
                 left = wait.deadline - self._clock()
                 if port_open(wait.host, wait.port, timeout=min(0.5, max(left, 0.05))):
-                    run.waiting = None
+                    run.waiting.pop(0)
                     run.tail.note(f"{wait.name}: {wait.host}:{wait.port} accepts connections")
-                elif self._clock() >= wait.deadline:
-                    reason = (
-                        f"{wait.name}: nothing accepted connections on {wait.host}:{wait.port} "
-                        f"within {wait.timeout:g}s"
-                    )
-                    self._finish(run, "failed", reason)
-                    return True
-                else:
+                    continue
+                if self._clock() < wait.deadline:
                     return did
+                reason = (
+                    f"{wait.name}: nothing accepted connections on {wait.host}:{wait.port} "
+                    f"within {wait.timeout:g}s"
+                )
+                self._finish(run, "failed", reason)
+                return True
             if len(run.processes) == len(run.commands):
                 run.launching = False
                 run.alive_since = run.next_health_at = self._clock()
@@ -175,10 +175,18 @@ class ShardLoop:
                 host, port = command.wait_for_port
                 timeout = command.wait_timeout
                 deadline = self._clock() + timeout
-                run.waiting = PortWait(proc.name, host, port, timeout, deadline)
+                run.waiting.append(PortWait(proc.name, host, port, timeout, deadline))
 
     def _check_ready(self, run: ShardRun) -> bool:
         now = self._clock()
+        if run.ready_when_listening:
+            if now < run.next_health_at:
+                return False
+            run.next_health_at = now + self._health_interval
+            said = self._listening(run.spec)
+            if said:
+                self._become_ready(run, said)
+            return bool(said)
         if not run.serves_http:
             assert run.alive_since is not None
             if now - run.alive_since < self._settle:
@@ -193,6 +201,12 @@ class ShardLoop:
         if ready:
             self._become_ready(run, run.detail)
         return ready
+
+    def _listening(self, spec: ShardSpec) -> str:
+        """Why a worker rank that listens is ready, or "" while its port does not accept."""
+        if port_open(spec.host, spec.port, timeout=1.0):
+            return f"accepts connections on {spec.host}:{spec.port} (a worker rank)"
+        return ""
 
     def _become_ready(self, run: ShardRun, reason: str) -> None:
         # An engine may retitle itself while it loads; record what adoption will see.

@@ -95,7 +95,8 @@ class ShardRun:
         self.seq = 0  # of the state; written before the state, read after it (snapshot)
         self.detail = ""
         self.launching = bool(commands)
-        self.waiting: PortWait | None = None
+        self.waiting: list[PortWait] = []  # in order; the next command starts when empty
+        self.ready_when_listening = False  # a worker rank ready once its port accepts
         self.alive_since: float | None = None
         self.next_health_at = 0.0
         self.stopping = False
@@ -125,6 +126,7 @@ class ShardRun:
         return ShardRecord(
             spec=self.spec,
             serves_http=self.serves_http,
+            ready_when_listening=self.ready_when_listening,
             health_path=self.health_path,
             commands=self.command_count,
             processes=[proc.record for proc in self.processes],

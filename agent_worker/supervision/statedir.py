@@ -59,6 +59,7 @@ class ShardRecord(BaseModel):
     version: Literal[1] = 1
     spec: ShardSpec
     serves_http: bool
+    ready_when_listening: bool = False
     health_path: str = "/health"
     commands: int = Field(ge=1, description="how many commands the shard has in all")
     processes: list[ProcessRecord] = Field(default_factory=list)

@@ -41,8 +41,28 @@ IB = FabricAssignment(name="ib-a", adapters=["mlx5_0"])
 REFUSALS = [
     pytest.param(
         gguf(**across(gpus=[0], fabric=IB)),
-        ["llama.cpp cannot span nodes; set nodes: 1 (this replica has 2)"],
-        id="llama-cpp-across-nodes",
+        [
+            "rank 0 of a replica across 2 nodes needs the address of each of its 1 workers, "
+            "and was given 0"
+        ],
+        id="llama-cpp-rank-0-without-its-workers",
+    ),
+    pytest.param(
+        gguf(host="0.0.0.0", **across(rank=1)),
+        [
+            "rank 1 was told to listen on '0.0.0.0', which would open rpc-server (no "
+            "authentication, runs any tensor operation it is sent) to every network; set the "
+            "node's own address in its agent file"
+        ],
+        id="llama-cpp-worker-on-every-interface",
+    ),
+    pytest.param(
+        gguf(args=["--rpc", "10.9.9.9:50052"], **across(workers=["10.0.0.2:20000"])),
+        [
+            "args sets --rpc, which llmgw sets to the worker ranks placement chose; "
+            "set nodes: instead; remove it"
+        ],
+        id="llama-cpp-rpc-peers-from-args",
     ),
     pytest.param(
         gguf().model_copy(update={"model_path": ""}),
@@ -55,7 +75,8 @@ REFUSALS = [
     pytest.param(
         gguf(launch_mode="ray"),
         [
-            "llama.cpp has no launch_mode 'ray' (llama-server is one process on one node); "
+            "llama.cpp has no launch_mode 'ray' (llama.cpp runs its own processes, across "
+            "nodes over its RPC backend); "
             "set launch_mode: native"
         ],
         id="llama-cpp-under-ray",
@@ -239,6 +260,11 @@ ACCEPTED = [
     ),
     pytest.param(
         shard(engine="sglang", gpus=[0, 1], tensor_parallel=2, **across()), id="sglang-across-nodes"
+    ),
+    pytest.param(gguf(**across(workers=["10.0.0.2:20000"])), id="llama-cpp-rank-0-across-nodes"),
+    pytest.param(
+        gguf(host="10.0.0.2", **across(rank=1)).model_copy(update={"model_path": ""}),
+        id="llama-cpp-worker-needs-no-file",
     ),
     pytest.param(
         shard(args=['--chat-template-kwargs={"enable_thinking": false}']),

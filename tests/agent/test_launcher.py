@@ -106,7 +106,7 @@ def test_a_refused_profile_fails_at_once_naming_every_problem(node):
     spec = spec_for("/nowhere/model.gguf", free_port(), world_size=2)
     assert launcher.start(spec) == "failed"
     [failed] = transitions
-    assert "llama.cpp cannot span nodes" in failed.reason
+    assert "rank 0 of a replica across 2 nodes needs the address of each" in failed.reason
     assert "model file /nowhere/model.gguf is not on this node" in failed.reason
 
 

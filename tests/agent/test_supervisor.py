@@ -8,7 +8,7 @@ import socket
 import pytest
 from stub_engine import free_port, gone, wait_until
 
-from agent_worker.engines.command import LaunchCommand
+from agent_worker.engines.command import LaunchCommand, Listener
 from agent_worker.supervisor import Supervisor
 
 
@@ -227,7 +227,9 @@ def test_a_worker_rank_starts_only_once_rank_0s_rendezvous_listens(harness):
         probe.bind(("127.0.0.1", 0))
         rendezvous_port = probe.getsockname()[1]
     spec = harness.spec(rank=1, world_size=2, rendezvous=f"127.0.0.1:{rendezvous_port}")
-    assert sup.start(spec, [harness.command(spec.port)], False, "/health") == "pending"
+    rendezvous = Listener("rank 0's rendezvous", "127.0.0.1", rendezvous_port)
+    command = harness.command(spec.port)
+    assert sup.start(spec, [command], False, "/health", start_after=[rendezvous]) == "pending"
     sup.step()
     assert harness.tagged_pids() == [] and sup.state_of(spec.shard_id) == "pending"
     with socket.socket() as rank0:
@@ -237,3 +239,58 @@ def test_a_worker_rank_starts_only_once_rank_0s_rendezvous_listens(harness):
                    what="the worker to start")  # fmt: skip
     assert len(harness.tagged_pids()) == 1
     sup.stop(spec.shard_id, grace=2)
+
+
+@pytest.mark.process
+def test_rank_0_starts_only_once_every_worker_it_connects_to_listens(harness):
+    sup = harness.supervisor(background=False)
+    workers = [free_port(), free_port()]
+    listeners = [Listener(f"rank {i}'s worker", "127.0.0.1", port)
+                 for i, port in enumerate(workers, start=1)]  # fmt: skip
+    spec = harness.spec(world_size=3, workers=[f"127.0.0.1:{port}" for port in workers])
+    assert sup.start(spec, [harness.command(spec.port)], True, start_after=listeners) == "pending"
+    with socket.socket() as first:
+        first.bind(("127.0.0.1", workers[0]))
+        first.listen()
+        sup.step()
+        sup.step()
+        assert harness.tagged_pids() == []  # rank 2's worker is not listening yet
+        with socket.socket() as second:
+            second.bind(("127.0.0.1", workers[1]))
+            second.listen()
+            wait_until(lambda: (sup.step(), sup.state_of(spec.shard_id) == "starting")[1],
+                       what="rank 0 to start")  # fmt: skip
+    assert len(harness.tagged_pids()) == 1
+    sup.stop(spec.shard_id, grace=2)
+
+
+@pytest.mark.process
+def test_a_worker_that_never_appears_fails_rank_0_within_its_startup_timeout(harness):
+    sup = harness.supervisor()
+    silent = free_port()
+    spec = harness.spec(world_size=2, workers=[f"127.0.0.1:{silent}"], startup_timeout=1)
+    waits = [Listener("rank 1's worker", "127.0.0.1", silent)]
+
+    sup.start(spec, [harness.command(spec.port)], True, start_after=waits)
+
+    failed = harness.wait_for(spec.shard_id, "failed")
+    assert failed.reason == (
+        f"rank 1's worker: nothing accepted connections on 127.0.0.1:{silent} within 1s"
+    )
+    assert harness.tagged_pids() == []
+
+
+@pytest.mark.process
+def test_a_worker_that_listens_is_ready_once_its_port_accepts_and_adopted_ready(harness):
+    sup = harness.supervisor(settle=600)  # alive-for-a-while would never make it ready
+    spec = harness.spec(rank=1, world_size=2, rendezvous="127.0.0.1:1")
+
+    sup.start(spec, [harness.command(spec.port)], False, ready_when_listening=True)
+
+    ready = harness.wait_for(spec.shard_id, "ready")
+    assert ready.reason == f"accepts connections on 127.0.0.1:{spec.port} (a worker rank)"
+    sup.shutdown()
+    again = harness.supervisor(settle=600)
+    [adopted] = again.adopt_all()
+    assert adopted.state == "ready" and adopted.spec.shard_id == spec.shard_id
+    again.stop(spec.shard_id, grace=2)

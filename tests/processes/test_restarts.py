@@ -23,7 +23,7 @@ from catalog.models import Profile
 from fleet import commands
 from fleet.models import Node, Replica, Shard, replica_secret
 from fleet.node_auth import node_token
-from fleet.shard_specs import shard_spec
+from fleet.shard_specs import MeetingPoints, shard_spec
 from protocol import messages
 from tests.fleet.inventories import inventory
 from tests.fleet.queues import clear_queue
@@ -172,10 +172,10 @@ def place_two_rank_replica(nodes: list[str]) -> Replica:
             )  # fmt: skip
             for rank, node_id in enumerate(nodes)
         ]
-        rendezvous = f"127.0.0.1:{free[2]}"
+        meeting = MeetingPoints(f"127.0.0.1:{free[2]}", (f"127.0.0.1:{free[1]}",))
         for shard in shards:
             node = Node.objects.get(id=shard.node_id)
-            spec = shard_spec(replica, shard, node, 2, rendezvous, None, 0)
+            spec = shard_spec(replica, shard, node, 2, meeting, None, 0)
             transaction.on_commit(lambda n=node.id, s=spec: commands.send_start_shard(n, s))
     return replica
 
@@ -286,7 +286,9 @@ def test_a_node_reporting_another_nodes_shard_is_refused_and_changes_nothing(clu
     rank0 = Shard.objects.get(replica=replica, rank=0)
 
     intruder = f"rs-{uuid.uuid4().hex[:6]}"
-    spec = shard_spec(replica, rank0, Node.objects.get(id=node_a), 2, "127.0.0.1:1", None, 0)
+    spec = shard_spec(
+        replica, rank0, Node.objects.get(id=node_a), 2, MeetingPoints("127.0.0.1:1"), None, 0
+    )
     register = messages.Register(
         inventory=inventory(intruder, address="127.0.0.1"), engines_probed=True,
         shards=[messages.RunningShard(spec=spec, state="failed", pid=1, seq=10**12)],

@@ -28,6 +28,7 @@ from agent_worker.engines.install.builds import NodeTarget, choose_build
 from agent_worker.engines.install.checks import check_libraries, check_version
 from agent_worker.engines.install.errors import InstallError
 from agent_worker.engines.install.python_env import PipSettings, install_python_engine
+from agent_worker.engines.llama_cpp import RPC_SERVERS
 from agent_worker.weights.fetch import FetchSettings, Flight, WeightFetchError, download
 from core.humanize import format_bytes
 from protocol.engines import PIP_ENGINES, EngineInstall, EngineStatusWord, WantedEngine
@@ -37,6 +38,9 @@ log = logging.getLogger("llmgw.agent.engines")
 MARKER = ".llmgw-install.json"
 # The executable each archive engine's release holds, found wherever it lies in it.
 ARCHIVE_BINARIES = {"llama.cpp": "llama-server"}
+# The executable a build may hold beside that one (under any of these names), and what it
+# makes possible.
+ARCHIVE_COMPANIONS = {"llama.cpp": (RPC_SERVERS, "replicas across nodes")}
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,7 @@ class EngineInstaller:
             self._say(engine, "installing", f"checking {binary.name}")
             check_libraries(binary)
             check_version(binary, self.settings.version_timeout)
+            self._check_companions(engine, binary, filename)
             relative = binary.relative_to(staged)
             _write_marker(staged, engine, relative, build=build.name, sha256=build.sha256)
             _put_in_place(staged, final)
@@ -251,6 +256,21 @@ class EngineInstaller:
         finally:
             shutil.rmtree(staged, ignore_errors=True)
             shutil.rmtree(downloads, ignore_errors=True)
+
+    def _check_companions(self, engine: WantedEngine, binary: Path, archive: str) -> None:
+        """Make the executable beside the engine's that widens what it can do runnable and
+        check its libraries; say plainly what a build without it cannot do."""
+        names, enables = ARCHIVE_COMPANIONS.get(engine.name, ((), ""))
+        for name in names:
+            companion = binary.parent / name
+            if companion.is_file() and not companion.is_symlink():
+                companion.chmod(companion.stat().st_mode | 0o111)
+                check_libraries(companion)
+                return
+        if names:
+            log.warning("%s %s: %s holds no %s beside %s; this build cannot run %s",
+                        engine.name, engine.version, archive, " or ".join(names), binary.name,
+                        enables)  # fmt: skip
 
     def _download(self, engine: WantedEngine, url: str, sha256: str, target: Path) -> Path:
         name = target.name
