@@ -12,6 +12,7 @@ import pytest
 
 from agent_worker.engines.install import InstallError
 from agent_worker.engines.install.checks import check_version
+from agent_worker.engines.llama_cpp import rpc_server_beside
 from llmgw_cli.local_engine import wheel_llama_server
 from tests.agent.engine_archives import (
     Clock,
@@ -152,6 +153,38 @@ def test_a_missing_shared_library_is_named_outright(serve, tmp_path):
     assert status.status == "failed"
     assert "libllama" in status.detail and status.detail.endswith("not found"), status.detail
     assert leftovers(tmp_path) == []
+
+
+def test_rpc_server_beside_llama_server_is_made_runnable_so_the_build_can_span_nodes(
+    serve, tmp_path
+):
+    rpc = ("file", "llama-b6000/bin/rpc-server", b"#!/bin/sh\n")  # a release's, without +x
+    server = serve(tar_gz([*release(), rpc]))
+    installer = make_installer(tmp_path)
+
+    installer.want([wanted(server.url, server.sha256)])
+    installer.converge_once()
+
+    status = one(installer)
+    assert status.status == "installed"
+    assert rpc_server_beside(status.path) == str(Path(status.path).parent / "rpc-server")
+
+
+def test_a_build_without_rpc_server_installs_and_says_it_cannot_span_nodes(
+    serve, tmp_path, caplog
+):
+    server = serve(tar_gz(release()))
+    installer = make_installer(tmp_path)
+
+    installer.want([wanted(server.url, server.sha256)])
+    installer.converge_once()
+
+    status = one(installer)
+    assert status.status == "installed" and rpc_server_beside(status.path) is None
+    assert (
+        f"llama.cpp b6000: {ARCHIVE} holds no rpc-server or ggml-rpc-server beside llama-server; "
+        "this build cannot run replicas across nodes"
+    ) in caplog.text
 
 
 def test_a_vanished_binary_is_found_by_the_recheck_and_installed_again(serve, tmp_path):

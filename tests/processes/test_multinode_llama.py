@@ -183,6 +183,8 @@ def test_a_replica_across_two_nodes_serves_keeps_its_ranks_through_agent_restart
              "a replacement replica to be ready")  # fmt: skip
     old = Replica.objects.get(id=replica.id)
     assert old.state in ("failed", "stopping", "stopped"), old.state
+    failed = Shard.objects.get(id=rank1.id)
+    assert failed.state == "failed" and failed.reason.startswith("rpc-server (pid"), failed.reason
     wait_for(lambda: not psutil.pid_exists(rank0.pid), 30, "the old rank 0 to be stopped")
     replacement = Replica.objects.get(state="ready")
     assert len(ranks(replacement)) == 2
