@@ -15,6 +15,7 @@ import psutil
 import pytest
 import yaml
 
+from audit.models import Event
 from catalog.actions import apply_catalog, create_key
 from fleet.models import Node, Replica, Shard
 from fleet.node_auth import node_token
@@ -175,7 +176,8 @@ def test_a_replica_across_two_nodes_serves_keeps_its_ranks_through_agent_restart
         wait_for(lambda: steady.sent >= 3, 60, "requests to flow after the restarts")
     assert steady.failures == [], steady.failures
     assert {shard.id: shard.pid for shard in ranks(replica)} == pids
-    assert Replica.objects.get(id=replica.id).state == "ready"
+    left_ready = Event.objects.filter(subject=str(replica.id), from_state="ready")
+    assert list(left_ready.values_list("to_state", "reason")) == []
 
     # The worker's rpc-server dies: the replica fails as a whole and another takes its place.
     os.killpg(rank1.pid, signal.SIGKILL)
