@@ -170,9 +170,7 @@ def test_rpc_server_beside_llama_server_is_made_runnable_so_the_build_can_span_n
     assert rpc_server_beside(status.path) == str(Path(status.path).parent / "rpc-server")
 
 
-def test_a_build_without_rpc_server_installs_and_says_it_cannot_span_nodes(
-    serve, tmp_path, caplog
-):
+def test_a_build_without_rpc_server_installs_and_says_it_cannot_span_nodes(serve, tmp_path, caplog):
     server = serve(tar_gz(release()))
     installer = make_installer(tmp_path)
 
