@@ -172,6 +172,20 @@ class System:
 
         return bool(retry(read, default=False))
 
+    def migrations(self) -> float | None:
+        """Requests the router moved to another replica mid-answer since it started (its
+        /metrics), or None while it does not answer."""
+        import httpx
+
+        token = self.env.get("LLMGW_METRICS_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            text = httpx.get(f"{self.router_url}/metrics", headers=headers, timeout=5).text
+        except httpx.HTTPError:
+            return None
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("llmgw_router_migrations_total{"))  # fmt: skip
+
     def lost_since(self, since_wall: float) -> int:
         from datetime import UTC, datetime
 

@@ -17,9 +17,11 @@ fault is injected --injections times:
 One row per fault: requests sent while it was injected and until the system recovered,
 failed (and why), the longest request, engines restarted that should not have been,
 the worst time until every replica was ready again (from the moment the killed process
-was back; for an engine, from the kill), nodes marked lost, and shard rows that
-disagree with the agent's own state afterwards. The goals: 0 healthy engines restarted,
-0 hung requests, every replica ready within 10 s of the process being back.
+was back; for an engine, from the kill), nodes marked lost, shard rows that disagree
+with the agent's own state afterwards, and requests the router moved to another replica
+mid-answer (``moved``: a killed engine's streams carry on elsewhere). The goals: 0
+healthy engines restarted, 0 hung requests, every replica ready within 10 s of the
+process being back.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 # This folder's modules, imported as the script's siblings.
 from fault_injection import FAULTS, PROCESS_FAULTS, inject  # noqa: E402
-from fault_load import Load  # noqa: E402
+from fault_load import REQUEST_TIMEOUT, Load  # noqa: E402
 from fault_system import REPLICAS, System, wait_for  # noqa: E402
 
 from llmgw_cli.demo import smollm2_path  # noqa: E402
@@ -65,6 +67,7 @@ class Row:
     recovery: float = 0.0  # the worst injection's
     lost: int = 0
     disagreeing: int = 0
+    migrations: int = 0  # requests the router moved to another replica mid-answer
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -77,11 +80,14 @@ class Row:
 def run_fault(system: System, load: Load, fault: str, injections: int, stop_seconds: float) -> Row:
     row = Row(fault)
     last_injection = 0.0
+    first_started: float | None = None
     for _ in range(injections):
         if fault in PROCESS_FAULTS:
             time.sleep(max(0.0, last_injection + SAME_PROCESS_SPACING - time.monotonic()))
         engines = system.engines()
+        moved_before = system.migrations()
         started, started_wall = time.monotonic(), time.time()
+        first_started = first_started or started
         last_injection = started
         try:
             back, killed_shard = inject(system, fault, stop_seconds)
@@ -99,34 +105,56 @@ def run_fault(system: System, load: Load, fault: str, injections: int, stop_seco
         recovered = time.monotonic()
         row.recovery = max(row.recovery, recovered - back)
         time.sleep(2)  # requests sent just after recovery count too
-        requests = load.between(started, time.monotonic())
         row.injections += 1
-        row.sent += len(requests)
-        failed = [r for r in requests if r.ended and r.error]
-        row.failed += len(failed)
-        row.reasons.update(r.error for r in failed)
-        now = time.monotonic()
-        row.longest = max([row.longest, *((r.ended or now) - r.started for r in requests)])
         after = system.engines()
         row.wrongly_restarted += sum(
             1 for shard, pid in engines.items()
             if shard != killed_shard and (after.get(shard) != pid or not psutil.pid_exists(pid))
         )  # fmt: skip
+        row.migrations += moved_since(moved_before, system.migrations())
         row.lost += system.lost_since(started_wall)
         disagreeing = system.disagreements()
         row.disagreeing += len(disagreeing)
         row.notes.extend(disagreeing)
+    if first_started is not None:
+        count_requests(row, load, first_started, time.monotonic())
     return row
+
+
+def count_requests(row: Row, load: Load, start: float, end: float) -> None:
+    """Add the requests started from the first injection to the recovery from the last,
+    once each has ended: one in flight at a kill may have started just before it, and one
+    still running when its injection recovered may fail at the next."""
+    requests = load.between(start, end)
+    try:
+        wait_for(lambda: all(r.ended for r in requests), REQUEST_TIMEOUT + 10,
+                 "the requests of the run to end")  # fmt: skip
+    except TimeoutError as exc:
+        row.notes.append(str(exc))
+    row.sent += len(requests)
+    failed = [r for r in requests if r.ended and r.error]
+    row.failed += len(failed)
+    row.reasons.update(r.error for r in failed)
+    now = time.monotonic()
+    row.longest = max([row.longest, *((r.ended or now) - r.started for r in requests)])
+
+
+def moved_since(before: float | None, after: float | None) -> int:
+    """Moves counted between two reads of the router's counter; a restarted router (its
+    counter back at 0) or one that did not answer counts what can be known."""
+    if after is None:
+        return 0
+    return int(after - before) if before is not None and after >= before else int(after)
 
 
 def print_table(rows: list[Row]) -> None:
     print(f"{'fault':<14} {'n':>3} {'sent':>5} {'failed':>6} {'longest':>8} {'restarted':>9} "
-          f"{'ready in':>8} {'lost':>4} {'disagree':>8}  reasons")  # fmt: skip
+          f"{'ready in':>8} {'lost':>4} {'disagree':>8} {'moved':>5}  reasons")  # fmt: skip
     for row in rows:
         reasons = ", ".join(f"{n} {why}" for why, n in row.reasons.most_common()) or "-"
         print(f"{row.fault:<14} {row.injections:>3} {row.sent:>5} {row.failed:>6} "
               f"{row.longest:>7.1f}s {row.wrongly_restarted:>9} {row.recovery:>7.1f}s "
-              f"{row.lost:>4} {row.disagreeing:>8}  {reasons}")  # fmt: skip
+              f"{row.lost:>4} {row.disagreeing:>8} {row.migrations:>5}  {reasons}")  # fmt: skip
         for note in row.notes:
             print(f"{'':<14} note: {note}")
 

@@ -70,7 +70,10 @@ class Router:
         )
         # Router-only mode keeps no accounting table; /metrics still counts tokens.
         accounting = self.accounting if source.mode == "database" else None
-        self.proxy = Proxy(self.balancer, self.upstream, self.metrics, accounting)
+        self.proxy = Proxy(
+            self.balancer, self.upstream, self.metrics, accounting, config.migrations,
+            current_route=lambda name: self.table.routes.get(name),
+        )  # fmt: skip
         self.refresher = Refresher(source, self.install, config.refresh_seconds)
         self.probe = SavedTableProbe(
             self.upstream, self._use, config.probe_seconds, config.probe_timeout

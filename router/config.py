@@ -54,6 +54,10 @@ class RouterConfig:
     # shorter than one saves an engine little prefill, so its request goes by least
     # outstanding instead of being pinned for it.
     prefix_block: int = 256
+    # Moves of one request to another replica after its engine broke off the answer: two
+    # rides out one dead engine and one more failure, and bounds what a request that
+    # kills engines (a prompt that crashes them) can do to the rest of its model's replicas.
+    migrations: int = 2
 
     @classmethod
     def from_env(cls) -> RouterConfig:
@@ -83,9 +87,15 @@ class RouterConfig:
             probe_timeout=env_float("LLMGW_ROUTER_PROBE_TIMEOUT", cls.probe_timeout),
             prefix_bytes=env_int("LLMGW_ROUTER_PREFIX_BYTES", cls.prefix_bytes),
             prefix_block=env_int("LLMGW_ROUTER_PREFIX_BLOCK", cls.prefix_block),
+            migrations=env_int("LLMGW_ROUTER_MIGRATIONS", cls.migrations),
         )
 
     def __post_init__(self) -> None:
+        if self.migrations < 0:
+            raise ValueError(
+                f"LLMGW_ROUTER_MIGRATIONS={self.migrations}: moves per request cannot be "
+                "negative; 0 ends a broken answer with an error, as without migration"
+            )
         if self.prefix_block < 1 or self.prefix_bytes < self.prefix_block:
             raise ValueError(
                 f"LLMGW_ROUTER_PREFIX_BLOCK={self.prefix_block} and LLMGW_ROUTER_PREFIX_BYTES="

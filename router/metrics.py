@@ -54,6 +54,12 @@ class RouterMetrics:
             "Failed attempts at a replica (connect, timeout, 5xx, broken stream)",
             ["model", "replica", "kind"], registry=r,
         )  # fmt: skip
+        self._migrations = Counter(
+            "llmgw_router_migrations",
+            "Requests moved to another replica after their engine broke off the answer, by "
+            "how it broke (closed, silent, invalid; unreachable or refused: the replica "
+            "asked before did not take it on)", ["model", "reason"], registry=r,
+        )  # fmt: skip
         self._prompt_tokens = Counter(
             "llmgw_router_prompt_tokens", "Prompt tokens engines reported", ["model"], registry=r
         )
@@ -112,6 +118,9 @@ class RouterMetrics:
 
     def upstream_error(self, model: str, replica: str, kind: str) -> None:
         self._child(self._upstream_errors, model, replica, kind).inc()
+
+    def migrated(self, model: str, reason: str) -> None:
+        self._child(self._migrations, model, reason).inc()
 
     def tokens(self, model: str, prompt: int, completion: int) -> None:
         if prompt:

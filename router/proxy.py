@@ -1,28 +1,54 @@
-"""Sending a call to a replica: retries on another, breakers kept, tokens counted.
+"""Sending a call to a replica: retries on another, moves when an answer breaks, tokens counted.
 
 A replica that cannot be reached, or answers 5xx before anything reached the client,
-is counted against its breaker and the call goes to another (``MAX_ATTEMPTS`` in all);
-once an answer began, it is the client's, whatever follows. A client that hangs up
-cancels the relay, and leaving the relay closes the engine's connection.
+is counted against its breaker and the call goes to another (``MAX_ATTEMPTS`` in all).
+An engine that breaks off an answer once it began no longer ends it, within
+``LLMGW_ROUTER_MIGRATIONS`` moves: a stream is carried on by another replica from what
+the client already has (migration.py), and an answer that does not stream, of which
+nothing reached the client, is asked again from the start. A stream that cannot move
+(a tool call in flight, n > 1, no other replica) ends with the error event. A client
+that hangs up cancels the relay, and leaving the relay closes the engine's connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from router import errors
 from router.accounting import Accounting
 from router.balancer import Balancer
 from router.call import CLIENT_CLOSED, Call
-from router.errors import RouterError
 from router.metrics import RouterMetrics
-from router.relay import WATCH_AFTER_SECONDS, relay, start_watching
-from router.table import Endpoint
-from router.upstream import Upstream, UpstreamUnreachable
-from router.usage import Tokens
+from router.migration import (
+    Progress,
+    Splice,
+    budget_spent,
+    closing_events,
+    continuation_body,
+    engine_continues,
+    why_not_movable,
+)
+from router.relay import WATCH_AFTER_SECONDS, StreamRelay, relay_body, start_watching
+from router.table import Endpoint, ModelRoute
+from router.upstream import Response, Upstream, UpstreamBroken, UpstreamUnreachable
+from router.usage import EventScanner, Tokens
+
+logger = logging.getLogger(__name__)
 
 # One try and at most two retries, each on another replica.
 MAX_ATTEMPTS = 3
+
+
+class BrokenStream(NamedTuple):
+    """A stream whose engine broke off: the client's side of it, how, and any usage seen."""
+
+    stream: StreamRelay
+    broken: UpstreamBroken
+    usage: Tokens | None
 
 
 class Proxy:
@@ -30,9 +56,14 @@ class Proxy:
 
     def __init__(
         self, balancer: Balancer, upstream: Upstream, metrics: RouterMetrics,
-        accounting: Accounting | None,
+        accounting: Accounting | None, migrations: int = 2,
+        current_route: Callable[[str], ModelRoute | None] | None = None,
     ) -> None:  # fmt: skip
+        """``current_route`` gives a model's route in the table as it is now: a move goes
+        to the replicas ready when the answer broke, not those of when it began."""
         self.balancer = balancer
+        self.migrations = migrations  # LLMGW_ROUTER_MIGRATIONS: moves per request
+        self.current_route = current_route
         self.upstream = upstream
         self.metrics = metrics
         self.accounting = accounting  # None: tokens go to /metrics only (router-only mode)
@@ -70,23 +101,21 @@ class Proxy:
         tried: list[Endpoint] = []
         endpoint = self.balancer.pick(call.route.endpoints, session=call.session)
         last_problem = ""
-        for attempt in range(MAX_ATTEMPTS):
-            if endpoint is None:
-                break
+        failures = moves = 0
+        broken: BrokenStream | None = None
+        while endpoint is not None and failures < MAX_ATTEMPTS:
             replica = endpoint.replica
-            headers = call.headers
-            if endpoint.authorization:
-                headers = [*headers, (b"authorization", endpoint.authorization)]
             trial = self.balancer.started(replica)
             ok: bool | None = None
             try:
                 try:
-                    response = await self.upstream.post(endpoint.url, call.path, call.body, headers)
+                    response = await self._post(endpoint, call.path, call.body, call.headers)
                 except UpstreamUnreachable as exc:
                     ok = False
                     self.metrics.upstream_error(model, replica, exc.kind)
                     last_problem = str(exc)
                     tried.append(endpoint)
+                    failures += 1
                     endpoint = self._next(call, tried, exc.kind)
                     continue
                 try:
@@ -94,31 +123,189 @@ class Proxy:
                         ok = False
                         self.metrics.upstream_error(model, replica, f"http_{response.status}")
                         tried.append(endpoint)
+                        failures += 1
                         following = None
-                        if attempt + 1 < MAX_ATTEMPTS:
+                        if failures < MAX_ATTEMPTS:
                             following = self._next(call, tried, "http")
                         if following is not None:
                             endpoint = following
                             continue
+                    if response.is_event_stream:
+                        broken = await self._relay_stream(call, response, replica)
+                        ok = broken is None and response.status < 500
+                        if broken is None:
+                            return response.status
+                        tried.append(endpoint)
+                        break
                     try:
-                        ok, tokens = await relay(call, response, replica, self.metrics)
-                    except RouterError:
+                        tokens = await relay_body(call, response, self.metrics)
+                    except UpstreamBroken as exc:
                         ok = False
-                        raise
-                    if response.status >= 500:
-                        ok = False
+                        tried.append(endpoint)
+                        endpoint = self._ask_again(call, exc, tried, moves)
+                        moves += 1
+                        continue
+                    ok = response.status < 500
                     self._account(call, tokens)
                     return response.status
                 finally:
                     response.close()  # returns nothing half-read to the pool
             finally:
                 self.balancer.finished(replica, ok=ok, trial=trial)
+        if broken is not None:
+            return await self._carry_on(call, broken, tried)
         raise errors.bad_gateway(
             f"No replica of {model} answered ({len(tried)} tried): {last_problem}."
         )
 
+    async def _post(
+        self, endpoint: Endpoint, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> Response:
+        if endpoint.authorization:
+            headers = [*headers, (b"authorization", endpoint.authorization)]
+        return await self.upstream.post(endpoint.url, path, body, headers)
+
+    def _ask_again(
+        self, call: Call, broken: UpstreamBroken, tried: list[Endpoint], moves: int
+    ) -> Endpoint:
+        """The replica to ask again for an answer that broke off before any of it reached
+        the client; 502 when the bound is reached or no other replica is ready."""
+        model = call.model
+        self.metrics.upstream_error(model, tried[-1].replica, "broken_answer")
+        following = None
+        if moves < self.migrations:
+            following = self.balancer.pick(
+                self._endpoints_now(call), session=call.session, exclude=tried
+            )
+        if following is None:
+            raise errors.bad_gateway(f"An engine of {model} broke off its answer: {broken}.")
+        self._moved(model, broken, tried[-1].replica, following.replica, "from the start")
+        return following
+
+    # -- streams, and carrying a broken one on ---------------------------------------------
+
+    async def _relay_stream(
+        self, call: Call, response: Response, replica: str
+    ) -> BrokenStream | None:
+        """Relay a stream from its first engine; None once it ended whole and is counted."""
+        stream = StreamRelay(call, self.metrics)
+        await stream.begin(response)
+        scanner = EventScanner(drop_usage_only=call.drop_usage_only)
+        broken = await stream.pipe(response, scanner.feed, scanner.flush)
+        if broken is None:
+            await stream.end()
+            self._account(call, scanner.tokens)
+            return None
+        self.metrics.upstream_error(call.model, replica, "broken_stream")
+        return BrokenStream(stream, broken, scanner.tokens)
+
+    async def _carry_on(self, call: Call, first: BrokenStream, tried: list[Endpoint]) -> int:
+        """Carry a broken stream on, replica after replica, until it ends whole or cannot
+        move; return the status the client got (the stream's, which began as 200)."""
+        model = call.model
+        stream, broken, usage = first
+        payload = json.loads(call.body)
+        moves = 0
+        while True:
+            progress = stream.relayed.read()
+            if progress.finish_reason or budget_spent(payload, progress):
+                # Nothing was left to generate: end the answer here.
+                await stream.end(closing_events(call.path, progress))
+                self._account(call, usage or Tokens(0, progress.chunks))
+                return 200
+            target, why_not = self._continuer(call, payload, progress, tried, moves)
+            if target is None:
+                await stream.end_broken(broken, why_not)
+                self._account(call, usage)
+                return 200
+            moves += 1
+            self._moved(model, broken, tried[-1].replica, target.replica,
+                        f"after {progress.chunks} tokens")  # fmt: skip
+            splice = Splice(progress, drop_usage_only=call.drop_usage_only)
+            body = continuation_body(call.path, payload, progress)
+            outcome = await self._continue_on(call, target, body, stream, splice)
+            tried.append(target)
+            usage = splice.tokens
+            if outcome is None:
+                await stream.end()
+                self._account(call, usage)
+                return 200
+            broken = outcome
+
+    def _continuer(
+        self, call: Call, payload: dict[str, Any], progress: Progress, tried: list[Endpoint],
+        moves: int,
+    ) -> tuple[Endpoint | None, str]:  # fmt: skip
+        """The replica to carry the stream on, or None and why there is none."""
+        if moves >= self.migrations:
+            return None, (
+                f"moved {moves} times already (LLMGW_ROUTER_MIGRATIONS={self.migrations})"
+                if moves else "LLMGW_ROUTER_MIGRATIONS is 0"
+            )  # fmt: skip
+        why_not = why_not_movable(call.path, payload, progress)
+        if why_not is not None:
+            return None, why_not
+        others = [e for e in self._endpoints_now(call) if e not in tried]
+        able = [e for e in others if engine_continues(e.engine)]
+        target = self.balancer.pick(able, session=call.session)
+        if target is not None:
+            return target, ""
+        if others:
+            return (
+                None,
+                f"its other replicas' engine ({others[0].engine}) cannot continue an answer",
+            )
+        return None, f"no other replica of {call.model} is ready"
+
+    def _endpoints_now(self, call: Call) -> tuple[Endpoint, ...]:
+        """The model's endpoints in the table now: one that became ready since the request
+        began may take it on, when the replicas it began with have failed it."""
+        route = self.current_route(call.model) if self.current_route else None
+        return (route or call.route).endpoints
+
+    async def _continue_on(
+        self, call: Call, target: Endpoint, body: bytes, stream: StreamRelay, splice: Splice
+    ) -> UpstreamBroken | None:
+        """Relay ``target``'s continuation onto the stream; None once the answer is whole,
+        else how this replica failed it (the next move's reason)."""
+        model, replica = call.model, target.replica
+        trial = self.balancer.started(replica)
+        ok: bool | None = None
+        try:
+            try:
+                response = await self._post(target, call.path, body, call.headers)
+            except UpstreamUnreachable as exc:
+                ok = False
+                self.metrics.upstream_error(model, replica, exc.kind)
+                return UpstreamBroken(str(exc), "unreachable")
+            try:
+                if response.status != 200 or not response.is_event_stream:
+                    ok = False if response.status >= 500 else None
+                    self.metrics.upstream_error(model, replica, f"http_{response.status}")
+                    return UpstreamBroken(
+                        f"{target.url} answered the continuation with HTTP {response.status}",
+                        "refused",
+                    )
+                broken = await stream.pipe(response, splice.feed, splice.flush)
+                ok = broken is None
+                if broken is not None:
+                    self.metrics.upstream_error(model, replica, "broken_stream")
+                return broken
+            finally:
+                response.close()
+        finally:
+            self.balancer.finished(replica, ok=ok, trial=trial)
+
+    def _moved(self, model: str, broken: UpstreamBroken, source: str, target: str,
+               how: str) -> None:  # fmt: skip
+        self.metrics.migrated(model, broken.kind)
+        logger.warning("moved a request for %s from replica %s to replica %s %s: %s",
+                       model, source, target, how, broken)  # fmt: skip
+
     def _next(self, call: Call, tried: list[Endpoint], kind: str) -> Endpoint | None:
-        endpoint = self.balancer.pick(call.route.endpoints, session=call.session, exclude=tried)
+        endpoint = self.balancer.pick(
+            self._endpoints_now(call), session=call.session, exclude=tried
+        )
         if endpoint is None and kind == "disconnected" and tried.count(tried[-1]) == 1:
             # The engine closed a kept-alive connection as the request went out: the
             # request never reached it, so the same replica may take it once more.

@@ -1,10 +1,11 @@
 """Relaying an engine's answer to the client, and noticing when the client leaves.
 
-Streams go out as the engine sends them: each read from the engine is passed on at
-once (when a usage-only chunk must be dropped, only a partial event waits for its end).
-A request still running after ``WATCH_AFTER_SECONDS`` gets a watcher for the client's
-disconnect, which cancels the relay; leaving the relay closes the engine's connection,
-and that is what stops the engine generating.
+Streams go out as the engine sends them: each whole event is passed on as soon as it
+has arrived (only a partial event waits for its end, so that a stream broken off
+mid-event can still be carried on by another engine, proxy.py). A request still running
+after ``WATCH_AFTER_SECONDS`` gets a watcher for the client's disconnect, which cancels
+the relay; leaving the relay closes the engine's connection, and that is what stops the
+engine generating.
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from router import errors
 from router.call import Call, Exchange, Receive
 from router.metrics import RouterMetrics
+from router.migration import Relayed
 from router.table import ModelRoute
 from router.upstream import Response, UpstreamBroken
-from router.usage import EventScanner, Tokens, usage_of_body
+from router.usage import Tokens, usage_of_body
 
 logger = logging.getLogger(__name__)
 
@@ -73,63 +76,82 @@ def rewrite_body(
     return body, drop_usage_only
 
 
-async def relay(
-    call: Call, response: Response, replica: str, metrics: RouterMetrics
-) -> tuple[bool, Tokens | None]:
-    """Pass the engine's answer on; return whether it came whole, and its usage."""
-    if response.is_event_stream:
-        return await _relay_stream(call, response, replica, metrics)
-    model = call.model
-    try:
-        data = await response.read()
-    except UpstreamBroken as exc:
-        metrics.upstream_error(model, replica, "broken_answer")
-        raise errors.bad_gateway(f"An engine of {model} broke off its answer: {exc}.") from None
+async def relay_body(call: Call, response: Response, metrics: RouterMetrics) -> Tokens | None:
+    """Pass on an answer that does not stream, once it is whole; return its usage.
+
+    Raises UpstreamBroken when the engine broke off before the end: nothing reached the
+    client, so the proxy may ask another replica.
+    """
+    data = await response.read()
     headers = response.headers_for_client() + call.limit_headers
     headers.append((b"content-length", str(len(data)).encode()))
     call.exchange.finishing = True
     send = call.send
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
-    metrics.first_byte(model, time.perf_counter() - call.started)
-    return True, usage_of_body(data) if response.status < 400 else None
+    metrics.first_byte(call.model, time.perf_counter() - call.started)
+    return usage_of_body(data) if response.status < 400 else None
 
 
-async def _relay_stream(
-    call: Call, response: Response, replica: str, metrics: RouterMetrics
-) -> tuple[bool, Tokens | None]:
-    model, send, drop_usage_only = call.model, call.send, call.drop_usage_only
-    headers = response.headers_for_client() + STREAM_HEADERS + call.limit_headers
-    await send({"type": "http.response.start", "status": response.status, "headers": headers})
-    scanner = EventScanner(drop_usage_only=drop_usage_only)
-    first = True
-    whole = True
-    try:
-        # Whatever arrived, as soon as it arrived: no buffering here.
-        async for data in response.chunks():
-            out = scanner.feed(data)
-            if not drop_usage_only:
-                out = data  # nothing to drop: pass bytes on before events are whole
-            if not out:
-                continue
-            await send({"type": "http.response.body", "body": out, "more_body": True})
-            if first:
-                metrics.first_byte(model, time.perf_counter() - call.started)
-                first = False
-        tail = scanner.flush() if drop_usage_only else b""
-    except UpstreamBroken as exc:
-        # After the first byte a failure is the client's to see, in words: a stream that
-        # just stopped would read as a whole answer to many clients.
-        logger.warning("stream from an engine of %s broke: %s", model, exc)
-        metrics.upstream_error(model, replica, "broken_stream")
-        tail = errors.stream_error_event(
-            f"An engine of {model} broke off its answer after it began: {exc}; the answer "
-            "is incomplete, send the request again."
+class StreamRelay:
+    """One client's stream, relayed from one engine and, when it breaks off, from the next.
+
+    Only whole events go out, so a stream can be ended or carried on at any break
+    without a half event reaching the client. Each event sent is kept (migration.Relayed)
+    to know what the client has.
+    """
+
+    def __init__(self, call: Call, metrics: RouterMetrics) -> None:
+        self.call = call
+        self.metrics = metrics
+        self.relayed = Relayed()
+        self._first = True
+
+    async def begin(self, response: Response) -> None:
+        """Send the status and headers: the first engine's, whichever engines follow."""
+        headers = response.headers_for_client() + STREAM_HEADERS + self.call.limit_headers
+        await self.call.send(
+            {"type": "http.response.start", "status": response.status, "headers": headers}
         )
-        if scanner.mid_event and not drop_usage_only:
-            # Part of an event went out as it came: end it, or the error joins its data.
-            tail = b"\n\n" + tail
-        whole = False
-    call.exchange.finishing = True
-    await send({"type": "http.response.body", "body": tail, "more_body": False})
-    return whole, scanner.tokens
+
+    async def pipe(
+        self, response: Response, edit: Callable[[bytes], bytes], flush: Callable[[], bytes]
+    ) -> UpstreamBroken | None:
+        """Relay ``response``'s events through ``edit``, each as soon as it is whole; return
+        how the engine broke off, or None when its answer came whole."""
+        try:
+            # Each event as soon as it is whole: no buffering beyond that.
+            async for data in response.chunks():
+                await self._send(edit(data))
+            await self._send(flush())
+        except UpstreamBroken as exc:
+            return exc
+        return None
+
+    async def _send(self, events: bytes) -> None:
+        if not events:
+            return
+        self.relayed.keep(events)
+        await self.call.send({"type": "http.response.body", "body": events, "more_body": True})
+        if self._first:
+            self.metrics.first_byte(self.call.model, time.perf_counter() - self.call.started)
+            self._first = False
+
+    async def end(self, tail: bytes = b"") -> None:
+        """Send the last bytes; a disconnect after this is moot."""
+        self.call.exchange.finishing = True
+        await self.call.send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    async def end_broken(self, broken: UpstreamBroken, why_not_moved: str) -> None:
+        """End with the error event: a stream that just stopped would read as a whole
+        answer to many clients."""
+        model = self.call.model
+        logger.warning("stream from an engine of %s broke: %s; not moved: %s", model, broken,
+                       why_not_moved)  # fmt: skip
+        await self.end(
+            errors.stream_error_event(
+                f"An engine of {model} broke off its answer after it began: {broken}; the "
+                f"answer is incomplete (not carried on elsewhere: {why_not_moved}), send the "
+                "request again."
+            )
+        )

@@ -39,6 +39,9 @@ class Endpoint:
     replica: str
     url: str
     authorization: bytes  # b"Bearer <secret>", or b"" when the engine wants none
+    # The engine's name as its adapter gives it ("llama.cpp", "vllm"): whether and how a
+    # broken stream can be continued there (migration.py). "" while snapshots carry none.
+    engine: str = ""
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class RoutingTable:
                     replica=e.replica,
                     url=e.url.rstrip("/"),
                     authorization=f"Bearer {e.secret}".encode() if e.secret else b"",
+                    engine=getattr(e, "engine", ""),  # not in every snapshot's schema yet
                 )
                 for e in entry.endpoints
             )

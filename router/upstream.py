@@ -71,7 +71,15 @@ class UpstreamUnreachable(Exception):
 
 
 class UpstreamBroken(Exception):
-    """An answer began and then broke off (the engine died, or went silent too long)."""
+    """An answer began and then broke off (the engine died, or went silent too long).
+
+    ``kind`` says how, for metrics and logs: "closed" (the engine closed or reset the
+    connection), "silent" (no byte within the read timeout), "invalid" (not HTTP).
+    """
+
+    def __init__(self, detail: str, kind: str = "closed") -> None:
+        super().__init__(detail)
+        self.kind = kind
 
 
 class _Target:
@@ -201,7 +209,7 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(UpstreamBroken(f"the engine's answer is not valid HTTP: {exc}"))
+            self._fail(UpstreamBroken(f"the engine's answer is not valid HTTP: {exc}", "invalid"))
             self.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -285,8 +293,13 @@ class _Connection(asyncio.Protocol):
                 error if isinstance(error, TimeoutError | UpstreamBroken) else ConnectionError()
             )
         elif self.response is not None and not self.response._complete:
-            detail = str(error) if error else "the engine closed the connection mid-answer"
-            self.response._end(UpstreamBroken(detail))
+            if isinstance(error, UpstreamBroken):
+                broken = error
+            elif isinstance(error, TimeoutError):
+                broken = UpstreamBroken(str(error), "silent")
+            else:
+                broken = UpstreamBroken("the engine closed the connection mid-answer")
+            self.response._end(broken)
 
     def finished(self, response: Response, *, whole: bool) -> None:
         if response is not self.response:

@@ -17,6 +17,7 @@ from fleet.models import Replica, ReplicaState, ShardState
 from fleet.transitions import transition
 from router.models import Usage
 from tests.factories import (
+    SETUP,
     make_model,
     make_node,
     make_profile,
@@ -42,7 +43,7 @@ def fleet(harness):
     make_shard(replica, rank=0, node=make_node("node01", address="127.0.0.1"),
                port=engine.port, state=ShardState.READY)  # fmt: skip
     make_profile(make_model("idle"), replicas=0)
-    _row, key = create_key("team")
+    _row, key = create_key("team", actor=SETUP)
     router = harness.router(
         {
             "DATABASE_URL": child_database_url(),
@@ -72,7 +73,7 @@ def test_a_replica_becoming_ready_or_going_away_reroutes_within_moments(fleet):
     assert starting.headers["retry-after"] == "5"
     assert "No ready replica of gemma: 1 starting" in starting.json()["error"]["message"]
 
-    transition(Replica, replica.pk, ReplicaState.READY, "rank 0 answers")
+    transition(Replica, replica.pk, ReplicaState.READY, "rank 0 answers", actor=SETUP)
     answered = wait_until(lambda: chat(router, key).status_code == 200, what="routing to it")
     assert answered
     (seen,) = [r for r in engine.requests() if r["path"] == "/v1/chat/completions"]
@@ -84,7 +85,7 @@ def test_a_replica_becoming_ready_or_going_away_reroutes_within_moments(fleet):
         ("gemma", {"wanted": 1, "ready": 1})
     ]
 
-    transition(Replica, replica.pk, ReplicaState.STOPPING, "scaled down")
+    transition(Replica, replica.pk, ReplicaState.STOPPING, "scaled down", actor=SETUP)
     wait_until(lambda: chat(router, key).status_code == 503, what="the replica to leave")
     assert "1 stopping" in chat(router, key).json()["error"]["message"]
 
@@ -100,16 +101,16 @@ def test_a_model_nobody_wants_is_503_saying_so(fleet):
 def test_revoking_a_key_refuses_it_and_a_new_key_works_without_a_restart(fleet):
     _engine, _replica, key, router = fleet
     assert chat(router, key, "idle").status_code == 503  # accepted, just nothing to run
-    revoke_key(key)
+    revoke_key(key, actor=SETUP)
     wait_until(lambda: chat(router, key, "idle").status_code == 401, what="the revoke")
-    _row, fresh = create_key("team-2", ["idle"])
+    _row, fresh = create_key("team-2", ["idle"], actor=SETUP)
     wait_until(lambda: chat(router, fresh, "idle").status_code == 503, what="the new key")
     assert chat(router, fresh, "gemma").status_code == 403
 
 
 def test_usage_is_written_per_key_and_model_in_batches(fleet):
     _engine, replica, key, router = fleet
-    transition(Replica, replica.pk, ReplicaState.READY, "rank 0 answers")
+    transition(Replica, replica.pk, ReplicaState.READY, "rank 0 answers", actor=SETUP)
     wait_until(lambda: chat(router, key).status_code == 200, what="routing to it")
     stream = httpx.post(
         f"{router.url}/v1/chat/completions", json={"model": "gemma", "stream": True, **CHAT},

@@ -17,7 +17,7 @@ from django.conf import settings
 from catalog.actions import create_key
 from fleet.models import ReplicaState, ShardState
 from llmgw_cli.local_engine import wheel_llama_server
-from tests.factories import make_model, make_node, make_profile, make_replica, make_shard
+from tests.factories import SETUP, make_model, make_node, make_profile, make_replica, make_shard
 from tests.processes.support import child_database_url
 from tests.router.harness import Harness, Process, free_port, wait_until
 
@@ -91,7 +91,7 @@ def wait_for_key(router, key: str) -> None:
 
 
 def test_the_sixth_request_in_a_minute_across_two_routers_is_refused(routers):
-    _row, key = create_key("five-a-minute", limits={"requests_per_minute": 5})
+    _row, key = create_key("five-a-minute", limits={"requests_per_minute": 5}, actor=SETUP)
     for router in routers:
         wait_for_key(router, key)
     remaining = []
@@ -111,7 +111,7 @@ def test_the_sixth_request_in_a_minute_across_two_routers_is_refused(routers):
 
 
 def test_tokens_per_minute_cut_a_key_off_by_what_the_engine_counted(routers):
-    _row, key = create_key("token-bound", limits={"tokens_per_minute": 150})
+    _row, key = create_key("token-bound", limits={"tokens_per_minute": 150}, actor=SETUP)
     wait_for_key(routers[0], key)
     spent = []
     while True:
@@ -130,7 +130,7 @@ def test_tokens_per_minute_cut_a_key_off_by_what_the_engine_counted(routers):
 
 
 def test_a_key_running_one_stream_gets_429_for_a_second_request(routers):
-    _row, key = create_key("one-at-a-time", limits={"concurrency": 1})
+    _row, key = create_key("one-at-a-time", limits={"concurrency": 1}, actor=SETUP)
     wait_for_key(routers[0], key)
     # Long enough to still run when the second request arrives, even on a busy machine:
     # a model that says hello and stops would give its place back first.

@@ -16,7 +16,7 @@ from fleet.models import Replica, ReplicaState
 from fleet.transitions import transition
 from protocol.routing import ROUTING_CHANNEL
 from tests.ctl import ctl
-from tests.factories import make_model, make_replica
+from tests.factories import SETUP, make_model, make_replica
 
 pytestmark = pytest.mark.django_db
 
@@ -44,7 +44,7 @@ def notifications():
 
 def test_a_key_is_stored_only_as_its_hash_and_prefix():
     make_model("gemma")
-    row, key = create_key("team-a", ["gemma"])
+    row, key = create_key("team-a", ["gemma"], actor=SETUP)
     assert key.startswith("llmgw-") and len(key) > 40
     row.refresh_from_db()
     assert row.hashed_key == hash_key(key) != key
@@ -58,28 +58,30 @@ def test_a_key_is_stored_only_as_its_hash_and_prefix():
 
 def test_a_key_for_a_model_the_catalog_lacks_is_refused():
     make_model("gemma", aliases=["g"])
-    create_key("alias-is-fine", ["g"])
+    create_key("alias-is-fine", ["g"], actor=SETUP)
     with pytest.raises(ApiKeyRefused, match="unknown model.*gema; the catalog has: g, gemma"):
-        create_key("typo", ["gema"])
+        create_key("typo", ["gema"], actor=SETUP)
 
 
 def test_revoked_keys_leave_what_routers_load():
-    row, key = create_key("team-b")
-    revoke_key(row.prefix)
+    row, key = create_key("team-b", actor=SETUP)
+    revoke_key(row.prefix, actor=SETUP)
     assert active_keys() == []
     row.refresh_from_db()
     assert row.revoked_at is not None
-    assert revoke_key(key).revoked_at == row.revoked_at  # the whole key works too; once
+    assert (
+        revoke_key(key, actor=SETUP).revoked_at == row.revoked_at
+    )  # the whole key works too; once
 
 
 def test_creating_and_revoking_a_key_tell_the_routers(
     django_capture_on_commit_callbacks, notifications
 ):
     with django_capture_on_commit_callbacks(execute=True):
-        row, _key = create_key("team-c")
+        row, _key = create_key("team-c", actor=SETUP)
     assert notifications() == [b"keys"]
     with django_capture_on_commit_callbacks(execute=True):
-        revoke_key(row.prefix)
+        revoke_key(row.prefix, actor=SETUP)
     assert notifications() == [b"keys"]
 
 
@@ -88,17 +90,17 @@ def test_a_replica_entering_or_leaving_ready_tells_the_routers(
 ):
     replica = make_replica(state=ReplicaState.STARTING)
     with django_capture_on_commit_callbacks(execute=True):
-        transition(Replica, replica.pk, ReplicaState.READY, "rank 0 answers")
+        transition(Replica, replica.pk, ReplicaState.READY, "rank 0 answers", actor=SETUP)
     assert notifications() == [b"replicas"]
     with django_capture_on_commit_callbacks(execute=True):
-        transition(Replica, replica.pk, ReplicaState.STOPPING, "scaled down")
+        transition(Replica, replica.pk, ReplicaState.STOPPING, "scaled down", actor=SETUP)
     assert notifications() == [b"replicas"]
 
 
 def test_other_replica_transitions_stay_quiet(notifications, django_capture_on_commit_callbacks):
     replica = make_replica(state=ReplicaState.PLACING)
     with django_capture_on_commit_callbacks(execute=True):
-        transition(Replica, replica.pk, ReplicaState.STARTING, "placed")
+        transition(Replica, replica.pk, ReplicaState.STARTING, "placed", actor=SETUP)
     assert notifications(patience=1.0) == []
 
 

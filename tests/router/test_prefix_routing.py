@@ -20,7 +20,7 @@ from router.balancer import Balancer
 from router.config import RouterConfig
 from router.prefix import affinity_for, prefix_key
 from router.table import Endpoint, RoutingTable, StaticFileError, load_static
-from tests.factories import make_model, make_node, make_profile, make_replica, make_shard
+from tests.factories import SETUP, make_model, make_node, make_profile, make_replica, make_shard
 
 CHAT = "/v1/chat/completions"
 SIZE, BLOCK = 2048, 256
@@ -310,24 +310,24 @@ CATALOG = textwrap.dedent(
 
 @pytest.mark.django_db
 def test_apply_plans_and_saves_routing_and_the_fingerprint_stays():
-    apply_catalog(CATALOG.format(routing=""))
+    apply_catalog(CATALOG.format(routing=""), actor=SETUP)
     profile = Profile.objects.get()
     before = profile.fingerprint()
     prefix = CATALOG.format(routing="routing: prefix")
 
-    planned = apply_catalog(prefix, dry_run=True)
+    planned = apply_catalog(prefix, dry_run=True, actor=SETUP)
     assert [c.describe() for c in planned] == [
         "~ profile gemma/cpu: routing 'least_outstanding' -> 'prefix'"
     ]
     profile.refresh_from_db()
     assert profile.routing == "least_outstanding"
 
-    apply_catalog(prefix)
+    apply_catalog(prefix, actor=SETUP)
     profile.refresh_from_db()
     assert profile.routing == "prefix"
     assert profile.fingerprint() == before
     assert export_catalog()["models"][0]["profiles"][0]["routing"] == "prefix"
-    assert apply_catalog(prefix) == []
+    assert apply_catalog(prefix, actor=SETUP) == []
 
 
 # -- the snapshot and the table ----------------------------------------------------------------

@@ -16,7 +16,7 @@ from django.conf import settings
 from catalog.actions import create_key
 from fleet.models import ReplicaState, ShardState
 from fleet.routing_table import read_inflight_reports
-from tests.factories import make_model, make_node, make_profile, make_replica, make_shard
+from tests.factories import SETUP, make_model, make_node, make_profile, make_replica, make_shard
 from tests.processes.support import child_database_url
 from tests.router.harness import wait_until
 
@@ -32,7 +32,9 @@ def busy(harness):
                            state=ReplicaState.READY, secret="replica-secret")  # fmt: skip
     make_shard(replica, rank=0, node=make_node("node01", address="127.0.0.1"),
                port=engine.port, state=ShardState.READY)  # fmt: skip
-    keys = {p: create_key(f"team-{p}", priority=p)[1] for p in ("high", "normal", "low")}
+    keys = {
+        p: create_key(f"team-{p}", priority=p, actor=SETUP)[1] for p in ("high", "normal", "low")
+    }
     router = harness.router({"DATABASE_URL": child_database_url(), "REDIS_URL": settings.REDIS_URL,
                              "LLMGW_ROUTER_QUEUE_SIZE": "2"})  # fmt: skip
     wait_until(lambda: httpx.get(f"{router.url}/health", timeout=10).json()["status"] == "ok",

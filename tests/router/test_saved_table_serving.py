@@ -14,7 +14,7 @@ from django.conf import settings
 from catalog.actions import create_key
 from fleet.models import ReplicaState, ShardState
 from router.saved_table import TableFile
-from tests.factories import make_model, make_node, make_profile, make_replica, make_shard
+from tests.factories import SETUP, make_model, make_node, make_profile, make_replica, make_shard
 from tests.processes.support import child_database_url
 from tests.router.harness import free_port, wait_until
 
@@ -63,7 +63,7 @@ def test_a_router_started_with_the_database_down_serves_from_its_saved_table(har
     doomed = harness.engine("doomed", "doomed-secret")
     ready_replica("gemma", kept, "kept-secret")
     ready_replica("qwen", doomed, "doomed-secret")
-    _row, key = create_key("team")
+    _row, key = create_key("team", actor=SETUP)
     table_file = harness.root / "saved" / "routing-table.json"
     env = {"REDIS_URL": settings.REDIS_URL, "LLMGW_ROUTER_TABLE_FILE": str(table_file)}
 
