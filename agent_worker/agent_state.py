@@ -13,7 +13,7 @@ import logging
 import threading
 from pathlib import Path
 
-from agent_worker.supervision.statedir import write_atomically
+from core.files import write_atomically
 
 log = logging.getLogger("llmgw.agent.state")
 

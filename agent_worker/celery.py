@@ -7,13 +7,11 @@ lives in the worker process for its whole life, started by a bootstep.
 
 from __future__ import annotations
 
-import logging
-
 from celery.signals import after_setup_logger
 
 from agent_worker.bootstep import AgentRuntimeStep
 from agent_worker.config import celery_broker_config
-from core.quiet_celery import QuietCelery
+from core.quiet_celery import QuietCelery, quiet_task_chatter
 
 # Quiet: no gossip, mingle, worker heartbeats or remote control, whose broker traffic
 # grows with the square of the fleet; an agent needs only its own queue.
@@ -34,13 +32,7 @@ app.conf.update(
     worker_cancel_long_running_tasks_on_connection_loss=True,
 )
 app.steps["worker"].add(AgentRuntimeStep)
-
-
-@after_setup_logger.connect
-def quiet_task_chatter(**_kwargs) -> None:
-    """Logs reads and checks arrive often; their "received"/"succeeded" lines are noise."""
-    for name in ("celery.app.trace", "celery.worker.strategy"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+after_setup_logger.connect(quiet_task_chatter)
 
 
 app.autodiscover_tasks(["agent_worker"], related_name="tasks", force=True)

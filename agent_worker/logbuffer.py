@@ -12,8 +12,9 @@ import logging
 import threading
 from collections import OrderedDict, deque
 
+from protocol.commands import LOG_LINES_KEPT
+
 AGENT_SOURCE = "agent"
-DEFAULT_MAX_LINES = 2000
 # Finished shards keep their lines so a failure can still be read; this bounds how many.
 DEFAULT_MAX_SOURCES = 256
 
@@ -22,7 +23,7 @@ class LogBuffer:
     """A thread-safe ring buffer of lines per source."""
 
     def __init__(
-        self, max_lines: int = DEFAULT_MAX_LINES, max_sources: int = DEFAULT_MAX_SOURCES
+        self, max_lines: int = LOG_LINES_KEPT, max_sources: int = DEFAULT_MAX_SOURCES
     ) -> None:
         if max_lines < 1 or max_sources < 1:
             raise ValueError("a log buffer needs room for at least one line and one source")
@@ -48,7 +49,7 @@ class LogBuffer:
                 self._lines.move_to_end(source)
             kept.extend(lines)
 
-    def read(self, source: str, n: int = DEFAULT_MAX_LINES) -> list[str]:
+    def read(self, source: str, n: int = LOG_LINES_KEPT) -> list[str]:
         """Return the last ``n`` lines of ``source``, oldest first; none for an unknown one."""
         if n <= 0:
             return []

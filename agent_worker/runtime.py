@@ -9,7 +9,6 @@ import logging
 import ssl
 import subprocess
 import threading
-import time
 
 from agent_worker.agent_state import AgentState
 from agent_worker.config import AgentConfig
@@ -282,14 +281,14 @@ class AgentRuntime:
             )
         inventory = discover(self.discovery_config, host=self.host_sources)
         shards = [
-            messages.RunningShard(
+            messages.ReportedShard(
                 spec=shard.spec, state=shard.state, pid=shard.pid, reason=shard.detail,
                 seq=shard.seq,
             )
             for shard in self.supervisor.running()
         ]  # fmt: skip
         shards += [
-            messages.RunningShard(spec=download.spec, state="fetching", seq=download.seq)
+            messages.ReportedShard(spec=download.spec, state="fetching", seq=download.seq)
             for download in self.launcher.downloading()
         ]
         return messages.Register(
@@ -472,13 +471,3 @@ class AgentRuntime:
         if self.config.cert_file:  # for a TLS front that asks for client certificates too
             context.load_cert_chain(self.config.cert_file, self.config.key_file or None)
         return context
-
-
-def wait_until_linked(runtime: AgentRuntime, timeout: float) -> bool:
-    """For tests and `llmgw up`: True once the link has registered."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if runtime.link.connected_to:
-            return True
-        time.sleep(0.05)
-    return False

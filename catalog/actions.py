@@ -17,6 +17,7 @@ from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from audit import notices
+from audit.actors import Actor
 from audit.events import record_event
 from audit.models import EventKind
 from catalog.keys import (
@@ -31,8 +32,14 @@ from catalog.keys import (
     known_model_names,
 )  # fmt: skip
 from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile
-from catalog.plan import Change, check_references, make_change, plan_changes
-from catalog.schema import CatalogError, parse_catalog
+from catalog.plan import (
+    MODEL_FIELDS,
+    Change,
+    check_references,
+    plan_changes,
+    profile_values,
+)
+from catalog.schema import CatalogError, CatalogFile, parse_catalog
 
 ENTRY_KINDS: dict[type[models.Model], str] = {
     Engine: "engine",
@@ -44,7 +51,7 @@ ENTRY_KINDS: dict[type[models.Model], str] = {
 DELETABLE_BY_NAME = {"model": Model, "pool": Pool, "fabric": Fabric}
 
 
-def _catalog_changed(subject: str, reason: str, actor=None) -> None:
+def _catalog_changed(subject: str, reason: str, actor: Actor) -> None:
     """Record a catalog change and tell routers: names, aliases and wanted counts change
     what they serve, and they should learn it now, not at their next refresh."""
     record_event(EventKind.CATALOG, subject, reason, actor=actor)
@@ -57,7 +64,7 @@ def apply_catalog(
     *,
     dry_run: bool = False,
     prune: bool = False,
-    actor=None,
+    actor: Actor,
 ) -> list[Change]:
     """Make the catalog match the file; return the changes (made, or only planned if dry_run)."""
     catalog = parse_catalog(text, filename)
@@ -66,7 +73,7 @@ def apply_catalog(
         changes = plan_changes(catalog, prune=prune)
         if not dry_run:
             for change in changes:
-                make_change(change, catalog)
+                _make_change(change, catalog)
             if changes:
                 _catalog_changed(
                     filename, f"applied {len(changes)} change(s) from {filename}", actor
@@ -74,7 +81,53 @@ def apply_catalog(
     return changes
 
 
-def save_entry(row: models.Model, *, changed: Iterable[str] = (), actor=None):
+def _make_change(change: Change, catalog: CatalogFile) -> None:
+    """One planned change, as apply_catalog makes it inside its transaction."""
+    if change.kind == "engine":
+        name, version = change.name.split(" ", 1)
+        if change.action == "delete":
+            Engine.objects.filter(name=name, version=version).delete()
+            return
+        entry = next(e for e in catalog.engines if (e.name, e.version) == (name, version))
+        Engine.objects.update_or_create(
+            name=name,
+            version=version,
+            defaults={"builds": [build.model_dump() for build in entry.builds]},
+        )
+    elif change.kind in ("pool", "fabric"):
+        model_class = Pool if change.kind == "pool" else Fabric
+        if change.action == "delete":
+            model_class.objects.filter(name=change.name).delete()
+            return
+        entries = catalog.pools if change.kind == "pool" else catalog.fabrics
+        entry = next(e for e in entries if e.name == change.name)
+        model_class.objects.update_or_create(
+            name=entry.name, defaults={"description": entry.description}
+        )
+    elif change.kind == "model":
+        if change.action == "delete":
+            Model.objects.filter(name=change.name).delete()
+            return
+        entry = next(m for m in catalog.models if m.name == change.name)
+        Model.objects.update_or_create(
+            name=entry.name, defaults={name: getattr(entry, name) for name in MODEL_FIELDS}
+        )
+    elif change.kind == "profile":
+        model_name, profile_name = change.name.rsplit("/", 1)
+        if change.action == "delete":
+            Profile.objects.filter(model__name=model_name, name=profile_name).delete()
+            return
+        model_entry = next(m for m in catalog.models if m.name == model_name)
+        entry = next(p for p in model_entry.profiles if p.name == profile_name)
+        defaults = profile_values(entry)
+        if change.action == "update" and entry.autoscale is not None:
+            defaults.pop("replicas")  # the reconciler's to set; an edit of args keeps it
+        Profile.objects.update_or_create(
+            model=Model.objects.get(name=model_name), name=profile_name, defaults=defaults
+        )
+
+
+def save_entry(row: models.Model, *, changed: Iterable[str] = (), actor: Actor):
     """Save one engine, pool, fabric, model or profile, new or changed (``changed`` names
     the fields, for the Event); an unchanged existing row records nothing."""
     kind = ENTRY_KINDS[type(row)]
@@ -89,7 +142,7 @@ def save_entry(row: models.Model, *, changed: Iterable[str] = (), actor=None):
     return row
 
 
-def update_entry(row: models.Model, fields: dict[str, Any], *, actor=None):
+def update_entry(row: models.Model, fields: dict[str, Any], *, actor: Actor):
     """Change one entry's fields (already validated)."""
     changed = [name for name, value in fields.items() if getattr(row, name) != value]
     for name, value in fields.items():
@@ -97,7 +150,7 @@ def update_entry(row: models.Model, fields: dict[str, Any], *, actor=None):
     return save_entry(row, changed=changed, actor=actor)
 
 
-def delete_row(row: models.Model, *, actor=None) -> None:
+def delete_row(row: models.Model, *, actor: Actor) -> None:
     """Delete one entry (a model takes its profiles with it)."""
     kind = ENTRY_KINDS[type(row)]
     with transaction.atomic():
@@ -106,7 +159,7 @@ def delete_row(row: models.Model, *, actor=None) -> None:
         _catalog_changed(f"{kind}/{name}", f"deleted {kind} {name}", actor)
 
 
-def delete_entry(kind: str, name: str, *, actor=None) -> bool:
+def delete_entry(kind: str, name: str, *, actor: Actor) -> bool:
     """Delete one model, pool or fabric by name; return whether it existed."""
     model_class = DELETABLE_BY_NAME.get(kind)
     if model_class is None:
@@ -119,7 +172,7 @@ def delete_entry(kind: str, name: str, *, actor=None) -> bool:
     return True
 
 
-def scale_profile(profile_id: int, replicas: int, *, why: str = "", actor=None) -> int | None:
+def scale_profile(profile_id: int, replicas: int, *, why: str = "", actor: Actor) -> int | None:
     """Set how many replicas a profile wants; return the previous count (None: no profile).
 
     The catalog file still says what it said: the next ``apply`` of that file sets the
@@ -141,7 +194,16 @@ def scale_profile(profile_id: int, replicas: int, *, why: str = "", actor=None) 
     return previous
 
 
-def pause_rollout(model_name: str, *, actor=None) -> bool:
+def mark_low_demand_since(profile_id: int, since: datetime | None, *, actor: Actor) -> None:
+    """Remember since when an autoscaled profile's demand has stayed below what its count
+    needs (None: it has not), so a scale-down waits out ``scale_down_after`` across passes.
+
+    Bookkeeping, not a decision: no Event; the scaling it leads to records one.
+    """
+    Profile.objects.filter(id=profile_id).update(autoscale_low_since=since)
+
+
+def pause_rollout(model_name: str, *, actor: Actor) -> bool:
     """Stop replacing ``model_name``'s stale replicas until resumed; False if already paused.
 
     A drain already begun still ends (that replica serves nothing any more); nothing new
@@ -150,12 +212,12 @@ def pause_rollout(model_name: str, *, actor=None) -> bool:
     return _set_rollout_paused(model_name, True, "rollout paused", actor)
 
 
-def resume_rollout(model_name: str, *, actor=None) -> bool:
+def resume_rollout(model_name: str, *, actor: Actor) -> bool:
     """Let ``model_name``'s rolling restarts go on; False if they were not paused."""
     return _set_rollout_paused(model_name, False, "rollout resumed", actor)
 
 
-def _set_rollout_paused(model_name: str, paused: bool, why: str, actor) -> bool:
+def _set_rollout_paused(model_name: str, paused: bool, why: str, actor: Actor) -> bool:
     with transaction.atomic():
         changed = Model.objects.filter(name=model_name, rollout_paused=not paused).update(
             rollout_paused=paused
@@ -172,7 +234,7 @@ def create_key(
     limits: dict[str, int | None] | None = None,
     expires_at: datetime | None = None,
     priority: str = "normal",
-    actor=None,
+    actor: Actor,
 ) -> tuple[ApiKey, str]:
     """Create a key for ``name``; return the row and the key, which is never shown again.
 
@@ -223,7 +285,7 @@ def update_key(
     limits: dict[str, int | None] | None = None,
     expires_at: datetime | None = UNCHANGED,
     priority: str | None = None,
-    actor=None,
+    actor: Actor,
 ) -> ApiKey:
     """Change a key's models, limits (None clears one), expiry or priority; routers apply
     it within a second. A revoked key is refused: nothing set on it would ever apply."""
@@ -282,7 +344,7 @@ def _terms(row: ApiKey) -> str:
     return f": {', '.join(terms)}" if terms else ""
 
 
-def revoke_key(prefix: str, *, actor=None) -> ApiKey:
+def revoke_key(prefix: str, *, actor: Actor) -> ApiKey:
     """Revoke the key with this prefix (or this whole key); routers refuse it within a second."""
     prefix = key_prefix(prefix.strip())
     with transaction.atomic():

@@ -8,10 +8,12 @@ from pathlib import Path
 import yaml
 from django.core.management.base import CommandError
 
+from audit.actors import shell_operator
 from catalog.actions import apply_catalog, delete_entry
 from catalog.models import Fabric, Model, Pool
 from catalog.plan import export_catalog
 from catalog.schema import CatalogError
+from core.humanize import no_such
 
 
 def add_parsers(subparsers) -> None:
@@ -39,7 +41,11 @@ def apply_command(options, out) -> None:
         raise CommandError(f"cannot read {path}: {exc.strerror}") from None
     try:
         changes = apply_catalog(
-            text, filename=path, dry_run=options["dry_run"], prune=options["prune"]
+            text,
+            filename=path,
+            dry_run=options["dry_run"],
+            prune=options["prune"],
+            actor=shell_operator(),
         )
     except CatalogError as exc:
         raise CommandError(
@@ -61,13 +67,11 @@ def export_command(options, out) -> None:
 
 def delete_command(options, out) -> None:
     try:
-        existed = delete_entry(options["kind"], options["name"])
+        existed = delete_entry(options["kind"], options["name"], actor=shell_operator())
     except CatalogError as exc:
         raise CommandError(exc.problems[0]) from None
     if not existed:
-        kind = options["kind"]
-        known = ", ".join(_names_of(kind)) or "none"
-        raise CommandError(f"no {kind} named {options['name']!r} ({kind}s: {known})")
+        raise CommandError(no_such(options["kind"], options["name"], _names_of(options["kind"])))
     out.write(f"deleted {options['kind']} {options['name']}")
 
 

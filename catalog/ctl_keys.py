@@ -10,6 +10,7 @@ import redis
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from audit.actors import shell_operator
 from catalog.actions import UNCHANGED, create_key, revoke_key, update_key
 from catalog.keys import LIMIT_FIELDS, PRIORITIES, ApiKeyRefused, find_key, key_limits, key_usage
 from catalog.models import ApiKey
@@ -102,6 +103,7 @@ def create_command(options, out) -> None:
             limits=_limits(options),
             expires_at=_expiry(options.get("expires")),
             priority=options.get("priority") or "normal",
+            actor=shell_operator(),
         )
     except ApiKeyRefused as exc:
         raise CommandError(str(exc)) from None
@@ -119,6 +121,7 @@ def update_command(options, out) -> None:
             limits=_limits(options),
             expires_at=_expiry(options["expires"]) if options.get("expires") else UNCHANGED,
             priority=options.get("priority"),
+            actor=shell_operator(),
         )
     except ApiKeyRefused as exc:
         raise CommandError(str(exc)) from None
@@ -170,7 +173,7 @@ def show_command(options, out) -> None:
 
 def revoke_command(options, out) -> None:
     try:
-        row = revoke_key(options["prefix"])
+        row = revoke_key(options["prefix"], actor=shell_operator())
     except ApiKeyRefused as exc:
         raise CommandError(str(exc)) from None
     out.write(f"revoked key {row.prefix}… ({row.name})")

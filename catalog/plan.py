@@ -2,7 +2,7 @@
 
 ``plan_changes`` works out every change first (a plan a person can read), and
 ``catalog.actions.apply_catalog`` then makes them all in one transaction, so a refused
-file leaves nothing half-applied.
+file leaves nothing half-applied. Nothing here writes.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def plan_changes(catalog: CatalogFile, *, prune: bool) -> list[Change]:
             if profile is None:
                 changes.append(Change("create", "profile", name))
                 continue
-            wanted_values = _profile_values(profile_entry)
+            wanted_values = profile_values(profile_entry)
             if profile_entry.autoscale is not None:
                 # An autoscaled profile's count is the reconciler's, not the file's.
                 wanted_values.pop("replicas")
@@ -189,7 +189,7 @@ def _newest_version_change(
     return {f"engine_version (the catalog's newest {entry.engine})": (old, new)}
 
 
-def _profile_values(entry: ProfileEntry) -> dict[str, Any]:
+def profile_values(entry: ProfileEntry) -> dict[str, Any]:
     """The profile row's columns as the file's entry sets them."""
     values = {name: getattr(entry, name) for name in PROFILE_FIELDS}
     values.update({column: getattr(entry.rollout, key) for column, key in ROLLOUT_COLUMNS.items()})
@@ -210,51 +210,6 @@ def _differences(row: Any, wanted: dict[str, Any]) -> dict[str, tuple[Any, Any]]
         for name, value in wanted.items()
         if getattr(row, name) != value
     }
-
-
-def make_change(change: Change, catalog: CatalogFile) -> None:
-    if change.kind == "engine":
-        name, version = change.name.split(" ", 1)
-        if change.action == "delete":
-            Engine.objects.filter(name=name, version=version).delete()
-            return
-        entry = next(e for e in catalog.engines if (e.name, e.version) == (name, version))
-        Engine.objects.update_or_create(
-            name=name,
-            version=version,
-            defaults={"builds": [build.model_dump() for build in entry.builds]},
-        )
-    elif change.kind in ("pool", "fabric"):
-        model_class = Pool if change.kind == "pool" else Fabric
-        if change.action == "delete":
-            model_class.objects.filter(name=change.name).delete()
-            return
-        entries = catalog.pools if change.kind == "pool" else catalog.fabrics
-        entry = next(e for e in entries if e.name == change.name)
-        model_class.objects.update_or_create(
-            name=entry.name, defaults={"description": entry.description}
-        )
-    elif change.kind == "model":
-        if change.action == "delete":
-            Model.objects.filter(name=change.name).delete()
-            return
-        entry = next(m for m in catalog.models if m.name == change.name)
-        Model.objects.update_or_create(
-            name=entry.name, defaults={name: getattr(entry, name) for name in MODEL_FIELDS}
-        )
-    elif change.kind == "profile":
-        model_name, profile_name = change.name.rsplit("/", 1)
-        if change.action == "delete":
-            Profile.objects.filter(model__name=model_name, name=profile_name).delete()
-            return
-        model_entry = next(m for m in catalog.models if m.name == model_name)
-        entry = next(p for p in model_entry.profiles if p.name == profile_name)
-        defaults = _profile_values(entry)
-        if change.action == "update" and entry.autoscale is not None:
-            defaults.pop("replicas")  # the reconciler's to set; an edit of args keeps it
-        Profile.objects.update_or_create(
-            model=Model.objects.get(name=model_name), name=profile_name, defaults=defaults
-        )
 
 
 def export_catalog() -> dict[str, Any]:

@@ -31,8 +31,11 @@ from protocol.units import parse_duration, parse_size
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
-Size = Annotated[int, BeforeValidator(parse_size)]
-Duration = Annotated[int, BeforeValidator(parse_duration)]
+# Counts and durations land in PostgreSQL integer columns, sizes in bigint ones: a larger
+# number is refused here, at its place in the file, not by the database mid-apply.
+INTEGER_MAX, BIGINT_MAX = 2**31 - 1, 2**63 - 1
+Size = Annotated[int, BeforeValidator(parse_size), Field(le=BIGINT_MAX)]
+Duration = Annotated[int, BeforeValidator(parse_duration), Field(le=INTEGER_MAX)]
 
 
 class CatalogError(Exception):
@@ -124,8 +127,8 @@ class NamedEntry(_Strict):
 class RolloutEntry(_Strict):
     """How a profile's stale replicas are replaced: new ones beside, or old ones first."""
 
-    surge: int = Field(default=1, ge=0)
-    unavailable: int = Field(default=0, ge=0)
+    surge: int = Field(default=1, ge=0, le=INTEGER_MAX)
+    unavailable: int = Field(default=0, ge=0, le=INTEGER_MAX)
 
     @model_validator(mode="after")
     def can_replace(self) -> RolloutEntry:
@@ -142,8 +145,8 @@ class AutoscaleEntry(_Strict):
     """Replicas that follow demand (fleet/autoscale.py): between min and max, up as soon as
     the requests per replica pass target_inflight, down after scale_down_after below it."""
 
-    min: int = Field(default=1, ge=0)
-    max: int = Field(ge=1)
+    min: int = Field(default=1, ge=0, le=INTEGER_MAX)
+    max: int = Field(ge=1, le=INTEGER_MAX)
     target_inflight: float = 4
     scale_down_after: Duration = 300
 
@@ -168,14 +171,14 @@ class ProfileEntry(_Strict):
     name: str
     engine: str
     engine_version: str = ""
-    replicas: int = Field(default=1, ge=0)
-    gpus_per_rank: int = Field(default=0, ge=0)
-    tensor_parallel: int = Field(default=1, ge=1)
-    nodes: int = Field(default=1, ge=1)
+    replicas: int = Field(default=1, ge=0, le=INTEGER_MAX)
+    gpus_per_rank: int = Field(default=0, ge=0, le=INTEGER_MAX)
+    tensor_parallel: int = Field(default=1, ge=1, le=INTEGER_MAX)
+    nodes: int = Field(default=1, ge=1, le=INTEGER_MAX)
     memory: Size = 0
     gpu_memory: Size = 0
     disk: Size = 0
-    context: int = Field(default=0, ge=0)
+    context: int = Field(default=0, ge=0, le=INTEGER_MAX)
     pool: str = ""
     launch_mode: str = "native"
     strategy: str = "pack"
@@ -185,7 +188,7 @@ class ProfileEntry(_Strict):
     rollout: RolloutEntry = Field(default_factory=RolloutEntry)
     drain_timeout: Duration = 30
     # Requests one replica serves at once; more wait in the routers. 0: no limit.
-    concurrency: int = Field(default=0, ge=0)
+    concurrency: int = Field(default=0, ge=0, le=INTEGER_MAX)
     autoscale: AutoscaleEntry | None = None
     # Last: its check reads engine, args and env, which pydantic validates first.
     routing: str = "least_outstanding"

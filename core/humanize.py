@@ -4,6 +4,8 @@ one GPU give it the same size. What config files read back lives in protocol.uni
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 _UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
 
 
@@ -72,3 +74,16 @@ def plural(count: int, noun: str) -> str:
 def count_of(count: int, noun: str) -> str:
     """Write "1 GPU" or "2 GPUs"."""
     return f"{count} {plural(count, noun)}"
+
+
+# A refusal lists what there is, but not a whole fleet: past this many, it says how many more.
+NAMES_LISTED = 20
+
+
+def no_such(kind: str, name: str, known: Sequence[str]) -> str:
+    """A refusal that names what was asked and what there is: "no node 'ghost' (nodes:
+    node01, node02)"; a long list is cut at NAMES_LISTED."""
+    shown = ", ".join(known[:NAMES_LISTED]) or "none"
+    if len(known) > NAMES_LISTED:
+        shown += f" and {len(known) - NAMES_LISTED} more"
+    return f"no {kind} {name!r} ({kind}s: {shown})"

@@ -10,6 +10,7 @@ command line, so the command stays ``celery -A agent_worker worker -Q node-$(hos
 
 from __future__ import annotations
 
+import logging
 from functools import cached_property
 from typing import Any
 
@@ -17,6 +18,16 @@ from celery import Celery
 
 # What `celery worker --without-gossip --without-mingle --without-heartbeat` would set.
 SILENT_WORKER_OPTIONS = {"without_gossip": True, "without_mingle": True, "without_heartbeat": True}
+# Loggers that write a line per task received, succeeded or scheduled.
+TASK_CHATTER = ("celery.app.trace", "celery.worker.strategy", "celery.beat")
+
+
+def quiet_task_chatter(**_kwargs: Any) -> None:
+    """Tasks come every 2 s (the reconciler's beat) or often (the agents' log reads and
+    checks): their "received"/"succeeded" lines would drown what matters. Connect it to
+    Celery's ``after_setup_logger``."""
+    for name in TASK_CHATTER:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 class QuietCelery(Celery):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from audit.actors import RECONCILER
 from protocol.routing import INFLIGHT_REPORT_TTL
 from protocol.units import format_duration
 
@@ -98,7 +99,7 @@ def autoscale_profiles(
 ) -> list[str]:
     """Set each autoscaled profile's wanted count from the routers' reports; return why
     each count changed. Without reports (Redis unreadable) demand is unknown: no change."""
-    from catalog.actions import scale_profile
+    from catalog.actions import mark_low_demand_since, scale_profile
     from catalog.models import Profile
 
     profiles = list(Profile.objects.exclude(autoscale=None).select_related("model"))
@@ -113,8 +114,8 @@ def autoscale_profiles(
             demand.get(profile.model.name, 0.0), profile.autoscale_low_since, now,
         )  # fmt: skip
         if step.wanted != profile.replicas:
-            scale_profile(profile.id, step.wanted, why=step.reason)
+            scale_profile(profile.id, step.wanted, why=step.reason, actor=RECONCILER)
             changed.append(f"{profile}: {step.reason}")
         if step.low_since != profile.autoscale_low_since:
-            Profile.objects.filter(id=profile.id).update(autoscale_low_since=step.low_since)
+            mark_low_demand_since(profile.id, step.low_since, actor=RECONCILER)
     return changed

@@ -17,12 +17,12 @@ from fleet import leadership
 from fleet.models import Node
 from fleet.node_auth import node_token
 from protocol.commands import (
+    AnnounceEpoch,
     CollectWeights,
     ConvergeEngines,
     Drain,
     EngineCheck,
     FetchWeights,
-    LeaderEpoch,
     NodeCommand,
     ReadLogs,
     StartShard,
@@ -85,7 +85,7 @@ def announce_epoch(epoch: int) -> None:
     """Tell every node the epoch of the leader that just took the lease (lost nodes too:
     one that comes back reads its queue first)."""
     for node_id in Node.objects.values_list("id", flat=True):
-        send(node_id, LeaderEpoch(epoch=epoch), EPOCH_EXPIRES)
+        send(node_id, AnnounceEpoch(epoch=epoch), EPOCH_EXPIRES)
 
 
 def send_converge_engines(node_id: str, engines: list[WantedEngine]) -> None:

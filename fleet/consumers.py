@@ -11,7 +11,8 @@ import base64
 import json
 import logging
 import secrets
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import redis
 from channels.db import database_sync_to_async
@@ -19,7 +20,9 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
-from fleet import leadership, pki, services
+from audit.actors import AGENT_LINK
+from fleet import leadership, pki
+from fleet.actions import reports
 from fleet.heartbeats import batcher
 from fleet.node_auth import node_token, verify_node_token
 from protocol import messages
@@ -149,15 +152,15 @@ class AgentConsumer(AsyncWebsocketConsumer):
         elif isinstance(message, messages.Heartbeat):
             batcher.record(self.node_id, message.usage.model_dump(mode="json"))
         elif isinstance(message, messages.ShardStatus):
-            await database_sync_to_async(services.record_shard_status)(self.node_id, message)
+            await _report(reports.record_shard_status, self.node_id, message)
         elif isinstance(message, messages.ShardProgress):
-            await database_sync_to_async(services.record_shard_progress)(self.node_id, message)
+            await _report(reports.record_shard_progress, self.node_id, message)
         elif isinstance(message, messages.Engines):
-            await database_sync_to_async(services.update_engines)(self.node_id, message)
+            await _report(reports.update_engines, self.node_id, message)
         elif isinstance(message, messages.Weights):
-            await database_sync_to_async(services.update_weights)(self.node_id, message)
+            await _report(reports.update_weights, self.node_id, message)
         elif isinstance(message, messages.CommandRefused):
-            await database_sync_to_async(services.record_refused_command)(self.node_id, message)
+            await _report(reports.record_refused_command, self.node_id, message)
 
     async def _register(self, message: messages.Register) -> None:
         assert self.node_id is not None
@@ -168,7 +171,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 f"{self.node_id!r}; the node id must be its hostname",
             )
             return
-        answer = await database_sync_to_async(services.link_node)(self.node_id, message)
+        answer = await _report(reports.link_node, self.node_id, message)
         if self.by_certificate:
             # The key its commands are signed with: only this link, proven, learns it.
             answer["command_key"] = node_token(self.node_id)
@@ -183,6 +186,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code) -> None:
         if self.node_id and self.registered:
             log.info("node %s link closed (%s)", self.node_id, code)
+
+
+async def _report(verb: Callable[..., Any], node_id: str, message: object) -> Any:
+    """Run a report verb on the database thread, as the agent link."""
+    return await database_sync_to_async(verb)(node_id, message, actor=AGENT_LINK)
 
 
 def _leading_epoch() -> int:

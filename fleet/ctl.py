@@ -5,12 +5,13 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from audit.actors import shell_operator
 from catalog.actions import pause_rollout, resume_rollout
-from catalog.models import Model
 from core.humanize import format_bytes, format_seconds
 from core.tables import render_json, render_table
 from fleet import commands
-from fleet.actions.nodes import drain_node, undrain_node
+from fleet.actions.nodes import NodeRefused, drain_node, set_node_pool, undrain_node
+from fleet.ctl_common import known_model, known_node
 from fleet.models import Node, Replica, ReplicaState, engine_label
 from fleet.node_auth import node_token
 from fleet.rollout import rollout_status
@@ -38,6 +39,12 @@ def add_parsers(subparsers) -> None:
     drain.add_argument("node")
     drain.add_argument("--undo", action="store_true", help="return the node to service")
     drain.set_defaults(handler=drain_command)
+
+    pool = subparsers.add_parser("pool", help="put a node in one of the catalog's pools")
+    pool.add_argument("node")
+    pool.add_argument("pool", nargs="?", default="", help="a pool the catalog declares")
+    pool.add_argument("--none", action="store_true", help="take the node out of every pool")
+    pool.set_defaults(handler=pool_command)
 
     check = subparsers.add_parser("engine-check", help="run ENGINE --version on a node")
     check.add_argument("node")
@@ -68,21 +75,30 @@ def add_parsers(subparsers) -> None:
 
 
 def drain_command(options, out) -> None:
-    node_id = options["node"]
-    if not Node.objects.filter(id=node_id).exists():
-        known = ", ".join(Node.objects.values_list("id", flat=True)) or "none"
-        raise CommandError(f"no node {node_id!r} (nodes: {known})")
+    node_id = known_node(options["node"])
     if options["undo"]:
-        changed = undrain_node(node_id)
+        changed = undrain_node(node_id, actor=shell_operator())
         out.write(f"{node_id} returned to service" if changed else f"{node_id} was not draining")
         return
-    changed = drain_node(node_id)
+    changed = drain_node(node_id, actor=shell_operator())
     if not changed:
         out.write(f"{node_id} is already draining")
         return
     counted = Replica.objects.filter(shards__node_id=node_id, state__in=ReplicaState.COUNTED)
     on_node = counted.distinct().count()
     out.write(f"{node_id} is draining: {on_node} replica(s) will be moved off it")
+
+
+def pool_command(options, out) -> None:
+    node_id, pool = options["node"], options["pool"]
+    if bool(pool) == options["none"]:
+        raise CommandError("say which pool: llmgw_ctl pool NODE POOL, or NODE --none for none")
+    try:
+        changed = set_node_pool(node_id, pool, actor=shell_operator())
+    except NodeRefused as exc:
+        raise CommandError(str(exc)) from None
+    where = f"pool {pool}" if pool else "no pool"
+    out.write(f"{node_id} is in {where}" if changed else f"{node_id} was already in {where}")
 
 
 def engine_check_command(options, out) -> None:
@@ -232,16 +248,9 @@ def status_command(options, out) -> None:
         out.write(_replicas_text(replicas))
 
 
-def _known_model(name: str) -> str:
-    if not Model.objects.filter(name=name).exists():
-        known = ", ".join(Model.objects.values_list("name", flat=True)) or "none"
-        raise CommandError(f"no model {name!r} (models: {known})")
-    return name
-
-
 def rollout_switch_command(options, out) -> None:
-    name = _known_model(options["model"])
-    changed = options["verb"](name)
+    name = known_model(options["model"])
+    changed = options["verb"](name, actor=shell_operator())
     done = "paused" if options["action"] == "pause" else "resumed"
     if changed:
         out.write(f"rollout of {name} {done}")
@@ -250,7 +259,7 @@ def rollout_switch_command(options, out) -> None:
 
 
 def rollout_status_command(options, out) -> None:
-    rows = rollout_status(_known_model(options["model"]))
+    rows = rollout_status(known_model(options["model"]))
     if options["json"]:
         out.write(render_json(rows))
         return

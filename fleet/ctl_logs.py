@@ -5,9 +5,8 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 
 from fleet import commands
-from fleet.models import Node
-
-MAX_LINES = 2000  # what an agent keeps per source
+from fleet.ctl_common import known_node
+from protocol.commands import LOG_LINES_KEPT
 
 
 def add_parsers(subparsers) -> None:
@@ -24,11 +23,9 @@ def add_parsers(subparsers) -> None:
 
 def logs_command(options, out) -> None:
     node_id, source, lines = options["node"], options["source"], options["lines"]
-    if not 1 <= lines <= MAX_LINES:
-        raise CommandError(f"-n {lines}: ask for 1 to {MAX_LINES} lines")
-    if not Node.objects.filter(id=node_id).exists():
-        known = ", ".join(Node.objects.values_list("id", flat=True)[:20]) or "none yet"
-        raise CommandError(f"no node named {node_id!r} (nodes: {known})")
+    if not 1 <= lines <= LOG_LINES_KEPT:
+        raise CommandError(f"-n {lines}: ask for 1 to {LOG_LINES_KEPT} lines")
+    known_node(node_id)
     try:
         answer = commands.read_logs(node_id, source, lines)
     except commands.AgentDidNotAnswer as exc:

@@ -10,8 +10,10 @@ from pathlib import Path
 import yaml
 from django.core.management.base import CommandError
 
+from audit.actors import shell_operator
 from core.secret_files import write_secret_file
 from fleet import pki
+from fleet.actions.certificates import issue_node_certificate, revoke_node_certificates
 
 INSTALL_SH = Path(__file__).with_name("onboard_install.sh")
 
@@ -82,7 +84,7 @@ def server_cert_command(options, out) -> None:
 
 
 def revoke_command(options, out) -> None:
-    revoked = pki.revoke_node(options["node"])
+    revoked = revoke_node_certificates(options["node"], actor=shell_operator())
     if not revoked:
         raise CommandError(f"node {options['node']!r} has no certificate left to revoke")
     out.write(f"revoked {revoked} certificate(s) of {options['node']}; every control plane "
@@ -103,7 +105,7 @@ def onboard_command(options, out) -> None:
         out.write(f"kept the certificate of {node_id} in {bundle}/")
         return
     try:
-        issued = pki.issue_node_certificate(node_id, options["days"])
+        issued = issue_node_certificate(node_id, options["days"], actor=shell_operator())
         ca = pki.ca_pem()
     except pki.PkiError as exc:
         raise CommandError(str(exc)) from None

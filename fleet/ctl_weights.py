@@ -9,6 +9,7 @@ from catalog.models import Model
 from core.humanize import format_bytes
 from core.tables import render_json, render_table
 from fleet import commands
+from fleet.ctl_common import known_model, known_node
 from fleet.models import Node
 from fleet.selectors import progress_line
 from fleet.weights_map import model_weights, weights_map
@@ -50,10 +51,7 @@ def weights_command(options, out) -> None:
         return
     nodes = Node.objects.all()
     if options["node"]:
-        nodes = nodes.filter(id=options["node"])
-        if not nodes.exists():
-            known = ", ".join(Node.objects.values_list("id", flat=True)) or "none"
-            raise CommandError(f"no node {options['node']!r} (nodes: {known})")
+        nodes = nodes.filter(id=known_node(options["node"]))
     if options["collect"]:
         if not options["node"]:
             raise CommandError("say which node to collect on: llmgw_ctl weights NODE --collect")
@@ -66,9 +64,9 @@ def weights_command(options, out) -> None:
         out.write(f"deleted {len(answer['deleted'])} file(s) on {options['node']}")
         return
     rows = [
-        {"node": node.id, **weight}
+        {"node": node.id, **weight.model_dump(mode="json")}
         for node in nodes
-        for weight in (node.weights or [])
+        for weight in node.weight_files()
     ]  # fmt: skip
     if options["json"]:
         out.write(render_json(rows))
@@ -110,10 +108,7 @@ def by_fabric_command(options, out) -> None:
 def fetch_command(args: list[str], options, out) -> None:
     if len(args) != 1:
         raise CommandError("say which model: llmgw_ctl weights fetch MODEL --node N|--fabric F")
-    model = Model.objects.filter(name=args[0]).first()
-    if model is None:
-        known = ", ".join(Model.objects.values_list("name", flat=True)) or "none"
-        raise CommandError(f"no model {args[0]!r} (models: {known})")
+    model = Model.objects.get(name=known_model(args[0]))
     nodes = fetch_targets(options["fetch_node"], options["fetch_fabric"])
     for node_id in nodes:
         try:
@@ -130,10 +125,7 @@ def fetch_targets(node_id: str | None, fabric: str | None) -> list[str]:
     if bool(node_id) == bool(fabric):
         raise CommandError("say where: --node NODE or --fabric FABRIC (one of them)")
     if node_id:
-        if not Node.objects.filter(id=node_id).exists():
-            known = ", ".join(Node.objects.values_list("id", flat=True)) or "none"
-            raise CommandError(f"no node {node_id!r} (nodes: {known})")
-        return [node_id]
+        return [known_node(node_id)]
     on_fabric = [node for node, names in weights_map().fabrics.items() if fabric in names]
     if not on_fabric:
         raise CommandError(f"no node reports fabric {fabric!r}")

@@ -16,9 +16,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit import notices
+from audit.actors import AGENT_LINK
 from fleet import history
-from fleet.models import Node, NodeState
-from fleet.services import known_memory, ram_gained, record_qualifications_gained
+from fleet.actions.reports import record_qualifications_gained
+from fleet.models import Node, NodeState, known_memory, ram_gained
 from fleet.transitions import transition
 
 log = logging.getLogger("llmgw.fleet.heartbeats")
@@ -83,14 +84,14 @@ def write_heartbeats(batch: dict[str, tuple[datetime, dict]]) -> None:
         for node_id, _state, inventory_total, heartbeat_total in written:
             before = known_memory(inventory_total, heartbeat_total)
             now_total = batch[node_id][1].get("memory_total") or 0
-            record_qualifications_gained(node_id, ram_gained(before, now_total))
+            record_qualifications_gained(node_id, ram_gained(before, now_total), actor=AGENT_LINK)
     # One sample a node every few heartbeats for the node page's charts, then one
     # message for the whole batch so open pages redraw their bars.
     history.record_samples(batch)
     notices.usage_changed(batch.keys())
     # A heartbeat from an unreachable or lost node brings it back (rare; per node).
     for node_id in silent:
-        transition(Node, node_id, NodeState.CONNECTED, "heartbeat received again")
+        transition(Node, node_id, NodeState.CONNECTED, "heartbeat received again", actor=AGENT_LINK)
 
 
 batcher = HeartbeatBatcher()

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from audit.actors import LIVENESS
 from fleet.models import Node, NodeState
 from fleet.transitions import transition
 
@@ -67,10 +68,10 @@ def check_liveness(
                 continue
             reason = f"no heartbeat for {int(node.silence(now).total_seconds())}s"
             if liveness == NodeState.LOST and not in_grace:
-                if transition(Node, node_id, NodeState.LOST, reason):
+                if transition(Node, node_id, NodeState.LOST, reason, actor=LIVENESS):
                     report.lost.append(node_id)
             elif node.state == NodeState.CONNECTED and transition(
-                Node, node_id, NodeState.UNREACHABLE, reason
+                Node, node_id, NodeState.UNREACHABLE, reason, actor=LIVENESS
             ):
                 report.unreachable.append(node_id)
     return report

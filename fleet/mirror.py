@@ -26,14 +26,14 @@ def mirror_detail(name: str) -> dict[str, Any] | None:
     nodes = {node.id: node for node in Node.objects.all()}
     rows = []
     for node_id in sorted(holders):
-        own = [w for w in nodes[node_id].weights or [] if w.get("source") == model.source]
+        own = [w for w in nodes[node_id].weight_files() if w.source == model.source]
         runs_from_path = not own and model.source in mapped.runs_from.get(node_id, ())
         rows.append(
             {
                 "node": node_id,
                 "fabrics": mapped.fabrics.get(node_id, []),
-                "size": sum(w.get("size", 0) for w in own),
-                "store": next((w.get("store") for w in own if w.get("store")), ""),
+                "size": sum(w.size for w in own),
+                "store": next((w.store for w in own if w.store), ""),
                 # Holds it without listing it: an engine of it runs from its path there...
                 "runs_from_path": runs_from_path,
                 # ...or it lies on a shared store the node reports.

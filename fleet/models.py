@@ -13,8 +13,10 @@ from django.db import models
 from django.utils.crypto import salted_hmac
 from pydantic import BaseModel, ValidationError
 
+from core.humanize import format_bytes
 from protocol.engines import EngineInstall
 from protocol.inventory import Inventory, Usage
+from protocol.messages import WeightFile
 
 log = logging.getLogger("llmgw.fleet")
 
@@ -77,7 +79,8 @@ class Node(models.Model):
     address = models.CharField(max_length=255, blank=True)
     state = models.CharField(max_length=16, choices=NodeState.choices, default=NodeState.CONNECTED)
     draining = models.BooleanField(default=False)
-    # Set by an operator (admin or API); a profile with a pool places only on its nodes.
+    # Set by an operator (llmgw_ctl pool, or the admin's action); a profile with a pool
+    # places only on its nodes.
     pool = models.CharField(max_length=64, blank=True)
     registered_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
@@ -125,6 +128,15 @@ class Node(models.Model):
             if (install := _stored(EngineInstall, stored, self.id)) is not None
         ]
         return sorted(installs, key=lambda install: (install.engine, install.version))
+
+    def weight_files(self) -> list[WeightFile]:
+        """The weights the node said it holds, in its latest list (one that no longer
+        reads is left out, as with every stored report)."""
+        return [
+            weight
+            for stored in self.weights or []
+            if (weight := _stored(WeightFile, stored, self.id)) is not None
+        ]
 
     def installed_engines(self) -> dict[str, set[str]]:
         """Engine name -> the versions installed and seen to run; only these take shards."""
@@ -200,6 +212,16 @@ def _stored(model: type[Fact], stored: dict, node_id: str) -> Fact | None:
     except ValidationError as exc:
         log.warning("node %s: stored %s no longer reads: %s", node_id, model.__name__, exc)
         return None
+
+
+def known_memory(inventory_total: int, heartbeat_total: int) -> int:
+    """The RAM a node is known to have: its register's or a heartbeat's, the larger."""
+    return max(inventory_total, heartbeat_total)
+
+
+def ram_gained(before: int, after: int) -> list[str]:
+    """RAM grown past what was known, in words; nothing when nothing was known before."""
+    return [f"RAM grew to {format_bytes(after)}"] if before and after > before else []
 
 
 def unexpected_gpu_user_warning(user: dict) -> str:
@@ -278,6 +300,18 @@ class Replica(models.Model):
     def engine_label(self) -> str:
         """The engine and version as replica rows show it ("llama.cpp b6000"); "" if none."""
         return engine_label(self.engine, self.engine_version)
+
+    def runs_settings(self, fingerprint: str) -> bool:
+        """Whether its engines started with the settings ``fingerprint`` stands for; an
+        unknown fingerprint ("") never matches, so such a replica reads as stale."""
+        return bool(self.fingerprint) and self.fingerprint == fingerprint
+
+    def version_to_run(self) -> str:
+        """The engine version it was resolved to; one made before versions were recorded
+        takes its profile's as it resolves now (if that changed, the replica is stale)."""
+        if self.engine_version or self.profile is None:
+            return self.engine_version
+        return self.profile.resolved_engine_version()
 
 
 def engine_label(engine: str, version: str) -> str:

@@ -13,8 +13,10 @@ import json
 import logging
 from datetime import datetime
 
+from audit.actors import RECONCILER
 from catalog.models import Engine
 from fleet import commands
+from fleet.actions.nodes import mark_engines_told
 from fleet.models import Node, NodeState
 from protocol.engines import WantedEngine
 
@@ -46,6 +48,6 @@ def tell_nodes_their_engines(now: datetime) -> list[str]:
             # The broker is away: the next pass tries again, since nothing was marked.
             log.warning("could not tell node %s its engines: %s", node.id, exc)
             continue
-        Node.objects.filter(id=node.id).update(engines_told=digest, engines_told_at=now)
+        mark_engines_told(node.id, digest, now, actor=RECONCILER)
         told.append(node.id)
     return told

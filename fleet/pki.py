@@ -1,6 +1,8 @@
 """llmgw's own certificate authority: node certificates (CN and DNS name = the node id),
-the control plane's serving certificate, and revocation that every control plane sees at
-once, since revoked serials live in the database.
+the control plane's serving certificate, and the checks a link makes of a node's
+certificate, revocation included: revoked serials live in the database, so every control
+plane sees a revocation at once. Issuing and revoking are verbs
+(``fleet.actions.certificates``): they record the serials and an Event.
 
 All of it with ``cryptography``; nothing shells out to openssl.
 """
@@ -96,18 +98,15 @@ def ca_pem(directory: Path | None = None) -> bytes:
     return load_ca(directory)[0].public_bytes(serialization.Encoding.PEM)
 
 
-def issue_node_certificate(
+def sign_node_certificate(
     node_id: str, days: int = 365, directory: Path | None = None, now: dt.datetime | None = None
 ) -> Issued:
-    """A client certificate for ``node_id`` (its CN and DNS name), recorded for revocation."""
+    """A client certificate for ``node_id`` (its CN and DNS name), signed but not yet
+    recorded: ``fleet.actions.certificates.issue_node_certificate`` records it."""
     if days < 1:
         raise PkiError(f"--days must be at least 1, not {days}")
-    issued = _issue([x509.DNSName(node_id)], node_id, ExtendedKeyUsageOID.CLIENT_AUTH, days,
-                    directory, now)  # fmt: skip
-    NodeCertificate.objects.create(
-        serial=str(issued.serial), node_id=node_id, not_after=issued.not_after
-    )
-    return issued
+    return _issue([x509.DNSName(node_id)], node_id, ExtendedKeyUsageOID.CLIENT_AUTH, days,
+                  directory, now)  # fmt: skip
 
 
 def issue_server_certificate(hosts: list[str], days: int = 365) -> Issued:
@@ -121,13 +120,6 @@ def issue_server_certificate(hosts: list[str], days: int = 365) -> Issued:
         except ValueError:
             names.append(x509.DNSName(host))
     return _issue(names, hosts[0], ExtendedKeyUsageOID.SERVER_AUTH, days, None, None)
-
-
-def revoke_node(node_id: str) -> int:
-    """Revoke every certificate issued to ``node_id``; how many were still valid."""
-    return NodeCertificate.objects.filter(node_id=node_id, revoked_at=None).update(
-        revoked_at=timezone.now()
-    )
 
 
 def _issue(

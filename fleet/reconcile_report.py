@@ -1,6 +1,8 @@
-"""What one reconcile pass did, as the reconciler and the verbs it calls fill it in.
+"""What one reconcile pass did, as the reconciler and its steps (the rollout) fill it in.
 
-A leaf module: the verbs and the rollout take a report without importing the reconciler.
+A leaf module the steps share without importing the reconciler. The verbs never see it:
+each says what it did (the replica it made, whether it changed anything), and the step
+that called it counts.
 """
 
 from __future__ import annotations

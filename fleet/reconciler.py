@@ -12,31 +12,30 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
+from audit.actors import RECONCILER
 from audit.events import record_news
+from audit.models import EventKind
 from catalog.models import Profile, newest_engine_versions
-from fleet import commands
-from fleet.actions.replicas import create_replica, stop_replica
+from fleet.actions.replicas import (
+    create_replica,
+    drain_replica,
+    note_unplaceable,
+    start_replica,
+    stop_replica,
+)
+from fleet.actions.reports import refresh_replica_state
 from fleet.autoscale import autoscale_profiles
 from fleet.backoff import SETTLED as SETTLED  # bench/ reads it from here
 from fleet.backoff import replacement_backoff
 from fleet.backoff import replacement_delay as replacement_delay  # as do tests
-from fleet.models import (
-    Node,
-    NodeState,
-    Replica,
-    ReplicaState,
-    Shard,
-    ShardState,
-)  # fmt: skip
+from fleet.models import Node, NodeState, Replica, ReplicaState, ShardState
 from fleet.node_engines import tell_nodes_their_engines
 from fleet.reconcile_report import ReconcileReport as ReconcileReport  # tests read it here
-from fleet.rollout import drain_verdict, reports_once, roll_stale, start_drain
+from fleet.rollout import drain_verdict, reports_once, roll_stale
 from fleet.routing_table import read_inflight_reports
-from fleet.services import refresh_replica_state
-from fleet.shard_specs import allocate_port, meeting_points, shard_spec, version_on_nodes
 from fleet.snapshot import node_snapshots, placement_request
 from fleet.transitions import transition
 from placement import place_batch
@@ -105,17 +104,18 @@ def one_pass_at_a_time() -> Iterator[bool]:
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_KEY])
 
 
+def _stop(replica: Replica, reason: str, report: ReconcileReport, epoch: int | None) -> None:
+    if stop_replica(replica, reason, actor=RECONCILER, epoch=epoch):
+        report.stopping.append(str(replica.id))
+
+
 def retire_orphans(report: ReconcileReport, epoch: int | None = None) -> None:
     """Stop replicas whose model or profile left the catalog: nothing routes to them."""
     in_catalog = set(Profile.objects.values_list("id", "model__name"))
     for replica in Replica.objects.filter(state__in=ReplicaState.COUNTED):
         if (replica.profile_id, replica.model_name) not in in_catalog:
-            stop_replica(
-                replica,
-                f"{replica.model_name}/{replica.profile_name} left the catalog",
-                report,
-                epoch,
-            )
+            left = f"{replica.model_name}/{replica.profile_name} left the catalog"
+            _stop(replica, left, report, epoch)
 
 
 def retire_from_bad_nodes(
@@ -149,7 +149,7 @@ def retire_from_bad_nodes(
             moving.append((replica, node_id))
     lost = [(r, n) for r, n in moving if bad[n] == "lost" and r.profile is not None]
     decisions = place_batch(
-        [placement_request(str(r.id), r.profile, engine_version_of(r)) for r, _n in lost],
+        [placement_request(str(r.id), r.profile, r.version_to_run()) for r, _n in lost],
         node_snapshots(now),
     ) if lost else []  # fmt: skip
     nowhere = {
@@ -160,14 +160,11 @@ def retire_from_bad_nodes(
     for replica, node_id in moving:
         if replica.id in nowhere:
             kept = f"node {node_id} is lost; kept, since no other node can take it"
-            record_news("replica", str(replica.id), f"{kept}: {nowhere[replica.id]}")
+            news = f"{kept}: {nowhere[replica.id]}"
+            record_news(EventKind.REPLICA, str(replica.id), news, actor=RECONCILER)
             continue
-        stop_replica(
-            replica,
-            f"node {node_id} is {bad[node_id]}; placing the replica elsewhere",
-            report,
-            epoch,
-        )
+        elsewhere = f"node {node_id} is {bad[node_id]}; placing the replica elsewhere"
+        _stop(replica, elsewhere, report, epoch)
 
 
 def _retire_once_replaced(
@@ -182,15 +179,17 @@ def _retire_once_replaced(
     if replica.draining_since is not None:
         verdict = drain_verdict(replica, now, profile.drain_timeout, read)
         if verdict is not None:
-            stop_replica(replica, f"{lost}; its replacement is ready; {verdict}", report, epoch)
+            _stop(replica, f"{lost}; its replacement is ready; {verdict}", report, epoch)
         return
     ready = Replica.objects.filter(profile=profile, state=ReplicaState.READY)
     others = [r for r in ready.prefetch_related("shards__node") if not r.serves_from_lost_node]
     if len(others) >= profile.replicas:
-        start_drain(replica, now, profile, f"off lost node {node_id}, its replacement ready",
-                    report)  # fmt: skip
+        because = f"off lost node {node_id}, its replacement ready"
+        if drain_replica(replica, now, profile, because, actor=RECONCILER):
+            report.draining.append(str(replica.id))
     else:
-        record_news("replica", str(replica.id), f"{lost}; serving until its replacement is ready")
+        serving = f"{lost}; serving until its replacement is ready"
+        record_news(EventKind.REPLICA, str(replica.id), serving, actor=RECONCILER)
 
 
 def fail_slow_starts(now: datetime, report: ReconcileReport) -> None:
@@ -204,12 +203,13 @@ def fail_slow_starts(now: datetime, report: ReconcileReport) -> None:
         ranks = [shard.state for shard in replica.shards.all()]
         if ranks and all(state == ShardState.READY for state in ranks):
             # Every rank says it is healthy: that is a ready replica, never a slow one.
-            refresh_replica_state(replica.id)
+            refresh_replica_state(replica.id, actor=RECONCILER)
             continue
         timeout = replica.profile.startup_timeout if replica.profile else 600
         if replica.starting_since and now - replica.starting_since > timedelta(seconds=timeout):
             reason = f"not ready within the profile's startup timeout of {timeout}s"
-            if transition(Replica, replica.id, ReplicaState.FAILED, reason, reasons=[reason]):
+            if transition(Replica, replica.id, ReplicaState.FAILED, reason, actor=RECONCILER,
+                          reasons=[reason]):  # fmt: skip
                 report.failed.append(str(replica.id))
 
 
@@ -220,7 +220,7 @@ def retire_failed(now: datetime, report: ReconcileReport, epoch: int | None = No
         if now < replacement_backoff(replica, now).due_at:
             continue
         reason = f"replacing failed replica: {'; '.join(replica.reasons)}"
-        stop_replica(replica, reason, report, epoch)
+        _stop(replica, reason, report, epoch)
 
 
 def scale(report: ReconcileReport, epoch: int | None = None) -> None:
@@ -237,11 +237,12 @@ def scale(report: ReconcileReport, epoch: int | None = None) -> None:
         live = [r for r in in_order if not r.serves_from_lost_node]
         missing = profile.replicas - len(live)
         for _ in range(missing):
-            create_replica(profile, f"wanted by {profile}", report)
+            created = create_replica(profile, f"wanted by {profile}", actor=RECONCILER)
+            report.created.append(str(created.id))
         if missing < 0:
             fingerprint = profile.fingerprint(newest)
             up_to_date = [
-                r for r in live if r.fingerprint == fingerprint and r.draining_since is None
+                r for r in live if r.runs_settings(fingerprint) and r.draining_since is None
             ]
             if len(up_to_date) < len(live):
                 live, missing = up_to_date, profile.replicas - len(up_to_date)
@@ -250,7 +251,7 @@ def scale(report: ReconcileReport, epoch: int | None = None) -> None:
             surplus = sorted(live, key=lambda r: rank[r.state])[: max(0, -missing)]
             for replica in surplus:
                 reason = f"scaled down: {profile} wants {profile.replicas}"
-                stop_replica(replica, reason, report, epoch)
+                _stop(replica, reason, report, epoch)
 
 
 def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:
@@ -262,68 +263,17 @@ def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:
     )
     if not waiting:
         return
-    requests = [placement_request(str(r.id), r.profile, engine_version_of(r)) for r in waiting]
+    requests = [placement_request(str(r.id), r.profile, r.version_to_run()) for r in waiting]
     decisions = place_batch(requests, node_snapshots(now))
     for replica, decision in zip(waiting, decisions, strict=True):
+        # Counted as decided, as before: a start that loses a race still counts as placed.
         if decision.placed:
-            _start(replica, decision, epoch)
+            start_replica(replica, decision, actor=RECONCILER, epoch=epoch)
             report.placed.append(str(replica.id))
-            continue
-        reasons = [decision.summary, *decision.reasons]
-        if replica.state == ReplicaState.PLACING:
-            transition(Replica, replica.id, ReplicaState.UNPLACEABLE, decision.summary,
-                       reasons=reasons)  # fmt: skip
-            report.unplaceable.append(str(replica.id))
-        elif replica.reasons != reasons:
-            Replica.objects.filter(id=replica.id).update(reasons=reasons)
-
-
-def engine_version_of(replica: Replica) -> str:
-    """The version a replica was resolved to; one made before versions were recorded
-    takes its profile's as it resolves now (if that changed, the replica is stale)."""
-    if replica.engine_version or replica.profile is None:
-        return replica.engine_version
-    return replica.profile.resolved_engine_version()
-
-
-def _start(replica: Replica, decision, epoch: int) -> None:
-    assert replica.profile is not None
-    with transaction.atomic():
-        if replica.state == ReplicaState.UNPLACEABLE and not transition(
-            Replica, replica.id, ReplicaState.PLACING, "resources became available"
-        ):
-            return
-        nodes = {node.id: node for node in Node.objects.filter(
-            id__in=[rank.node for rank in decision.ranks])}  # fmt: skip
-        engine = replica.profile.engine
-        # Settled here at the latest, by the control plane: the spec names it, so the
-        # node runs exactly this one and never the first it finds.
-        version = engine_version_of(replica) or version_on_nodes(engine, nodes.values())
-        runs = f"{engine} {version}" if version else f"{engine} (its node reports no version)"
-        if not transition(
-            Replica, replica.id, ReplicaState.STARTING,
-            f"placed on {', '.join(rank.node for rank in decision.ranks)}, running {runs}",
-            reasons=[], starting_since=timezone.now(), engine=engine, engine_version=version,
-        ):  # fmt: skip
-            return
-        replica.engine, replica.engine_version = engine, version
-        shards = []
-        for rank in decision.ranks:
-            shards.append(
-                Shard.objects.create(
-                    id=Shard.new_id(),
-                    replica=replica,
-                    rank=rank.rank,
-                    node=nodes[rank.node],
-                    gpus=list(rank.gpus),
-                    port=allocate_port(rank.node),
-                )
-            )
-        meeting = meeting_points(shards, nodes)
-        for shard, rank in zip(shards, decision.ranks, strict=True):
-            spec = shard_spec(replica, shard, nodes[rank.node], len(shards), meeting,
-                              rank.fabric, epoch)  # fmt: skip
-            transaction.on_commit(lambda n=shard.node_id, s=spec: commands.send_start_shard(n, s))
+        else:
+            if replica.state == ReplicaState.PLACING:
+                report.unplaceable.append(str(replica.id))
+            note_unplaceable(replica, decision, actor=RECONCILER)
 
 
 def finish_stops(report: ReconcileReport) -> None:
@@ -340,5 +290,6 @@ def finish_stops(report: ReconcileReport) -> None:
         ]
         if pending:
             continue
-        if transition(Replica, replica.id, ReplicaState.STOPPED, "every shard has stopped"):
+        if transition(Replica, replica.id, ReplicaState.STOPPED, "every shard has stopped",
+                      actor=RECONCILER):  # fmt: skip
             report.stopped.append(str(replica.id))

@@ -19,10 +19,11 @@ from typing import Any
 
 from django.db import transaction
 
-from audit import notices
-from audit.events import record_event, record_news
+from audit.actors import RECONCILER
+from audit.events import record_news
+from audit.models import EventKind
 from catalog.models import Profile, newest_engine_versions
-from fleet.actions.replicas import create_replica, stop_replica
+from fleet.actions.replicas import create_replica, drain_replica, stop_replica
 from fleet.models import Replica, ReplicaState
 from fleet.reconcile_report import ReconcileReport
 from fleet.routing_table import read_inflight_reports
@@ -96,7 +97,7 @@ def rollouts(model_name: str | None = None) -> list[Rollout]:
             continue
         if replica.draining_since is not None:
             rollout.draining.append(replica)
-        elif replica.fingerprint == rollout.fingerprint:
+        elif replica.runs_settings(rollout.fingerprint):
             rollout.up_to_date.append(replica)
         else:
             rollout.stale.append(replica)
@@ -116,13 +117,14 @@ def roll_stale(now: datetime, report: ReconcileReport, epoch: int | None = None)
             _drain(rollout, now, report)
             waiting = rollout.waiting()
             if waiting:
-                record_news("catalog", str(rollout.profile), waiting)
+                record_news(EventKind.CATALOG, str(rollout.profile), waiting, actor=RECONCILER)
         if stopped and not rollout.rolling:
             record_news(
-                "catalog",
+                EventKind.CATALOG,
                 str(rollout.profile),
                 f"rollout finished: every replica of {rollout.profile} runs its current "
                 f"settings (fingerprint {rollout.fingerprint})",
+                actor=RECONCILER,
             )
 
 
@@ -149,7 +151,8 @@ def _finish_drains(
             continue
         why = f"replaced by a replica with {rollout.profile}'s current settings; {verdict}"
         with transaction.atomic():
-            if stop_replica(replica, why, report, epoch):
+            if stop_replica(replica, why, actor=RECONCILER, epoch=epoch):
+                report.stopping.append(str(replica.id))
                 stopped += 1
         rollout.draining.remove(replica)
     return stopped
@@ -191,7 +194,8 @@ def _retire_unstarted(rollout: Rollout, report: ReconcileReport, epoch: int | No
     for replica in [r for r in rollout.stale if r.state in ReplicaState.UNPLACED]:
         why = f"stale: {rollout.profile} changed before this replica started"
         with transaction.atomic():
-            stop_replica(replica, why, report, epoch)
+            if stop_replica(replica, why, actor=RECONCILER, epoch=epoch):
+                report.stopping.append(str(replica.id))
         rollout.stale.remove(replica)
 
 
@@ -200,39 +204,19 @@ def _surge(rollout: Rollout, report: ReconcileReport) -> None:
     most = profile.replicas + profile.rollout_surge
     while rollout.live < most and len(rollout.up_to_date) < profile.replicas:
         why = f"replaces a stale replica of {profile} (rolling restart)"
-        rollout.up_to_date.append(create_replica(profile, why, report))
+        replica = create_replica(profile, why, actor=RECONCILER)
+        report.created.append(str(replica.id))
+        rollout.up_to_date.append(replica)
 
 
 def _drain(rollout: Rollout, now: datetime, report: ReconcileReport) -> None:
     ready_stale = [r for r in rollout.stale if r.state == ReplicaState.READY]
     for replica in ready_stale[: max(0, rollout.drainable())]:
         because = f"to be replaced by {rollout.profile}'s current settings"
-        if start_drain(replica, now, rollout.profile, because, report):
+        if drain_replica(replica, now, rollout.profile, because, actor=RECONCILER):
+            report.draining.append(str(replica.id))
             rollout.stale.remove(replica)
             rollout.draining.append(replica)
-
-
-def start_drain(
-    replica: Replica, now: datetime, profile: Profile, because: str, report: ReconcileReport
-) -> bool:
-    """Take a ready replica out of the routing table; it is stopped once its drain is over."""
-    with transaction.atomic():
-        taken = Replica.objects.filter(
-            id=replica.id, state=ReplicaState.READY, draining_since__isnull=True
-        ).update(draining_since=now)
-        if not taken:
-            return False
-        record_event(
-            "replica",
-            str(replica.id),
-            f"draining {because}: no new requests; "
-            f"stopped once its requests are done (at most {profile.drain_timeout}s)",
-        )
-        # Routers drop it from their tables now, not at their next refresh.
-        notices.routers_reload_on_commit("replicas")
-    replica.draining_since = now
-    report.draining.append(str(replica.id))
-    return True
 
 
 def rollout_status(model_name: str) -> list[dict[str, Any]]:

@@ -41,7 +41,7 @@ def model_rows() -> list[dict[str, Any]]:
                 "wanted": sum(p.replicas for p in model.profiles.all()),
                 "ready": sum(1 for r in replicas if r.state == ReplicaState.READY),
                 "replicas": [
-                    replica_item(r, stale=r.fingerprint != fingerprints.get(r.profile_name))
+                    replica_item(r, stale=not r.runs_settings(fingerprints.get(r.profile_name, "")))
                     for r in replicas
                 ],
             }
@@ -218,7 +218,8 @@ def model_detail(name: str) -> dict[str, Any] | None:
     newest = newest_engine_versions()
     fingerprints = {p.name: p.fingerprint(newest) for p in profiles}
     items = [
-        replica_item(r, stale=r.fingerprint != fingerprints.get(r.profile_name)) for r in replicas
+        replica_item(r, stale=not r.runs_settings(fingerprints.get(r.profile_name, "")))
+        for r in replicas
     ]
     ready_by_profile: dict[str, int] = {}
     for replica in replicas:

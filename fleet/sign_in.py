@@ -23,6 +23,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
+from audit.actors import SIGN_IN_THROTTLE
 from audit.events import record_event
 from audit.models import EventKind
 from audit.redis import redis_client
@@ -112,6 +113,7 @@ def note_failure(username: str, address: str) -> Lockout | None:
         username,
         f"locked out from {address} for {_minutes(window)} after {failures} failed sign-ins",
         to_state="locked",
+        actor=SIGN_IN_THROTTLE,
     )
     return lockout
 

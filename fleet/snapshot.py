@@ -17,7 +17,7 @@ from placement import (
     NodeSnapshot,
     PlacementRequest,
 )
-from protocol.inventory import Fabric, FabricAdapter
+from protocol.inventory import FabricAdapter, UsableFabric
 
 
 def node_snapshots(now: datetime) -> list[NodeSnapshot]:
@@ -100,7 +100,7 @@ def snapshot_of(
     )
 
 
-def fabric_snapshot(fabric: Fabric, reported: Mapping[str, FabricAdapter]) -> FabricSnapshot:
+def fabric_snapshot(fabric: UsableFabric, reported: Mapping[str, FabricAdapter]) -> FabricSnapshot:
     """One fabric as its node has it: the adapters with an ACTIVE port, and those without.
 
     An adapter the node did not describe (an agent older than adapter discovery) is taken

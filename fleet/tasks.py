@@ -5,7 +5,9 @@ Only the leader runs them: each task first takes or renews the Redis lease.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import wraps
 
 from celery import shared_task
 from django.conf import settings
@@ -23,11 +25,22 @@ def lease_as_leader() -> leadership.Lease:
     return lease
 
 
+def leader_only(task: Callable[[leadership.Lease], dict]) -> Callable[[], dict]:
+    """Run ``task`` with the lease on the leader only; anywhere else, say who leads."""
+
+    @wraps(task, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
+    def on_the_leader() -> dict:
+        lease = lease_as_leader()
+        if lease.holder != leadership.identity():
+            return {"leader": lease.holder}
+        return task(lease)
+
+    return on_the_leader
+
+
 @shared_task(name="fleet.reconcile")
-def reconcile_task() -> dict:
-    lease = lease_as_leader()
-    if lease.holder != leadership.identity():
-        return {"leader": lease.holder}
+@leader_only
+def reconcile_task(lease: leadership.Lease) -> dict:
     report = reconcile(
         epoch=lease.epoch, still_leading=lambda: leadership.still_leading(lease.epoch)
     )
@@ -35,10 +48,8 @@ def reconcile_task() -> dict:
 
 
 @shared_task(name="fleet.check_liveness")
-def check_liveness_task() -> dict:
-    lease = lease_as_leader()
-    if lease.holder != leadership.identity():
-        return {"leader": lease.holder}
+@leader_only
+def check_liveness_task(lease: leadership.Lease) -> dict:
     # After a failover, a restart of the control plane taking the links, or a spell in
     # which it heard no node at all, give every node a grace period before declaring it
     # lost: nobody could hear its heartbeats.

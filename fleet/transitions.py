@@ -11,7 +11,9 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from audit import notices
+from audit.actors import Actor
 from audit.events import record_event
+from audit.models import EventKind
 from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardState
 
 NODE_TRANSITIONS: dict[str, frozenset[str]] = {
@@ -50,15 +52,11 @@ REPLICA_TRANSITIONS: dict[str, frozenset[str]] = {
     ReplicaState.STOPPED: frozenset(),
 }
 
-_MACHINES: dict[type[models.Model], tuple[str, dict[str, frozenset[str]]]] = {
-    Node: ("node", NODE_TRANSITIONS),
-    Shard: ("shard", SHARD_TRANSITIONS),
-    Replica: ("replica", REPLICA_TRANSITIONS),
+_MACHINES: dict[type[models.Model], tuple[EventKind, dict[str, frozenset[str]]]] = {
+    Node: (EventKind.NODE, NODE_TRANSITIONS),
+    Shard: (EventKind.SHARD, SHARD_TRANSITIONS),
+    Replica: (EventKind.REPLICA, REPLICA_TRANSITIONS),
 }
-
-
-class TransitionRefused(Exception):
-    """A transition the state machine does not allow, named with both states."""
 
 
 def allowed_sources(model: type[models.Model], target: str) -> frozenset[str]:
@@ -67,22 +65,13 @@ def allowed_sources(model: type[models.Model], target: str) -> frozenset[str]:
     return frozenset(source for source, targets in machine.items() if target in targets)
 
 
-def check_transition(model: type[models.Model], source: str, target: str) -> None:
-    """Raise TransitionRefused unless ``source -> target`` is an edge of the machine."""
-    kind, machine = _MACHINES[model]
-    if target not in machine.get(source, frozenset()):
-        allowed = ", ".join(sorted(machine.get(source, frozenset()))) or "nothing (final)"
-        raise TransitionRefused(
-            f"a {kind} cannot go from {source} to {target}; from {source}: {allowed}"
-        )
-
-
 def transition(
-    model: type[models.Model], pk: object, target: str, why: str, *, actor=None, **fields: object
-) -> str | None:
+    model: type[models.Model], pk: object, target: str, why: str, *, actor: Actor,
+    **fields: object,
+) -> str | None:  # fmt: skip
     """Move row ``pk`` to ``target`` if its current state allows it; return the old state.
 
-    ``why`` becomes the event's reason, ``actor`` its operator (None: llmgw itself).
+    ``why`` becomes the event's reason, ``actor`` who acted (the verb's own actor).
     Returns None when the row is gone or its state does not allow the move (someone else
     won the race, or it is not an edge).
     Extra ``fields`` are written in the same UPDATE, so they change only if the

@@ -20,9 +20,9 @@ from catalog.permissions import is_operator
 from fleet import commands, pages
 from fleet.metrics import FleetCollector
 from fleet.models import Node, Shard
+from protocol.commands import LOG_LINES_KEPT
 
 LOG_LINES_DEFAULT = 200
-LOG_LINES_MAX = 2000  # what an agent keeps per source
 LOG_SOURCE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -72,7 +72,7 @@ def node_logs(request: HttpRequest, node_id: str) -> HttpResponse:
         lines = int(request.GET.get("n", LOG_LINES_DEFAULT))
     except ValueError:
         return HttpResponseBadRequest("n must be a whole number of lines, e.g. n=200")
-    lines = max(1, min(LOG_LINES_MAX, lines))
+    lines = max(1, min(LOG_LINES_KEPT, lines))
     follow = request.GET.get("follow") == "1"
     answer, error = {}, ""
     try:

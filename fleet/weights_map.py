@@ -61,8 +61,8 @@ def weights_map(nodes: Iterable[Node] | None = None) -> WeightsMap:
     held_bytes: dict[str, int] = defaultdict(int)
     stores_of: dict[str, set[str]] = defaultdict(set)
     for node in nodes:
-        for weight in node.weights or []:
-            source, size, store = weight.get("source"), weight.get("size", 0), weight.get("store")
+        for weight in node.weight_files():
+            source, size, store = weight.source, weight.size, weight.store
             if not source:
                 continue
             own[node.id].add(source)

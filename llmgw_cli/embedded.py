@@ -27,6 +27,7 @@ from urllib.parse import quote
 import psutil
 
 from core.env import llmgw_home
+from core.files import write_atomically
 from core.secret_files import (
     POSTGRES_DIR,
     POSTGRES_SYSTEM_USER,
@@ -190,7 +191,8 @@ def _require_password(home: Path, socket_dir: str, password: str) -> None:
                 sql.Identifier(POSTGRES_USER), sql.Literal(verifier)
             )
         )
-        _replace_file(hba, PG_HBA)
+        # Whole or not at all, and still the server's (it runs as its own user under root).
+        write_atomically(hba, PG_HBA, keep_owner=True)
         conn.execute("SELECT pg_reload_conf()")
     _wait_until_password_required(pgdata, socket_dir)
 
@@ -202,23 +204,6 @@ def _trusts(hba_text: str) -> bool:
         if fields and fields[-1] == "trust":
             return True
     return False
-
-
-def _replace_file(path: Path, text: str) -> None:
-    """Write ``path`` whole or not at all, keeping its owner (the server's user) and mode."""
-    info = path.stat()
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        with open(fd, "w", closefd=False) as file:
-            file.write(text)
-        os.fsync(fd)
-        if os.geteuid() == 0:
-            os.fchown(fd, info.st_uid, info.st_gid)
-        os.replace(temporary, path)
-    finally:
-        os.close(fd)
-        temporary.unlink(missing_ok=True)
 
 
 def _wait_until_password_required(pgdata: Path, socket_dir: str) -> None:

@@ -163,7 +163,7 @@ class Supervised:
         return self.child.name
 
 
-class Supervisor:
+class ChildSupervisor:
     """Start children in order, restart the ones that die, stop them all in reverse."""
 
     def __init__(
@@ -372,7 +372,7 @@ class StopRequest:
 
 
 def serve(
-    supervisor: Supervisor, processes: list[ProcessChild], echo: LogEcho, stop: StopRequest,
+    supervisor: ChildSupervisor, processes: list[ProcessChild], echo: LogEcho, stop: StopRequest,
     environ: Mapping[str, str],
 ) -> None:  # fmt: skip
     """Until a stop is asked for: restart what died, echo output, reap orphans, rotate logs."""
@@ -420,7 +420,7 @@ def supervise_main(argv: list[str]) -> int:
     log_path = options.log or llmgw_home() / "logs" / f"{options.name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     child = ProcessChild(options.name, command, log_path, dict(os.environ), Path.cwd())
-    supervisor = Supervisor([child], owner="llmgw supervise")
+    supervisor = ChildSupervisor([child], owner="llmgw supervise")
     echo = LogEcho([log_path])
     stop = StopRequest()
     become_subreaper()

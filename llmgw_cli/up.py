@@ -16,19 +16,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agent_worker.supervision.statedir import write_atomically
 from core.env import env_int, env_str, llmgw_home
+from core.files import write_atomically
 from core.secret_files import POSTGRES_DIR, ensure_private_dir, write_secret_file
 from llmgw_cli import embedded
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog
 from llmgw_cli.local_engine import local_engines
 from llmgw_cli.supervise import (
     Child,
+    ChildSupervisor,
     LogEcho,
     ProcessChild,
     ServiceChild,
     StopRequest,
-    Supervisor,
     become_subreaper,
     serve,
 )
@@ -101,15 +101,9 @@ def ensure_admin(python: str, env: dict[str, str], home: Path) -> None:
     if not write_secret_file(password_file, password + "\n"):
         print(f"admin password: {password_file}", flush=True)
         return
-    script = (
-        "from django.contrib.auth import get_user_model; U = get_user_model()\n"
-        "u, created = U.objects.get_or_create(username='admin', defaults={'is_staff': True, "
-        "'is_superuser': True})\n"
-        "u.set_password(__import__('os').environ['LLMGW_ADMIN_PASSWORD']); u.save()\n"
-    )
     try:
         subprocess.run(
-            [python, MANAGE, "shell", "-c", script],
+            [python, MANAGE, "llmgw_admin"],
             env={**env, "LLMGW_ADMIN_PASSWORD": password},
             check=True,
         )
@@ -169,7 +163,7 @@ def run(argv: list[str] | None = None) -> int:
         ProcessChild(name, command, logs / f"{name}.log", env, REPO)
         for name, command in planned_children(python, control_port, router_port)
     ]
-    supervisor = Supervisor([*services, *processes])
+    supervisor = ChildSupervisor([*services, *processes])
     supervisor.on_change = lambda: write_up_state(home, supervisor)
     echo = LogEcho([child.log_path for child in processes])
     stop = StopRequest()
@@ -222,7 +216,7 @@ def embedded_services(home: Path) -> list[Child]:
     return services
 
 
-def write_up_state(home: Path, supervisor: Supervisor) -> None:
+def write_up_state(home: Path, supervisor: ChildSupervisor) -> None:
     """Which pid each child has now, for an operator (and the fault tests) to find it."""
     state = {"pid": os.getpid(), "children": supervisor.pids()}
     write_atomically(home / UP_STATE_FILE, json.dumps(state, indent=2) + "\n")

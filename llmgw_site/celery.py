@@ -1,11 +1,10 @@
 """The control plane's Celery app: the reconciler's beat tasks on queue ``control``."""
 
-import logging
 import os
 
 from celery.signals import after_setup_logger
 
-from core.quiet_celery import QuietCelery
+from core.quiet_celery import QuietCelery, quiet_task_chatter
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 
@@ -19,10 +18,4 @@ app.conf.beat_schedule = {
     "liveness": {"task": "fleet.check_liveness", "schedule": 5.0, "options": {"expires": 5}},
 }
 app.autodiscover_tasks(["fleet"])
-
-
-@after_setup_logger.connect
-def quiet_task_chatter(**_kwargs) -> None:
-    """Beat runs tasks every 2 s; "received"/"succeeded" lines would drown what matters."""
-    for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+after_setup_logger.connect(quiet_task_chatter)

@@ -23,6 +23,9 @@ DRAIN = "agent.drain"
 FETCH_WEIGHTS = "agent.fetch_weights"
 LEADER_EPOCH = "agent.leader_epoch"
 
+# The last lines an agent keeps of each log source, so the most a read may ask for.
+LOG_LINES_KEPT = 2000
+
 
 class NodeCommand(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -49,7 +52,7 @@ class StopShard(NodeCommand):
     epoch: int = 0
 
 
-class LeaderEpoch(NodeCommand):
+class AnnounceEpoch(NodeCommand):
     """A new leader's epoch, told to every node as it takes the lease, so that a command
     the deposed leader still sends is refused even by a node the new one never commanded."""
 
@@ -60,7 +63,7 @@ class LeaderEpoch(NodeCommand):
 class ReadLogs(NodeCommand):
     task: ClassVar[str] = READ_LOGS
     source: str = "agent"
-    lines: int = Field(default=200, ge=1)
+    lines: int = Field(default=200, ge=1, le=LOG_LINES_KEPT)
 
 
 class EngineCheck(NodeCommand):

@@ -67,7 +67,7 @@ class FabricAdapter(_Strict):
         return [port for port in self.ports if port.state == "ACTIVE"]
 
 
-class Fabric(_Strict):
+class UsableFabric(_Strict):
     """A declared fabric this node can really use: only adapters with an ACTIVE port."""
 
     name: str
@@ -102,7 +102,7 @@ class Inventory(_Strict):
     gpus: list[Gpu] = Field(default_factory=list)
     nvidia_driver: str = Field(default="", description="empty when no NVIDIA driver answers")
     cuda_version: str = Field(default="", description='newest CUDA the driver supports, "12.4"')
-    fabrics: list[Fabric] = Field(default_factory=list)
+    fabrics: list[UsableFabric] = Field(default_factory=list)
     adapters: list[FabricAdapter] = Field(default_factory=list)
     weights_dir: str = ""
     filesystems: list[Filesystem] = Field(default_factory=list)

@@ -34,7 +34,7 @@ def _engines_as_list(value: object) -> object:
 EngineList = Annotated[list[EngineInstall], BeforeValidator(_engines_as_list)]
 
 
-class RunningShard(_Message):
+class ReportedShard(_Message):
     """A shard the agent is running or watching, reported on every register."""
 
     spec: ShardSpec
@@ -69,7 +69,7 @@ class Register(_Message):
     engines_probed: bool = False
     engines: EngineList = Field(default_factory=list)
     weights: list[WeightFile] = Field(default_factory=list)
-    shards: list[RunningShard] = Field(default_factory=list)
+    shards: list[ReportedShard] = Field(default_factory=list)
     problems: list[str] = Field(
         default_factory=list, description="e.g. a shard spec file the agent could not read"
     )

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from django.contrib.auth.models import Group, User
 
+from audit.actors import SystemActor
 from catalog.models import Model, Profile
 from catalog.permissions import OPERATORS_GROUP
 from fleet.models import Node, Replica, Shard
+
+# Who acts when a test sets the scene (applies a catalog, moves a replica on): as with
+# llmgw's own parts, its Events name no one.
+SETUP = SystemActor("test setup")
 
 
 def make_user(username: str, *, operator: bool = False, superuser: bool = False) -> User:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import cast, get_args
 
-from protocol.inventory import AdapterPort, Fabric, FabricAdapter, PortState
+from protocol.inventory import AdapterPort, FabricAdapter, PortState, UsableFabric
 
 INFINIBAND = Path("/sys/class/infiniband")
 
@@ -43,7 +43,7 @@ def discover_adapters(root: Path = INFINIBAND) -> list[FabricAdapter]:
 
 def usable_fabrics(
     declared: Mapping[str, Sequence[str]], adapters: Sequence[FabricAdapter]
-) -> tuple[list[Fabric], list[str]]:
+) -> tuple[list[UsableFabric], list[str]]:
     """Return the declared fabrics this node can carry traffic on, and why the rest cannot.
 
     Only adapters that are present and have an ACTIVE port are advertised; a fabric left with
@@ -71,7 +71,7 @@ def usable_fabrics(
             continue
         rates = [p.rate_gbps for a in usable for p in a.active_ports() if p.rate_gbps is not None]
         fabrics.append(
-            Fabric(
+            UsableFabric(
                 name=name,
                 adapters=[adapter.name for adapter in usable],
                 rate_gbps=min(rates) if rates else None,

@@ -9,19 +9,18 @@ the replica's API key.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from core.files import TEMPORARY_PREFIX as _TMP_PREFIX
+from core.files import write_atomically
 from protocol.shard import ShardSpec
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SUFFIX = ".json"
-_TMP_PREFIX = ".tmp-"
 
 
 class StateFileError(Exception):
@@ -64,22 +63,6 @@ class ShardRecord(BaseModel):
     commands: int = Field(ge=1, description="how many commands the shard has in all")
     processes: list[ProcessRecord] = Field(default_factory=list)
     stopping: bool = False
-
-
-def write_atomically(target: Path, text: str) -> None:
-    """Replace ``target`` with ``text`` (mode 0600) so a reader sees the old or the new whole."""
-    fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=target.parent)  # created 0600
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(text.encode())
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(target.parent)
 
 
 class StateDir:
@@ -133,17 +116,3 @@ class StateDir:
             elif entry.name.endswith(SUFFIX) and entry.is_file():
                 found.append(entry)
         return found
-
-
-def _fsync_dir(path: Path) -> None:
-    # The rename is only durable once the directory entry is; best effort where unsupported.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -22,6 +22,7 @@ import httpx
 from agent_worker.weights import outbound
 from agent_worker.weights.names import PARTIAL_SUFFIX
 from agent_worker.weights.sidecar import write_sidecar
+from core.files import fsync_directory
 
 log = logging.getLogger("llmgw.agent.weights")
 
@@ -304,7 +305,7 @@ class _Download:
         # The record first: a file under its cache name always says where it came from.
         write_sidecar(target, self.source, digest, size)
         os.replace(self.partial, target)
-        _fsync_dir(target.parent)
+        fsync_directory(target.parent)
         self.flight.progress(size, self.total, final=True)
         log.info("fetched %s to %s (%d bytes)", self.source, target, size)
         return target
@@ -330,12 +331,3 @@ def _hash_file(path: Path) -> hashlib._Hash:
         while block := data.read(1 << 20):
             hasher.update(block)
     return hasher
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename durable, so a power cut cannot bring back the partial."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from agent_worker.weights.names import SIDECAR_SUFFIX
+from core.files import write_atomically
 
 
 def sidecar_path(path: Path) -> Path:
@@ -25,18 +23,7 @@ def write_sidecar(path: Path, source: str, sha256: str, size: int) -> None:
         "size": size,
         "fetched_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     }
-    # Hidden while being written, so a listing never reads half a record.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(record, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, sidecar_path(path))
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomically(sidecar_path(path), json.dumps(record))
 
 
 def read_source(path: Path) -> str | None:

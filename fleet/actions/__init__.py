@@ -1,7 +1,10 @@
-"""The fleet's verbs: what an operator (or the reconciler) does to nodes and replicas.
+"""The fleet's verbs: every change to its rows.
 
-Each verb is one transaction that records its Event, naming the operator who asked, and
-tells pages (and routers, where it changes what they serve) once it commits. Views, the
-REST API, `llmgw_ctl` and the reconciler call these; the catalog's verbs are in
-``catalog.actions``.
+``nodes`` (drain, pool), ``replicas`` (create, start, drain, stop, restart),
+``certificates`` (issue, revoke) and ``reports`` (what agents report over their link).
+Each verb is one transaction that records its Event, naming who acted (its keyword-only
+``actor``: an operator, or one of llmgw's own parts from ``audit.actors``), and tells
+pages (and routers, where it changes what they serve) once it commits. Views, the admin,
+the REST API, `llmgw_ctl`, the agent link and the reconciler call these; the catalog's
+verbs are in ``catalog.actions``.
 """

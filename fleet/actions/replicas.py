@@ -1,22 +1,32 @@
-"""Verbs on replicas: create one for a profile, stop one, restart one (stop, and let the
-reconciler start a fresh one with the profile's current settings)."""
+"""Verbs on replicas: create one for a profile, start it where placement chose, note why it
+cannot be placed, drain it out of the routing table, stop it, restart it (stop, and let the
+reconciler start a fresh one with the profile's current settings).
+
+Each says what it did (the replica, or whether it changed anything) and leaves counting
+to its caller: the reconciler's report is the reconciler's.
+"""
 
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from django.db import transaction
+from django.utils import timezone
 
+from audit import notices
+from audit.actors import Actor
 from audit.events import record_event
 from audit.models import EventKind
 from catalog.models import Profile, newest_engine_versions
 from fleet import commands
-from fleet.models import Replica, ReplicaState, ShardState, replica_secret
-from fleet.reconcile_report import ReconcileReport
+from fleet.models import Node, Replica, ReplicaState, Shard, ShardState, replica_secret
+from fleet.shard_specs import allocate_port, meeting_points, shard_spec, version_on_nodes
 from fleet.transitions import transition
+from placement import Decision
 
 
-def create_replica(profile: Profile, why: str, report: ReconcileReport | None = None) -> Replica:
+def create_replica(profile: Profile, why: str, *, actor: Actor) -> Replica:
     """A new replica of ``profile`` with its current settings, waiting to be placed.
 
     Its engine version is the profile's resolved one; "" (no pin, none in the catalog)
@@ -35,20 +45,99 @@ def create_replica(profile: Profile, why: str, report: ReconcileReport | None = 
             engine_version=profile.resolved_engine_version(newest),
             secret=replica_secret(replica_id),
         )
-        record_event(EventKind.REPLICA, str(replica.id), why, to_state=ReplicaState.PLACING)
-    if report is not None:
-        report.created.append(str(replica.id))
+        record_event(EventKind.REPLICA, str(replica.id), why, to_state=ReplicaState.PLACING,
+                     actor=actor)  # fmt: skip
     return replica
 
 
-def stop_replica(
-    replica: Replica,
-    reason: str,
-    report: ReconcileReport | None = None,
-    epoch: int | None = None,
-    *,
-    actor=None,
+def start_replica(replica: Replica, decision: Decision, *, actor: Actor, epoch: int) -> bool:
+    """Start ``replica`` where ``decision`` placed it: its shards, and a start command to
+    each node once they commit. False when another pass moved the replica on first.
+
+    ``epoch`` is the leader epoch the commands are sent under.
+    """
+    assert replica.profile is not None
+    with transaction.atomic():
+        if replica.state == ReplicaState.UNPLACEABLE and not transition(
+            Replica, replica.id, ReplicaState.PLACING, "resources became available", actor=actor
+        ):
+            return False
+        nodes = {node.id: node for node in Node.objects.filter(
+            id__in=[rank.node for rank in decision.ranks])}  # fmt: skip
+        engine = replica.profile.engine
+        # Settled here at the latest, by the control plane: the spec names it, so the
+        # node runs exactly this one and never the first it finds.
+        version = replica.version_to_run() or version_on_nodes(engine, nodes.values())
+        runs = f"{engine} {version}" if version else f"{engine} (its node reports no version)"
+        if not transition(
+            Replica, replica.id, ReplicaState.STARTING,
+            f"placed on {', '.join(rank.node for rank in decision.ranks)}, running {runs}",
+            actor=actor, reasons=[], starting_since=timezone.now(), engine=engine,
+            engine_version=version,
+        ):  # fmt: skip
+            return False
+        replica.engine, replica.engine_version = engine, version
+        shards = []
+        for rank in decision.ranks:
+            shards.append(
+                Shard.objects.create(
+                    id=Shard.new_id(),
+                    replica=replica,
+                    rank=rank.rank,
+                    node=nodes[rank.node],
+                    gpus=list(rank.gpus),
+                    port=allocate_port(rank.node),
+                )
+            )
+        meeting = meeting_points(shards, nodes)
+        for shard, rank in zip(shards, decision.ranks, strict=True):
+            spec = shard_spec(replica, shard, nodes[rank.node], len(shards), meeting,
+                              rank.fabric, epoch)  # fmt: skip
+            transaction.on_commit(lambda n=shard.node_id, s=spec: commands.send_start_shard(n, s))
+    return True
+
+
+def note_unplaceable(replica: Replica, decision: Decision, *, actor: Actor) -> bool:
+    """Say why no node can take ``replica`` now; True when it has just become unplaceable.
+
+    One already unplaceable keeps its state; only its reasons follow what placement says.
+    """
+    reasons = [decision.summary, *decision.reasons]
+    if replica.state == ReplicaState.PLACING:
+        return bool(transition(Replica, replica.id, ReplicaState.UNPLACEABLE, decision.summary,
+                               actor=actor, reasons=reasons))  # fmt: skip
+    if replica.reasons != reasons:
+        Replica.objects.filter(id=replica.id).update(reasons=reasons)
+    return False
+
+
+def drain_replica(
+    replica: Replica, now: datetime, profile: Profile, because: str, *, actor: Actor
 ) -> bool:
+    """Take a ready replica out of the routing table; it is stopped once its drain is over.
+
+    False when it is not ready or already draining.
+    """
+    with transaction.atomic():
+        taken = Replica.objects.filter(
+            id=replica.id, state=ReplicaState.READY, draining_since__isnull=True
+        ).update(draining_since=now)
+        if not taken:
+            return False
+        record_event(
+            EventKind.REPLICA,
+            str(replica.id),
+            f"draining {because}: no new requests; "
+            f"stopped once its requests are done (at most {profile.drain_timeout}s)",
+            actor=actor,
+        )
+        # Routers drop it from their tables now, not at their next refresh.
+        notices.routers_reload_on_commit("replicas")
+    replica.draining_since = now
+    return True
+
+
+def stop_replica(replica: Replica, reason: str, *, actor: Actor, epoch: int | None = None) -> bool:
     """Move a replica to stopping and tell its nodes to stop its shards.
 
     ``epoch`` is the leader epoch the caller acts under (the reconciler's own); None for
@@ -67,12 +156,10 @@ def stop_replica(
             transaction.on_commit(
                 lambda n=node_id, s=shard_id: commands.send_stop_shard(n, s, epoch)
             )
-    if report is not None:
-        report.stopping.append(str(replica.id))
     return True
 
 
-def restart_replica(replica_id, *, actor=None) -> bool:
+def restart_replica(replica_id, *, actor: Actor) -> bool:
     """Mark a replica for replacement: it stops, and the reconciler starts a fresh one.
 
     That is how a stale replica picks up its profile's new settings. False when the

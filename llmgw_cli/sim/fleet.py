@@ -23,8 +23,8 @@ from pathlib import Path
 
 import psutil
 
-from agent_worker.supervision.statedir import write_atomically
 from core.env import llmgw_home
+from core.files import write_atomically
 from core.secret_files import ensure_private_dir
 from llmgw_cli.demo import demo_catalog
 from llmgw_cli.local_engine import local_engines

@@ -11,6 +11,7 @@ from catalog.actions import apply_catalog, delete_entry
 from catalog.models import Engine, Model, Pool, Profile
 from catalog.plan import export_catalog
 from catalog.schema import CatalogError
+from tests.factories import SETUP
 
 pytestmark = pytest.mark.django_db
 
@@ -52,7 +53,7 @@ def describe(changes):
 
 
 def test_apply_creates_everything_the_file_names():
-    changes = apply_catalog(CATALOG)
+    changes = apply_catalog(CATALOG, actor=SETUP)
     assert describe(changes) == [
         "+ engine llama.cpp b6000",
         "+ pool cpu",
@@ -70,43 +71,43 @@ def test_apply_creates_everything_the_file_names():
 
 
 def test_apply_then_export_then_apply_changes_nothing():
-    apply_catalog(CATALOG)
+    apply_catalog(CATALOG, actor=SETUP)
     exported = yaml.safe_dump(export_catalog(), sort_keys=False)
-    assert apply_catalog(exported) == []
-    assert apply_catalog(CATALOG) == []
+    assert apply_catalog(exported, actor=SETUP) == []
+    assert apply_catalog(CATALOG, actor=SETUP) == []
     assert yaml.safe_load(exported)["models"][0]["profiles"][0]["memory"] == "1GiB"
 
 
 def test_apply_reports_each_changed_field():
-    apply_catalog(CATALOG)
+    apply_catalog(CATALOG, actor=SETUP)
     changed = CATALOG.replace("replicas: 1", "replicas: 3").replace("memory: 1GiB", "memory: 2GiB")
-    assert describe(apply_catalog(changed)) == [
+    assert describe(apply_catalog(changed, actor=SETUP)) == [
         "~ profile gemma-3-270m/cpu: replicas 1 -> 3, memory 1GiB -> 2GiB"
     ]
     assert Profile.objects.get(model__name="gemma-3-270m").replicas == 3
 
 
 def test_dry_run_prints_changes_without_applying():
-    changes = apply_catalog(CATALOG, dry_run=True)
+    changes = apply_catalog(CATALOG, dry_run=True, actor=SETUP)
     assert len(changes) == 6
     assert not Model.objects.exists()
     assert not Engine.objects.exists()
 
 
 def test_without_prune_unnamed_entries_stay():
-    apply_catalog(CATALOG)
+    apply_catalog(CATALOG, actor=SETUP)
     only_gemma = yaml.safe_load(CATALOG)
     only_gemma["models"] = only_gemma["models"][:1]
-    assert apply_catalog(yaml.safe_dump(only_gemma)) == []
+    assert apply_catalog(yaml.safe_dump(only_gemma), actor=SETUP) == []
     assert Model.objects.filter(name="qwen").exists()
 
 
 def test_prune_removes_what_the_file_does_not_name():
-    apply_catalog(CATALOG)
+    apply_catalog(CATALOG, actor=SETUP)
     only_gemma = yaml.safe_load(CATALOG)
     only_gemma["models"] = only_gemma["models"][:1]
     only_gemma["engines"] = []
-    changes = apply_catalog(yaml.safe_dump(only_gemma), prune=True)
+    changes = apply_catalog(yaml.safe_dump(only_gemma), prune=True, actor=SETUP)
     assert describe(changes) == [
         "- engine llama.cpp b6000",
         # Unpinned, it ran the catalog's newest: now it runs the newest on its node.
@@ -118,10 +119,10 @@ def test_prune_removes_what_the_file_does_not_name():
 
 
 def test_a_profile_the_file_drops_is_deleted():
-    apply_catalog(CATALOG)
+    apply_catalog(CATALOG, actor=SETUP)
     data = yaml.safe_load(CATALOG)
     data["models"][1]["profiles"] = []
-    assert describe(apply_catalog(yaml.safe_dump(data))) == ["- profile qwen/tp2"]
+    assert describe(apply_catalog(yaml.safe_dump(data), actor=SETUP)) == ["- profile qwen/tp2"]
 
 
 def entry(path, value):
@@ -206,10 +207,10 @@ REFUSALS = [
 
 @pytest.mark.parametrize(("text", "problem"), REFUSALS)
 def test_a_refused_file_names_the_problem_and_applies_nothing(text, problem):
-    apply_catalog(CATALOG)
+    apply_catalog(CATALOG, actor=SETUP)
     before = export_catalog()
     with pytest.raises(CatalogError) as refused:
-        apply_catalog(text.replace("gemma-3-270m-q4", "changed-q4"))
+        apply_catalog(text.replace("gemma-3-270m-q4", "changed-q4"), actor=SETUP)
     assert any(p.startswith(problem) for p in refused.value.problems), refused.value.problems
     assert export_catalog() == before
 
@@ -219,20 +220,20 @@ def test_every_problem_is_reported_at_once():
     data["models"][0]["profiles"][0]["replicas"] = -1
     data["models"][1]["profiles"][0]["engine"] = "tgi"
     with pytest.raises(CatalogError) as refused:
-        apply_catalog(yaml.safe_dump(data))
+        apply_catalog(yaml.safe_dump(data), actor=SETUP)
     assert len(refused.value.problems) == 2
 
 
 def test_a_refused_file_on_an_empty_catalog_creates_nothing():
     with pytest.raises(CatalogError):
-        apply_catalog(entry((*PROFILE, "pool"), "nowhere"))
+        apply_catalog(entry((*PROFILE, "pool"), "nowhere"), actor=SETUP)
     assert not Model.objects.exists() and not Pool.objects.exists()
 
 
 def test_delete_model_removes_it_and_its_profiles():
-    apply_catalog(CATALOG)
-    assert delete_entry("model", "qwen") is True
-    assert delete_entry("model", "qwen") is False
+    apply_catalog(CATALOG, actor=SETUP)
+    assert delete_entry("model", "qwen", actor=SETUP) is True
+    assert delete_entry("model", "qwen", actor=SETUP) is False
     assert not Profile.objects.filter(model__name="qwen").exists()
 
 
@@ -260,7 +261,7 @@ def test_an_engine_build_a_node_could_not_use_is_refused_naming_the_field(engine
     text = ENGINE_BUILD.format(engine=engine, sha="a" * 64, field=field)
 
     with pytest.raises(CatalogError) as refused:
-        apply_catalog(text)
+        apply_catalog(text, actor=SETUP)
 
     assert any(problem in p for p in refused.value.problems), refused.value.problems
     if engine == "llama.cpp":

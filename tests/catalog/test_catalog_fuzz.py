@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from catalog.actions import apply_catalog
 from catalog.models import Engine, Model, Profile
 from catalog.schema import CatalogError
+from tests.factories import SETUP
 from tests.fuzz.hostile import DEEP, mutated, raw_frames
 
 pytestmark = pytest.mark.django_db
@@ -46,10 +47,10 @@ def stored() -> tuple:
 @given(text=files)
 @example(text=ALIAS_BOMB)
 def test_hostile_catalog_files_are_refused_with_reasons(text):
-    apply_catalog(yaml.safe_dump(CATALOG))
+    apply_catalog(yaml.safe_dump(CATALOG), actor=SETUP)
     before = stored()
     try:
-        apply_catalog(text, "fuzz.yaml")
+        apply_catalog(text, "fuzz.yaml", actor=SETUP)
     except CatalogError as exc:
         assert exc.problems and all(p.startswith("fuzz.yaml") for p in exc.problems), exc.problems
         assert stored() == before

@@ -60,7 +60,7 @@ def test_export_round_trips_through_apply(catalog_file, tmp_path):
 def test_delete_model_and_unknown_model(catalog_file):
     ctl("apply", "-f", str(catalog_file))
     assert ctl("delete", "model", "qwen").strip() == "deleted model qwen"
-    with pytest.raises(CommandError, match="no model named 'qwen' \\(models: gemma-3-270m\\)"):
+    with pytest.raises(CommandError, match="no model 'qwen' \\(models: gemma-3-270m\\)"):
         ctl("delete", "model", "qwen")
 
 
@@ -75,7 +75,7 @@ def test_delete_of_an_unknown_pool_or_fabric_lists_its_own_kind(catalog_file, ki
     ctl("apply", "-f", str(catalog_file))
     with pytest.raises(CommandError) as refused:
         ctl("delete", kind, name)
-    assert str(refused.value) == f"no {kind} named {name!r} ({known})"
+    assert str(refused.value) == f"no {kind} {name!r} ({known})"
 
 
 def test_models_table_and_json(catalog_file):

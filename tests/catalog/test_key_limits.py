@@ -16,6 +16,7 @@ from catalog.keys import ApiKeyRefused, active_keys
 from catalog.models import ApiKey
 from protocol.rate_limits import counter_keys
 from tests.ctl import ctl
+from tests.factories import SETUP
 
 pytestmark = pytest.mark.django_db
 
@@ -53,7 +54,7 @@ def test_bad_limits_are_refused_naming_the_field(flags, message):
 
 
 def test_update_changes_and_clears_limits_and_tells_routers(django_capture_on_commit_callbacks):
-    row, _key = create_key("team-a", limits={"requests_per_minute": 5})
+    row, _key = create_key("team-a", limits={"requests_per_minute": 5}, actor=SETUP)
     with django_capture_on_commit_callbacks() as callbacks:
         out = ctl("keys", "update", "team-a", "--rpm", "none", "--tokens-per-month", "9000")
     row.refresh_from_db()
@@ -64,14 +65,16 @@ def test_update_changes_and_clears_limits_and_tells_routers(django_capture_on_co
 
 
 def test_limits_on_a_revoked_key_are_refused():
-    row, _key = create_key("team-a")
-    revoke_key(row.prefix)
+    row, _key = create_key("team-a", actor=SETUP)
+    revoke_key(row.prefix, actor=SETUP)
     with pytest.raises(ApiKeyRefused, match="is revoked; limits on it would never apply"):
-        update_key(row.prefix, limits={"requests_per_minute": 5})
+        update_key(row.prefix, limits={"requests_per_minute": 5}, actor=SETUP)
 
 
 def test_show_reads_the_routers_counters():
-    row, _key = create_key("team-a", limits={"requests_per_minute": 10, "tokens_per_day": 1000})
+    row, _key = create_key(
+        "team-a", limits={"requests_per_minute": 10, "tokens_per_day": 1000}, actor=SETUP
+    )
     now = time.time()
     counters = counter_keys(row.prefix, now)
     client = redis_client()
@@ -88,7 +91,7 @@ def test_show_reads_the_routers_counters():
 
 
 def test_show_without_redis_says_so():
-    row, _key = create_key("team-a")
+    row, _key = create_key("team-a", actor=SETUP)
     with (
         override_settings(REDIS_URL="redis://127.0.0.1:1/0"),
         pytest.raises(CommandError, match="cannot read the routers' counters in Redis"),

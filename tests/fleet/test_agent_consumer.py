@@ -14,6 +14,7 @@ from fleet.models import Node
 from fleet.node_auth import node_token
 from fleet.routing import websocket_urlpatterns
 from protocol import messages
+from tests.factories import SETUP
 from tests.fleet.inventories import inventory
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -130,7 +131,8 @@ async def test_a_fake_agent_reporting_shards_rebuilds_its_replicas():
 
     await sync_to_async(apply_catalog)(
         "models:\n  - name: gemma\n    source: /m/gemma.gguf\n    profiles:\n"
-        "      - name: cpu\n        engine: llama.cpp\n"
+        "      - name: cpu\n        engine: llama.cpp\n",
+        actor=SETUP,
     )
     from catalog.models import Profile
     from fleet.models import replica_secret
@@ -143,7 +145,7 @@ async def test_a_fake_agent_reporting_shards_rebuilds_its_replicas():
     ws = communicator("node01")
     await ws.connect()
     await ws.send_to(
-        text_data=register("node01", shards=[messages.RunningShard(spec=spec, state="ready")])
+        text_data=register("node01", shards=[messages.ReportedShard(spec=spec, state="ready")])
     )
     assert json.loads(await ws.receive_from())["type"] == "linked"
     replica = await sync_to_async(Replica.objects.get)()

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fleet.autoscale import AutoscalePolicy, next_step
+from tests.factories import SETUP
 
 POLICY = AutoscalePolicy(min=0, max=4, target_inflight=4, scale_down_after=300)
 T0 = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
@@ -75,14 +76,18 @@ def test_an_autoscaled_profile_starts_at_min_and_apply_leaves_its_count_alone():
     from catalog.actions import apply_catalog, scale_profile
     from catalog.models import Profile
 
-    apply_catalog(CATALOG)
+    apply_catalog(CATALOG, actor=SETUP)
     profile = Profile.objects.get()
     assert profile.replicas == 0
     assert profile.autoscale == {"min": 0, "max": 4, "target_inflight": 2.0,
                                  "scale_down_after": 60}  # fmt: skip
-    scale_profile(profile.id, 2, why="scaled 0 → 2: 4 request(s) waiting")
-    assert apply_catalog(CATALOG) == []  # the count is the autoscaler's, not the file's
-    changed = apply_catalog(CATALOG.replace("scale_down_after: 1m", "scale_down_after: 2m"))
+    scale_profile(profile.id, 2, why="scaled 0 → 2: 4 request(s) waiting", actor=SETUP)
+    assert (
+        apply_catalog(CATALOG, actor=SETUP) == []
+    )  # the count is the autoscaler's, not the file's
+    changed = apply_catalog(
+        CATALOG.replace("scale_down_after: 1m", "scale_down_after: 2m"), actor=SETUP
+    )
     assert [c.kind for c in changed] == ["profile"]
     assert Profile.objects.get().replicas == 2
 
@@ -106,7 +111,7 @@ def test_a_bad_autoscale_is_refused_naming_the_field(autoscale, message):
 
     bad = CATALOG.replace("{min: 0, max: 4, target_inflight: 2, scale_down_after: 1m}", autoscale)
     with pytest.raises(CatalogError) as refused:
-        apply_catalog(bad)
+        apply_catalog(bad, actor=SETUP)
     problems = " ".join(refused.value.problems)
     assert "autoscale" in problems and message in problems
     assert not Profile.objects.exists()
@@ -119,7 +124,7 @@ def test_the_reconciler_scales_by_what_the_routers_report(django_capture_on_comm
     from catalog.models import Profile
     from fleet.autoscale import autoscale_profiles
 
-    apply_catalog(CATALOG)
+    apply_catalog(CATALOG, actor=SETUP)
     report = {"at": T0.timestamp(), "routed": [], "inflight": {},
               "models": {"gemma": {"inflight": 0, "queued": 5}}}  # fmt: skip
     stale = {**report, "at": T0.timestamp() - 60}  # a router that stopped long ago
@@ -150,10 +155,12 @@ def test_the_last_scaling_shows_in_status_and_on_the_model_page(client, reader):
     from catalog.actions import apply_catalog, scale_profile
     from catalog.models import Profile
 
-    apply_catalog(CATALOG)
+    apply_catalog(CATALOG, actor=SETUP)
     profile = Profile.objects.get()
-    scale_profile(profile.id, 1, why="scaled 0 → 1: 1 request(s) waiting")
-    scale_profile(profile.id, 2, why="scaled 1 → 2: 9.5 in flight per replica, target 2")
+    scale_profile(profile.id, 1, why="scaled 0 → 1: 1 request(s) waiting", actor=SETUP)
+    scale_profile(
+        profile.id, 2, why="scaled 1 → 2: 9.5 in flight per replica, target 2", actor=SETUP
+    )
     out = StringIO()
     call_command("llmgw_ctl", "status", stdout=out)
     assert "autoscaled gemma/cpu: scaled 1 → 2: 9.5 in flight per replica, target 2" in (

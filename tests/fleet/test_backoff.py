@@ -13,13 +13,14 @@ import time_machine
 from django.core.management import call_command
 from django.test import Client
 
+from audit.actors import AGENT_LINK
+from fleet.actions.reports import register_node, update_engines
 from fleet.models import Replica
 from fleet.reconciler import reconcile, replacement_delay
-from fleet.services import register_node, update_engines
 from fleet.transitions import transition
 from protocol import messages
 from protocol.engines import EngineInstall
-from tests.factories import make_profile, make_replica, make_shard
+from tests.factories import SETUP, make_profile, make_replica, make_shard
 from tests.fleet.inventories import inventory
 
 pytestmark = pytest.mark.django_db
@@ -31,7 +32,7 @@ EXITED = "rank 0 failed: llama-server exited with code 0"
 def link(node_id: str, *versions: str):
     engines = [EngineInstall(engine="llama.cpp", version=v, path=f"/e/{v}") for v in versions]
     register = messages.Register(inventory=inventory(node_id), engines_probed=True, engines=engines)
-    return register_node(node_id, register)
+    return register_node(node_id, register, actor=AGENT_LINK)
 
 
 def crash_loop(clock, profile, node, failures: int = 3, apart: int = 10) -> list[Replica]:
@@ -41,7 +42,7 @@ def crash_loop(clock, profile, node, failures: int = 3, apart: int = 10) -> list
     for _ in range(failures):
         replica = make_replica(profile, state="starting")
         make_shard(replica, node=node, state="failed", reason="llama-server exited with code 0")
-        transition(Replica, replica.id, "failed", EXITED, reasons=[EXITED])
+        transition(Replica, replica.id, "failed", EXITED, reasons=[EXITED], actor=SETUP)
         failed.append(Replica.objects.get(id=replica.id))
         clock.shift(timedelta(seconds=apart))
     clock.shift(timedelta(seconds=-apart))
@@ -99,7 +100,7 @@ def test_a_change_of_the_nodes_engines_starts_the_backoff_afresh(clock, node_ids
     clock.shift(timedelta(seconds=1))
     # The catalog dropped the build that exits at once: the node removed it.
     engines = [EngineInstall(engine="llama.cpp", version="b6000", path="/e/b6000")]
-    update_engines(node.id, messages.Engines(engines=engines))
+    update_engines(node.id, messages.Engines(engines=engines), actor=AGENT_LINK)
 
     # What failed on this node no longer counts; what failed elsewhere still does.
     assert replacement_delay(last, NOW) == timedelta(seconds=10)

@@ -11,6 +11,7 @@ from django.db import connections
 from catalog.actions import apply_catalog
 from fleet.models import Replica, ReplicaState, Shard
 from fleet.reconciler import reconcile
+from tests.factories import SETUP
 from tests.fleet.test_reconciler import catalog, connect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,7 +23,7 @@ def test_fifty_concurrent_passes_hold_every_gpu_at_most_once(node_ids):
     for node_id in node_ids[:2]:
         connect(node_id, gpus=4)
     # More replicas wanted than there are GPUs: every pass wants to place something.
-    apply_catalog(catalog(replicas=12, gpus=1))
+    apply_catalog(catalog(replicas=12, gpus=1), actor=SETUP)
     start = threading.Barrier(PASSES)
     reports, errors = [], []
 

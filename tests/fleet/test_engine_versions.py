@@ -13,15 +13,17 @@ import yaml
 from django.core.management import call_command
 from django.test import Client
 
+from audit.actors import AGENT_LINK
 from catalog.actions import apply_catalog
 from catalog.models import Profile
+from fleet.actions.reports import record_shard_status, register_node, update_engines
 from fleet.models import Replica, Shard
 from fleet.reconciler import reconcile
 from fleet.routing_table import routing_snapshot
-from fleet.services import record_shard_status, register_node, update_engines
 from protocol import messages
 from protocol.engines import EngineInstall
 from protocol.shard import ShardSpec
+from tests.factories import SETUP
 from tests.fleet.inventories import inventory
 from tests.fleet.queues import clear_queue, queued_commands
 
@@ -60,6 +62,7 @@ def link(node_id: str, *versions: str) -> None:
         messages.Register(
             inventory=inventory(node_id), engines_probed=True, engines=installed(*versions)
         ),
+        actor=AGENT_LINK,
     )
 
 
@@ -79,7 +82,11 @@ def started_specs(node_id: str) -> list[ShardSpec]:
 def report(capture, replica: Replica, state: str) -> None:
     with capture(execute=True):
         for shard in Shard.objects.filter(replica=replica).exclude(node=None):
-            record_shard_status(shard.node_id, messages.ShardStatus(shard_id=shard.id, state=state))
+            record_shard_status(
+                shard.node_id,
+                messages.ShardStatus(shard_id=shard.id, state=state),
+                actor=AGENT_LINK,
+            )
 
 
 def test_an_unpinned_profile_runs_the_catalogs_newest_version_not_the_nodes(
@@ -87,7 +94,7 @@ def test_an_unpinned_profile_runs_the_catalogs_newest_version_not_the_nodes(
 ):
     # The node also has a newer build the catalog never named (from its agent file).
     link(node_ids[0], "b5000", "b9000", "b10000")
-    apply_catalog(catalog("b5000", "b9000"))
+    apply_catalog(catalog("b5000", "b9000"), actor=SETUP)
 
     run(django_capture_on_commit_callbacks)
 
@@ -101,7 +108,7 @@ def test_without_a_catalog_version_the_replica_runs_the_newest_on_its_node(
     node_ids, django_capture_on_commit_callbacks
 ):
     link(node_ids[0], "b9000", "b10000")
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
 
     run(django_capture_on_commit_callbacks)
 
@@ -112,7 +119,7 @@ def test_without_a_catalog_version_the_replica_runs_the_newest_on_its_node(
 
 def test_a_pinned_version_is_the_one_run(node_ids, django_capture_on_commit_callbacks):
     link(node_ids[0], "b5000", "b9000")
-    apply_catalog(catalog("b5000", "b9000", pinned="b5000"))
+    apply_catalog(catalog("b5000", "b9000", pinned="b5000"), actor=SETUP)
 
     run(django_capture_on_commit_callbacks)
 
@@ -121,13 +128,13 @@ def test_a_pinned_version_is_the_one_run(node_ids, django_capture_on_commit_call
 
 
 def test_the_fingerprint_follows_the_catalogs_newest_version_of_an_unpinned_profile():
-    apply_catalog(catalog("b5000"))
+    apply_catalog(catalog("b5000"), actor=SETUP)
     before = Profile.objects.get().fingerprint()
-    apply_catalog(catalog("b5000", "b6000"))
+    apply_catalog(catalog("b5000", "b6000"), actor=SETUP)
     after = Profile.objects.get().fingerprint()
-    apply_catalog(catalog("b5000", "b6000", pinned="b5000"))
+    apply_catalog(catalog("b5000", "b6000", pinned="b5000"), actor=SETUP)
     pinned = Profile.objects.get().fingerprint()
-    apply_catalog(catalog("b5000", "b6000", "b7000", pinned="b5000"))
+    apply_catalog(catalog("b5000", "b6000", "b7000", pinned="b5000"), actor=SETUP)
 
     assert after != before
     assert Profile.objects.get().fingerprint() == pinned  # a pinned profile ignores new ones
@@ -138,13 +145,13 @@ def test_a_version_added_to_the_catalog_rolls_unpinned_replicas_while_the_old_on
 ):
     capture = django_capture_on_commit_callbacks
     link(node_ids[0], "11434.0.0")  # the agent file's llama-server, as in `make run`
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     run(capture)
     [old] = Replica.objects.all()
     report(capture, old, "ready")
     clear_queue(node_ids[0])
 
-    apply_catalog(catalog("b9999"))
+    apply_catalog(catalog("b9999"), actor=SETUP)
     run(capture)  # the node does not have b9999 yet: the new replica waits for it
 
     new = Replica.objects.exclude(id=old.id).get()
@@ -156,7 +163,9 @@ def test_a_version_added_to_the_catalog_rolls_unpinned_replicas_while_the_old_on
     assert {e.replica for e in model.endpoints} == {str(old.id)}
 
     update_engines(
-        node_ids[0], messages.Engines(engines=installed("b9999") + installed("11434.0.0"))
+        node_ids[0],
+        messages.Engines(engines=installed("b9999") + installed("11434.0.0")),
+        actor=AGENT_LINK,
     )
     run(capture)
 
@@ -169,7 +178,7 @@ def test_every_replica_row_says_which_version_it_runs(
     node_ids, django_capture_on_commit_callbacks, reader
 ):
     link(node_ids[0], "b9000")
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     run(django_capture_on_commit_callbacks)
     replica = Replica.objects.get()
 
@@ -189,10 +198,12 @@ def test_every_replica_row_says_which_version_it_runs(
 
 
 def test_the_plan_says_which_unpinned_profiles_a_new_version_restarts():
-    apply_catalog(catalog("b5000"))
+    apply_catalog(catalog("b5000"), actor=SETUP)
 
-    changes = [c.describe() for c in apply_catalog(catalog("b5000", "b6000"), dry_run=True)]
-    pinned = apply_catalog(catalog("b5000", "b6000", pinned="b5000"), dry_run=True)
+    changes = [
+        c.describe() for c in apply_catalog(catalog("b5000", "b6000"), dry_run=True, actor=SETUP)
+    ]
+    pinned = apply_catalog(catalog("b5000", "b6000", pinned="b5000"), dry_run=True, actor=SETUP)
 
     assert changes == [
         "+ engine llama.cpp b6000",
@@ -207,12 +218,12 @@ def test_the_plan_says_which_unpinned_profiles_a_new_version_restarts():
 def test_the_model_page_says_which_version_an_unpinned_profile_resolves_to(reader):
     client = Client()
     client.force_login(reader)
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     assert (
         "(the newest on the node it is placed on)" in client.get("/models/gemma/").content.decode()
     )
 
-    apply_catalog(catalog("b5000", "b9000"))
+    apply_catalog(catalog("b5000", "b9000"), actor=SETUP)
 
     assert (
         'b9000 <span class="muted">(the catalog\'s newest)'

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from audit.actors import AGENT_LINK
 from catalog.actions import apply_catalog
-from fleet import services
+from fleet.actions import reports
+from fleet.actions.reports import link_node
 from fleet.models import Node, Replica, Shard, ShardState
-from fleet.services import link_node
 from protocol import messages
 from protocol.engines import EngineInstall
+from tests.factories import SETUP
 from tests.fleet.inventories import inventory
 from tests.fleet.test_reconciler import catalog, connect, run
 
@@ -26,7 +28,7 @@ def register(node_id: str, **fields) -> messages.Register:
 
 
 def test_link_node_refreshes_the_node_and_answers_linked(node_ids):
-    answer = link_node(node_ids[0], register(node_ids[0], agent_version="0.2.0"))
+    answer = link_node(node_ids[0], register(node_ids[0], agent_version="0.2.0"), actor=AGENT_LINK)
 
     assert answer == {"type": "linked", "node": node_ids[0]}
     node = Node.objects.get(id=node_ids[0])
@@ -39,25 +41,27 @@ def test_link_node_settles_the_shards_the_node_no_longer_runs(
     node_ids, django_capture_on_commit_callbacks
 ):
     connect(node_ids[0])
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     run(django_capture_on_commit_callbacks)
     shard = Shard.objects.get()
     ready = messages.ShardStatus(shard_id=shard.id, state="ready")
-    services.record_shard_status(node_ids[0], ready)
+    reports.record_shard_status(node_ids[0], ready, actor=AGENT_LINK)
 
-    link_node(node_ids[0], register(node_ids[0]))  # its agent restarted without the engine
+    link_node(
+        node_ids[0], register(node_ids[0]), actor=AGENT_LINK
+    )  # its agent restarted without the engine
 
     assert Shard.objects.get(id=shard.id).state == ShardState.FAILED
     assert Replica.objects.get().state == "failed"
 
 
 def test_a_register_that_fails_part_way_leaves_nothing_written(node_ids, monkeypatch):
-    def broken(node_id, message):
+    def broken(node_id, message, *, actor):
         raise RuntimeError("the database went away")
 
-    monkeypatch.setattr(services, "forget_unreported_shards", broken)
+    monkeypatch.setattr(reports, "forget_unreported_shards", broken)
 
     with pytest.raises(RuntimeError):
-        link_node(node_ids[0], register(node_ids[0]))
+        link_node(node_ids[0], register(node_ids[0]), actor=AGENT_LINK)
 
     assert not Node.objects.filter(id=node_ids[0]).exists()

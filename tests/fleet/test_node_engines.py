@@ -11,17 +11,19 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
+from audit.actors import AGENT_LINK
 from audit.models import Event
 from catalog.actions import apply_catalog
 from fleet.actions.nodes import drain_node, undrain_node
+from fleet.actions.reports import register_node, update_engines
 from fleet.models import Node, Replica
 from fleet.node_auth import node_token
 from fleet.reconciler import reconcile
-from fleet.services import register_node, update_engines
 from protocol import messages
 from protocol.commands import CONVERGE_ENGINES, DRAIN
 from protocol.engines import EngineInstall, WantedEngine
 from protocol.signing import verify
+from tests.factories import SETUP
 from tests.fleet.inventories import inventory
 from tests.fleet.queues import clear_queue, queued_commands, queued_signatures
 
@@ -57,7 +59,7 @@ def link(node_id: str, *installs: EngineInstall, now=None) -> Node:
     register = messages.Register(
         inventory=inventory(node_id), engines_probed=True, engines=list(installs)
     )
-    return register_node(node_id, register, now=now)
+    return register_node(node_id, register, now=now, actor=AGENT_LINK)
 
 
 def reconcile_now(capture, now=None):
@@ -73,7 +75,7 @@ def orders(node_id: str) -> list[tuple[str, list]]:
 def test_a_linked_node_is_told_the_catalogs_engines_signed_for_it_alone(
     node_ids, django_capture_on_commit_callbacks
 ):
-    apply_catalog(CATALOG)
+    apply_catalog(CATALOG, actor=SETUP)
     link(node_ids[0])
 
     reconcile_now(django_capture_on_commit_callbacks)
@@ -94,7 +96,7 @@ def test_a_linked_node_is_told_the_catalogs_engines_signed_for_it_alone(
 def test_a_node_is_told_again_on_a_catalog_change_a_relink_and_every_ten_minutes(
     node_ids, django_capture_on_commit_callbacks
 ):
-    apply_catalog(CATALOG)
+    apply_catalog(CATALOG, actor=SETUP)
     link(node_ids[0])
     now = timezone.now() + timedelta(seconds=1)
     reconcile_now(django_capture_on_commit_callbacks, now)
@@ -107,7 +109,7 @@ def test_a_node_is_told_again_on_a_catalog_change_a_relink_and_every_ten_minutes
     assert not told_after(now + timedelta(seconds=2))  # nothing changed
     assert told_after(now + timedelta(minutes=10, seconds=1))
     later = now + timedelta(minutes=10, seconds=2)
-    apply_catalog(CATALOG.replace("b6000", "b6001"))
+    apply_catalog(CATALOG.replace("b6000", "b6001"), actor=SETUP)
     assert told_after(later)
     assert not told_after(later + timedelta(seconds=2))
     link(node_ids[0], now=later + timedelta(seconds=3))  # the agent restarted and forgot
@@ -115,7 +117,7 @@ def test_a_node_is_told_again_on_a_catalog_change_a_relink_and_every_ten_minutes
 
 
 def test_an_unreachable_node_is_not_told(node_ids, django_capture_on_commit_callbacks):
-    apply_catalog(CATALOG)
+    apply_catalog(CATALOG, actor=SETUP)
     link(node_ids[0])
     Node.objects.filter(id=node_ids[0]).update(state="unreachable")
 
@@ -129,9 +131,9 @@ def test_draining_tells_the_agent_and_undraining_tells_it_again(
 ):
     link(node_ids[0])
     with django_capture_on_commit_callbacks(execute=True):
-        drain_node(node_ids[0])
+        drain_node(node_ids[0], actor=SETUP)
     with django_capture_on_commit_callbacks(execute=True):
-        undrain_node(node_ids[0])
+        undrain_node(node_ids[0], actor=SETUP)
 
     assert orders(node_ids[0]) == [(DRAIN, [True]), (DRAIN, [False])]
 
@@ -149,7 +151,7 @@ def failed(detail="libgomp.so.1 not found") -> EngineInstall:
 
 
 def test_placement_refuses_in_the_nodes_own_words(node_ids, django_capture_on_commit_callbacks):
-    apply_catalog(CATALOG)
+    apply_catalog(CATALOG, actor=SETUP)
     link(node_ids[0], installing())
     link(node_ids[1], failed())
     link(node_ids[2], EngineInstall(engine="llama.cpp", version="b5000", path="/opt/llama"))
@@ -167,11 +169,11 @@ def test_the_install_that_ends_is_an_event_and_its_progress_is_not(node_ids):
     link(node_ids[0])
 
     for update in (installing(), installing("apt libgomp1"), failed(), installing()):
-        update_engines(node_ids[0], messages.Engines(engines=[update]))
+        update_engines(node_ids[0], messages.Engines(engines=[update]), actor=AGENT_LINK)
     installed = EngineInstall(
         engine="llama.cpp", version="b6000", path="/x/llama-server", managed=True
     )
-    update_engines(node_ids[0], messages.Engines(engines=[installed]))
+    update_engines(node_ids[0], messages.Engines(engines=[installed]), actor=AGENT_LINK)
 
     events = Event.objects.filter(subject=node_ids[0], reason__startswith="llama.cpp")
     assert list(events.order_by("at", "id").values_list("reason", flat=True)) == [

@@ -18,8 +18,11 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from agent_worker.config import load_config
+from audit.models import Event
 from fleet import pki
+from fleet.actions.certificates import issue_node_certificate, revoke_node_certificates
 from tests.ctl import ctl
+from tests.factories import SETUP
 
 pytestmark = pytest.mark.django_db
 
@@ -75,7 +78,7 @@ def test_onboarding_writes_a_bundle_the_agent_reads(ca, tmp_path):
 
 
 def issue(node_id: str, **kwargs) -> bytes:
-    return pki.issue_node_certificate(node_id, **kwargs).cert_pem
+    return issue_node_certificate(node_id, actor=SETUP, **kwargs).cert_pem
 
 
 def test_a_nodes_own_certificate_is_accepted(ca):
@@ -121,6 +124,27 @@ def test_a_revoked_certificate_is_refused_from_then_on(ca):
         pki.check_node_certificate(cert, "gpu07")
     with pytest.raises(CommandError, match="no certificate left to revoke"):
         ctl("ca", "revoke", "gpu07")
+
+
+def test_issuing_and_revoking_are_events_naming_who_did_them(ca, operator, monkeypatch):
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    monkeypatch.setattr("audit.actors.getpass.getuser", lambda: "olga")  # operator's name
+    issued = issue_node_certificate("gpu07", actor=operator)
+
+    ctl("ca", "revoke", "gpu07")
+    issue_node_certificate("gpu07", actor=operator)
+    revoke_node_certificates("gpu07", actor=operator)
+
+    events = Event.objects.filter(subject="gpu07").order_by("id")
+    said = [(e.reason, e.actor) for e in events]
+    assert said[0] == (
+        f"certificate {issued.serial} issued, valid until {issued.not_after:%Y-%m-%d}",
+        operator,
+    )
+    assert said[1] == ("revoked 1 certificate(s)", operator)
+    assert [e.description for e in events][3] == "revoked 1 certificate(s) by olga"
+    assert revoke_node_certificates("gpu07", actor=operator) == 0  # none left: no Event
+    assert events.count() == 4
 
 
 def test_the_server_certificate_names_every_host_and_address(ca, tmp_path):

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.models import Node, ShardState
-from fleet.services import (
+from audit.actors import AGENT_LINK
+from fleet.actions.reports import (
     adopt_reported_shards,
     record_shard_progress,
     record_shard_status,
     register_node,
 )
+from fleet.models import Node, ShardState
 from fleet.transitions import transition
 from protocol import messages
 from protocol.engines import EngineInstall
 from protocol.shard import ShardSpec
-from tests.factories import make_replica, make_shard, make_user
+from tests.factories import SETUP, make_replica, make_shard, make_user
 from tests.fleet.inventories import inventory
 
 pytestmark = pytest.mark.django_db
@@ -30,7 +31,7 @@ def linked(node_id: str = "node01") -> Node:
         engines_probed=True,
         engines=[EngineInstall(engine="llama.cpp", version="b6000")],
     )
-    return register_node(node_id, register)
+    return register_node(node_id, register, actor=AGENT_LINK)
 
 
 def shard_in(state: str, progress: dict | None = None, node_id: str = "node01"):
@@ -51,7 +52,7 @@ def test_progress_is_taken_while_the_shard_fetches():
     linked()
     shard = shard_in(ShardState.FETCHING)
 
-    record_shard_progress("node01", progress(shard, 10, 100))
+    record_shard_progress("node01", progress(shard, 10, 100), actor=AGENT_LINK)
 
     assert progress_of(shard) == {"bytes": 10, "total": 100, "rate": None}
 
@@ -66,7 +67,7 @@ def test_progress_is_dropped_unless_the_shard_fetches(state):
     linked()
     shard = shard_in(state)
 
-    record_shard_progress("node01", progress(shard))
+    record_shard_progress("node01", progress(shard), actor=AGENT_LINK)
 
     assert progress_of(shard) is None
 
@@ -78,7 +79,7 @@ def test_every_transition_clears_progress(target):
     linked()
     shard = shard_in(ShardState.FETCHING, WHOLE)
 
-    assert transition(type(shard), shard.id, target, "moved on") == ShardState.FETCHING
+    assert transition(type(shard), shard.id, target, "moved on", actor=SETUP) == ShardState.FETCHING
 
     assert progress_of(shard) is None
 
@@ -87,7 +88,7 @@ def test_a_refused_transition_keeps_progress():
     linked()
     shard = shard_in(ShardState.FETCHING, WHOLE)
 
-    assert transition(type(shard), shard.id, ShardState.READY, "not an edge") is None
+    assert transition(type(shard), shard.id, ShardState.READY, "not an edge", actor=SETUP) is None
 
     assert progress_of(shard) == WHOLE
 
@@ -96,7 +97,9 @@ def test_a_status_clears_progress():
     linked()
     shard = shard_in(ShardState.FETCHING, WHOLE)
 
-    record_shard_status("node01", messages.ShardStatus(shard_id=shard.id, state="starting"))
+    record_shard_status(
+        "node01", messages.ShardStatus(shard_id=shard.id, state="starting"), actor=AGENT_LINK
+    )
 
     assert progress_of(shard) is None
 
@@ -116,10 +119,10 @@ def test_a_register_after_a_link_drop_clears_the_finished_downloads_progress():
     register = messages.Register(
         inventory=inventory("node01"),
         engines_probed=True,
-        shards=[messages.RunningShard(spec=spec, state="starting", pid=42, seq=5)],
+        shards=[messages.ReportedShard(spec=spec, state="starting", pid=42, seq=5)],
     )
 
-    adopt_reported_shards("node01", register)
+    adopt_reported_shards("node01", register, actor=AGENT_LINK)
 
     shard.refresh_from_db()
     assert (shard.state, shard.progress) == (ShardState.STARTING, None)
@@ -130,7 +133,7 @@ def test_a_download_of_unknown_length_shows_what_came_so_far_on_every_page(clien
     linked()
     shard = shard_in(ShardState.FETCHING)
     unknown = messages.ShardProgress(shard_id=shard.id, bytes=1_288_490_189, total=None)
-    record_shard_progress("node01", unknown)
+    record_shard_progress("node01", unknown, actor=AGENT_LINK)
     client.force_login(make_user("rita"))
 
     for page in ("/weights/gemma/", "/models/gemma/", "/nodes/node01/"):

@@ -7,9 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+from audit.actors import AGENT_LINK
 from audit.models import Event
+from fleet.actions.reports import register_node, update_engines
 from fleet.heartbeats import write_heartbeats
-from fleet.services import register_node, update_engines
 from protocol import messages
 from protocol.engines import EngineInstall
 from protocol.inventory import Usage
@@ -27,7 +28,7 @@ def register(node_id: str = "node01", gpus: int = 0, memory: int = 64 * GiB, eng
         engines_probed=True,
         engines=[EngineInstall(engine=name, version="b6000") for name in engines],
     )
-    register_node(node_id, message)
+    register_node(node_id, message, actor=AGENT_LINK)
 
 
 def heartbeat(node_id: str, memory_total: int) -> None:
@@ -65,7 +66,9 @@ def test_a_register_that_gains_nothing_records_nothing():
 def test_an_engines_message_with_a_new_engine_says_so():
     register()
 
-    update_engines("node01", messages.Engines(engines=[EngineInstall(engine="vllm")]))
+    update_engines(
+        "node01", messages.Engines(engines=[EngineInstall(engine="vllm")]), actor=AGENT_LINK
+    )
 
     assert qualified() == ["node node01 now qualifies for more: engine vllm"]
 

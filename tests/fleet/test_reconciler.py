@@ -9,24 +9,25 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from audit.actors import AGENT_LINK
 from audit.models import Event
 from catalog.actions import apply_catalog
-from fleet.models import Node, Replica, Shard, replica_secret
-from fleet.node_auth import node_token
-from fleet.reconciler import reconcile, replacement_delay
-from fleet.routing_table import routing_snapshot
-from fleet.services import (
+from fleet.actions.reports import (
     adopt_reported_shards,
     forget_unreported_shards,
     record_shard_status,
     register_node,
 )
+from fleet.models import Node, Replica, Shard, replica_secret
+from fleet.node_auth import node_token
+from fleet.reconciler import reconcile, replacement_delay
+from fleet.routing_table import routing_snapshot
 from fleet.transitions import transition
 from protocol import messages
 from protocol.engines import EngineInstall
 from protocol.shard import ShardSpec
 from protocol.signing import BadSignature, verify
-from tests.factories import make_profile, make_replica
+from tests.factories import SETUP, make_profile, make_replica
 from tests.fleet.inventories import inventory
 from tests.fleet.queues import queued_commands, queued_signatures
 
@@ -53,7 +54,7 @@ def connect(node_id, engines=("llama.cpp",), **fields):
         engines_probed=True,
         engines=[EngineInstall(engine=name, version="b6000") for name in engines],
     )
-    return register_node(node_id, register)
+    return register_node(node_id, register, actor=AGENT_LINK)
 
 
 def reported_spec(model="gemma", **fields) -> ShardSpec:
@@ -73,7 +74,7 @@ def reported_spec(model="gemma", **fields) -> ShardSpec:
 def reported(node_id, spec, state="ready", **fields) -> messages.Register:
     return messages.Register(
         inventory=inventory(node_id),
-        shards=[messages.RunningShard(spec=spec, state=state)],
+        shards=[messages.ReportedShard(spec=spec, state=state)],
         **fields,
     )
 
@@ -87,7 +88,7 @@ def test_a_model_added_is_placed_and_start_shard_reaches_the_nodes_queue(
     node_ids, django_capture_on_commit_callbacks
 ):
     connect(node_ids[0])
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     report = run(django_capture_on_commit_callbacks, epoch=7)
     assert len(report.created) == 1 and len(report.placed) == 1
     replica = Replica.objects.get()
@@ -116,7 +117,7 @@ def test_a_model_added_is_placed_and_start_shard_reaches_the_nodes_queue(
 
 def test_unplaceable_replica_says_why_node_by_node(node_ids, django_capture_on_commit_callbacks):
     connect(node_ids[0], engines=())
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     run(django_capture_on_commit_callbacks)
     replica = Replica.objects.get()
     assert replica.state == "unplaceable"
@@ -131,10 +132,14 @@ def test_unplaceable_replica_says_why_node_by_node(node_ids, django_capture_on_c
 
 def test_ready_when_every_rank_reports_ready(node_ids, django_capture_on_commit_callbacks):
     connect(node_ids[0])
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     run(django_capture_on_commit_callbacks)
     shard = Shard.objects.get()
-    record_shard_status(node_ids[0], messages.ShardStatus(shard_id=shard.id, state="ready", pid=42))
+    record_shard_status(
+        node_ids[0],
+        messages.ShardStatus(shard_id=shard.id, state="ready", pid=42),
+        actor=AGENT_LINK,
+    )
     replica = Replica.objects.get()
     assert replica.state == "ready"
     assert Shard.objects.get().pid == 42
@@ -142,11 +147,11 @@ def test_ready_when_every_rank_reports_ready(node_ids, django_capture_on_commit_
 
 def test_a_lost_nodes_replica_is_placed_elsewhere(node_ids, django_capture_on_commit_callbacks):
     connect(node_ids[0])
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     run(django_capture_on_commit_callbacks)
     first = Replica.objects.get()
     connect(node_ids[1])
-    transition(Node, node_ids[0], "lost", "no heartbeat for 61s")
+    transition(Node, node_ids[0], "lost", "no heartbeat for 61s", actor=SETUP)
     run(django_capture_on_commit_callbacks)
     first.refresh_from_db()
     assert first.state == "stopped"  # its node is gone: nothing there to wait for
@@ -163,14 +168,16 @@ def test_a_lost_nodes_ready_replica_serves_until_its_replacement_is_ready(
     # A lost node may be cut from the control plane only: its engine still answers the
     # router. Make before break: it stays routable until a replacement is ready elsewhere.
     connect(node_ids[0])
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     run(django_capture_on_commit_callbacks)
     first = Replica.objects.get()
     record_shard_status(
-        node_ids[0], messages.ShardStatus(shard_id=first.shards.get().id, state="ready", pid=7)
+        node_ids[0],
+        messages.ShardStatus(shard_id=first.shards.get().id, state="ready", pid=7),
+        actor=AGENT_LINK,
     )
     connect(node_ids[1])
-    transition(Node, node_ids[0], "lost", "no heartbeat for 61s")
+    transition(Node, node_ids[0], "lost", "no heartbeat for 61s", actor=SETUP)
     run(django_capture_on_commit_callbacks)
 
     first.refresh_from_db()
@@ -186,6 +193,7 @@ def test_a_lost_nodes_ready_replica_serves_until_its_replacement_is_ready(
     record_shard_status(
         node_ids[1],
         messages.ShardStatus(shard_id=replacement.shards.get().id, state="ready", pid=8),
+        actor=AGENT_LINK,
     )
     run(django_capture_on_commit_callbacks)
     first.refresh_from_db()
@@ -207,11 +215,11 @@ def test_a_lost_nodes_replica_with_nowhere_else_to_go_is_kept(
 ):
     # Stopping it would only turn a silent agent into a restarted engine once it is back.
     connect(node_ids[0])
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     run(django_capture_on_commit_callbacks)
     first = Replica.objects.get()
     shard = first.shards.get()
-    transition(Node, node_ids[0], "lost", "no heartbeat for 61s")
+    transition(Node, node_ids[0], "lost", "no heartbeat for 61s", actor=SETUP)
     sent = len(queued_commands(node_ids[0]))
 
     run(django_capture_on_commit_callbacks)
@@ -232,27 +240,31 @@ def test_a_lost_nodes_replica_with_nowhere_else_to_go_is_kept(
 
 def test_a_model_removed_from_the_catalog_is_stopped(node_ids, django_capture_on_commit_callbacks):
     connect(node_ids[0])
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     run(django_capture_on_commit_callbacks)
     shard = Shard.objects.get()
-    apply_catalog("models: []", prune=True)
+    apply_catalog("models: []", prune=True, actor=SETUP)
     run(django_capture_on_commit_callbacks)
     replica = Replica.objects.get()
     assert replica.state == "stopping"
     assert replica.reasons == ["gemma/cpu left the catalog"]
     assert queued_commands(node_ids[0])[-1] == ("agent.stop_shard", [shard.id, 0])
-    record_shard_status(node_ids[0], messages.ShardStatus(shard_id=shard.id, state="stopped"))
+    record_shard_status(
+        node_ids[0], messages.ShardStatus(shard_id=shard.id, state="stopped"), actor=AGENT_LINK
+    )
     run(django_capture_on_commit_callbacks)
     assert Replica.objects.get().state == "stopped"
 
 
 def test_scale_down_stops_the_least_useful_first(node_ids, django_capture_on_commit_callbacks):
     connect(node_ids[0], memory_total=64 << 30)
-    apply_catalog(catalog(replicas=2))
+    apply_catalog(catalog(replicas=2), actor=SETUP)
     run(django_capture_on_commit_callbacks)
     ready_shard = Shard.objects.order_by("port").first()
-    record_shard_status(node_ids[0], messages.ShardStatus(shard_id=ready_shard.id, state="ready"))
-    apply_catalog(catalog(replicas=1))
+    record_shard_status(
+        node_ids[0], messages.ShardStatus(shard_id=ready_shard.id, state="ready"), actor=AGENT_LINK
+    )
+    apply_catalog(catalog(replicas=1), actor=SETUP)
     run(django_capture_on_commit_callbacks)
     states = dict(Replica.objects.values_list("id", "state"))
     assert states[ready_shard.replica_id] == "ready"
@@ -263,14 +275,18 @@ def test_a_slow_start_fails_after_the_timeout_and_is_replaced(
     node_ids, django_capture_on_commit_callbacks
 ):
     connect(node_ids[0])
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     run(django_capture_on_commit_callbacks)
     shard = Shard.objects.get()
     # Progress rides beside the state and must not reset the startup timer.
-    from fleet.services import record_shard_progress
+    from fleet.actions.reports import record_shard_progress
 
-    record_shard_status(node_ids[0], messages.ShardStatus(shard_id=shard.id, state="fetching"))
-    record_shard_progress(node_ids[0], messages.ShardProgress(shard_id=shard.id, bytes=10))
+    record_shard_status(
+        node_ids[0], messages.ShardStatus(shard_id=shard.id, state="fetching"), actor=AGENT_LINK
+    )
+    record_shard_progress(
+        node_ids[0], messages.ShardProgress(shard_id=shard.id, bytes=10), actor=AGENT_LINK
+    )
     assert Shard.objects.get(id=shard.id).progress["bytes"] == 10
     later = timezone.now() + timedelta(seconds=601)
     report = run(django_capture_on_commit_callbacks, now=later)
@@ -286,7 +302,7 @@ def test_a_slow_start_fails_after_the_timeout_and_is_replaced(
 def test_a_restarted_control_plane_rebuilds_replicas_from_reports_without_a_second_start(
     node_ids, django_capture_on_commit_callbacks
 ):
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     profile_fingerprint = __import__("catalog.models").models.Profile.objects.get().fingerprint()
     replica_id = str(uuid.uuid4())
     secret = replica_secret(replica_id)  # the control plane created it
@@ -296,15 +312,15 @@ def test_a_restarted_control_plane_rebuilds_replicas_from_reports_without_a_seco
     register = messages.Register(
         inventory=inventory(node_ids[0]), engines_probed=True,
         engines=[EngineInstall(engine="llama.cpp")],
-        shards=[messages.RunningShard(spec=spec, state="ready", pid=99)],
+        shards=[messages.ReportedShard(spec=spec, state="ready", pid=99)],
     )  # fmt: skip
-    register_node(node_ids[0], register)
-    adopt_reported_shards(node_ids[0], register)
+    register_node(node_ids[0], register, actor=AGENT_LINK)
+    adopt_reported_shards(node_ids[0], register, actor=AGENT_LINK)
     replica = Replica.objects.get()
     assert (str(replica.id), replica.state, replica.secret) == (replica_id, "ready", secret)
     assert replica.fingerprint == profile_fingerprint
     # Registering again (a reconnect) duplicates nothing.
-    adopt_reported_shards(node_ids[0], register)
+    adopt_reported_shards(node_ids[0], register, actor=AGENT_LINK)
     run(django_capture_on_commit_callbacks)
     assert Replica.objects.count() == 1 and Shard.objects.count() == 1
     assert queued_commands(node_ids[0]) == []
@@ -315,21 +331,21 @@ def test_an_adopted_shard_whose_profile_left_is_stopped(
 ):
     spec = reported_spec(model="gone")
     register = reported(node_ids[0], spec, engines_probed=True)
-    register_node(node_ids[0], register)
+    register_node(node_ids[0], register, actor=AGENT_LINK)
     with django_capture_on_commit_callbacks(execute=True):
-        adopt_reported_shards(node_ids[0], register)
+        adopt_reported_shards(node_ids[0], register, actor=AGENT_LINK)
     run(django_capture_on_commit_callbacks)
     assert Replica.objects.get().state == "stopping"
     assert queued_commands(node_ids[0]) == [("agent.stop_shard", [spec.shard_id, 0])]
 
 
 def test_an_agent_that_reports_no_fingerprint_reads_as_unknown_and_is_replaced(node_ids):
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     spec = reported_spec()
     spec = spec.model_copy(update={"api_key": replica_secret(spec.replica_id)})
     register = reported(node_ids[0], spec)
-    register_node(node_ids[0], register)
-    adopt_reported_shards(node_ids[0], register)
+    register_node(node_ids[0], register, actor=AGENT_LINK)
+    adopt_reported_shards(node_ids[0], register, actor=AGENT_LINK)
     rebuilt = Replica.objects.get()
     assert (rebuilt.profile, rebuilt.state) == (None, "stopping")
     assert "another version" in rebuilt.reasons[0]
@@ -338,7 +354,7 @@ def test_an_agent_that_reports_no_fingerprint_reads_as_unknown_and_is_replaced(n
 def test_drain_moves_replicas_off_the_node(node_ids, django_capture_on_commit_callbacks):
     connect(node_ids[0])
     connect(node_ids[1])
-    apply_catalog(catalog())
+    apply_catalog(catalog(), actor=SETUP)
     run(django_capture_on_commit_callbacks)
     first = Replica.objects.get()
     node_id = first.shards.get().node_id
@@ -353,14 +369,16 @@ def test_a_node_that_registers_without_its_shards_fails_them_but_not_pending_one
     node_ids, django_capture_on_commit_callbacks
 ):
     connect(node_ids[0], memory_total=64 << 30)
-    apply_catalog(catalog(replicas=2))
+    apply_catalog(catalog(replicas=2), actor=SETUP)
     run(django_capture_on_commit_callbacks)
     running, queued = Shard.objects.order_by("port")
-    record_shard_status(node_ids[0], messages.ShardStatus(shard_id=running.id, state="ready"))
+    record_shard_status(
+        node_ids[0], messages.ShardStatus(shard_id=running.id, state="ready"), actor=AGENT_LINK
+    )
     # The agent restarted without its engines (llmgw up stopped them): it reports none.
     empty = messages.Register(inventory=inventory(node_ids[0]), engines_probed=True)
-    register_node(node_ids[0], empty)
-    assert forget_unreported_shards(node_ids[0], empty) == [running.id]
+    register_node(node_ids[0], empty, actor=AGENT_LINK)
+    assert forget_unreported_shards(node_ids[0], empty, actor=AGENT_LINK) == [running.id]
     running.refresh_from_db()
     assert running.state == "failed" and "registered without it" in running.reason
     assert Replica.objects.get(id=running.replica_id).state == "failed"

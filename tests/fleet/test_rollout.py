@@ -18,20 +18,22 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.utils import timezone
 
+from audit.actors import AGENT_LINK
 from audit.models import Event
 from catalog.actions import apply_catalog, pause_rollout, resume_rollout
 from catalog.models import Model, Profile
+from fleet.actions.reports import record_shard_status, register_node
 from fleet.models import Replica, Shard
 from fleet.reconciler import reconcile
 from fleet.rollout import rollout_status
 from fleet.routing_table import routing_snapshot
-from fleet.services import record_shard_status, register_node
 from protocol import messages
 from protocol.engines import EngineInstall
 from protocol.routing import INFLIGHT_KEY_PREFIX, RoutingSnapshot
 from router.balancer import Balancer
 from router.inflight import inflight_report
 from router.table import RoutingTable
+from tests.factories import SETUP
 from tests.fleet.inventories import inventory
 from tests.fleet.queues import broker, queued_commands
 
@@ -54,7 +56,7 @@ def connect(node_id: str, gpus: int) -> None:
         engines_probed=True,
         engines=[EngineInstall(engine="llama.cpp", version="b6000")],
     )
-    register_node(node_id, register)
+    register_node(node_id, register, actor=AGENT_LINK)
 
 
 @pytest.fixture
@@ -91,7 +93,9 @@ class Fleet:
         with self.capture(execute=True):
             for shard in Shard.objects.filter(replica=replica).exclude(node=None):
                 record_shard_status(
-                    shard.node_id, messages.ShardStatus(shard_id=shard.id, state=state)
+                    shard.node_id,
+                    messages.ShardStatus(shard_id=shard.id, state=state),
+                    actor=AGENT_LINK,
                 )
 
     def start_all(self) -> None:
@@ -138,11 +142,11 @@ def serving() -> set[str]:
 
 def serving_old_replicas(fleet, gpus=3, replicas=2, **rollout) -> Fleet:
     f = fleet(gpus)
-    apply_catalog(catalog(replicas=replicas, **rollout))
+    apply_catalog(catalog(replicas=replicas, **rollout), actor=SETUP)
     f.run()
     f.start_all()
     assert len(serving()) == replicas
-    apply_catalog(catalog(replicas=replicas, args=("--threads", "2"), **rollout))
+    apply_catalog(catalog(replicas=replicas, args=("--threads", "2"), **rollout), actor=SETUP)
     return f
 
 
@@ -265,12 +269,12 @@ def test_without_redis_a_drain_waits_the_whole_drain_timeout(fleet):
 
 def test_a_paused_rollout_stays_put_until_resumed(fleet, operator):
     f = fleet(2)
-    apply_catalog(catalog(replicas=1))
+    apply_catalog(catalog(replicas=1), actor=SETUP)
     f.run()
     f.start_all()
     assert pause_rollout("gemma", actor=operator)
-    assert not pause_rollout("gemma")  # already paused
-    apply_catalog(catalog(replicas=1, args=("--threads", "2")))
+    assert not pause_rollout("gemma", actor=SETUP)  # already paused
+    apply_catalog(catalog(replicas=1, args=("--threads", "2")), actor=SETUP)
     assert Model.objects.get(name="gemma").rollout_paused  # apply does not unpause
     for _ in range(3):
         f.run(seconds=3)

@@ -8,7 +8,7 @@ import pytest
 
 from fleet.snapshot import node_snapshots
 from placement import FabricSnapshot, PlacementRequest, place
-from protocol.inventory import AdapterPort, Fabric, FabricAdapter, Usage
+from protocol.inventory import AdapterPort, FabricAdapter, UsableFabric, Usage
 from tests.factories import make_node, make_profile, make_replica, make_shard
 from tests.fleet.inventories import inventory
 
@@ -29,7 +29,7 @@ def adapter(name: str, state: str = "ACTIVE") -> FabricAdapter:
 
 def node_on_fabric(node_id: str, *adapters: FabricAdapter, **fields):
     """A node that reports fabric ib-a over mlx5_0, with the adapters' ports as given."""
-    ib_a = Fabric(name="ib-a", adapters=["mlx5_0"], rate_gbps=200.0, socket_ifname="ib0")
+    ib_a = UsableFabric(name="ib-a", adapters=["mlx5_0"], rate_gbps=200.0, socket_ifname="ib0")
     facts = inventory(node_id, fabrics=[ib_a], adapters=list(adapters), **fields)
     return make_node(node_id, inventory=facts.model_dump(mode="json"))
 

@@ -13,11 +13,9 @@ from fleet.transitions import (
     NODE_TRANSITIONS,
     REPLICA_TRANSITIONS,
     SHARD_TRANSITIONS,
-    TransitionRefused,
-    check_transition,
     transition,
 )
-from tests.factories import make_node, make_replica, make_shard
+from tests.factories import SETUP, make_node, make_replica, make_shard
 
 MACHINES = {
     "node": (Node, NodeState, NODE_TRANSITIONS),
@@ -71,7 +69,7 @@ def _make(kind: str, state: str):
 def test_every_transition_is_allowed_or_refused(kind, source, target, allowed):
     model = MACHINES[kind][0]
     row = _make(kind, source)
-    result = transition(model, row.pk, target, why="test")
+    result = transition(model, row.pk, target, why="test", actor=SETUP)
     row.refresh_from_db()
     if allowed:
         assert result == source
@@ -82,21 +80,19 @@ def test_every_transition_is_allowed_or_refused(kind, source, target, allowed):
         assert result is None
         assert row.state == source
         assert not Event.objects.filter(subject=str(row.pk), kind=kind).exists()
-        with pytest.raises(TransitionRefused, match=f"cannot go from {source} to {target}"):
-            check_transition(model, source, target)
 
 
 @pytest.mark.django_db
 def test_a_transition_writes_extra_fields_only_when_it_happens():
     shard = make_shard(state=ShardState.STOPPED)
-    assert transition(Shard, shard.pk, ShardState.READY, "late", pid=42) is None
+    assert transition(Shard, shard.pk, ShardState.READY, "late", pid=42, actor=SETUP) is None
     shard.refresh_from_db()
     assert shard.pid is None
 
 
 @pytest.mark.django_db
 def test_a_missing_row_is_not_an_error():
-    assert transition(Node, "ghost", NodeState.LOST, "gone") is None
+    assert transition(Node, "ghost", NodeState.LOST, "gone", actor=SETUP) is None
 
 
 @pytest.mark.django_db(transaction=True)
@@ -108,7 +104,9 @@ def test_two_workers_racing_on_one_row_cannot_both_win():
     def worker() -> None:
         try:
             barrier.wait()
-            results.append(transition(Replica, replica.pk, ReplicaState.READY, "health"))
+            results.append(
+                transition(Replica, replica.pk, ReplicaState.READY, "health", actor=SETUP)
+            )
         finally:
             connection.close()
 
@@ -132,7 +130,7 @@ def test_racing_to_different_targets_serialises_the_second_through_the_machine()
     def worker(target: str) -> None:
         try:
             barrier.wait()
-            results[target] = transition(Node, node.pk, target, "liveness")
+            results[target] = transition(Node, node.pk, target, "liveness", actor=SETUP)
         finally:
             connection.close()
 

@@ -15,15 +15,16 @@ from django.utils import timezone
 from agent_worker.discovery.infiniband import discover_adapters, usable_fabrics
 from agent_worker.weights import WeightStore
 from agent_worker.weights.look import LookDirs, list_look_dirs
+from audit.actors import AGENT_LINK
 from catalog.actions import apply_catalog
+from fleet.actions.reports import register_node, update_weights
 from fleet.mirror import mirror_detail
 from fleet.models import Node
-from fleet.services import register_node, update_weights
 from fleet.snapshot import node_snapshots
 from fleet.weights_map import model_weights, weights_map
 from protocol import messages
 from tests.agent.fakes.sysfs import add_adapter
-from tests.factories import make_user
+from tests.factories import SETUP, make_user
 from tests.fleet.inventories import inventory
 
 pytestmark = pytest.mark.django_db
@@ -48,7 +49,7 @@ def node_on(tmp_path: Path, node_id: str, fabric: str | None, look: LookDirs) ->
     register = messages.Register(
         inventory=inventory(node_id, fabrics=fabrics), engines_probed=True, weights=weights
     )
-    register_node(node_id, register)
+    register_node(node_id, register, actor=AGENT_LINK)
 
 
 @pytest.fixture
@@ -62,7 +63,8 @@ def fleet(tmp_path):
     node_on(tmp_path, "a", "ib-a", LookDirs(look=(local,), shared=(shared,), mounts=mounts))
     node_on(tmp_path, "b", "ib-a", LookDirs(shared=(shared,), mounts=mounts))
     node_on(tmp_path, "c", "ib-b", LookDirs(mounts=mounts))
-    apply_catalog(f"""
+    apply_catalog(
+        f"""
 models:
   - name: gemma-3
     source: {gemma}
@@ -70,7 +72,9 @@ models:
   - name: qwen
     source: {qwen}
     profiles: [{{name: cpu, engine: llama.cpp, replicas: 0, disk: 8GiB}}]
-""")
+""",
+        actor=SETUP,
+    )
     return gemma, qwen, local, shared
 
 
@@ -142,12 +146,15 @@ def test_llmgw_ctl_weights_by_fabric_says_who_holds_what(fleet):
 
 
 def test_the_mirror_warns_when_no_node_able_to_serve_holds_or_can_fetch(fleet):
-    apply_catalog("""
+    apply_catalog(
+        """
 models:
   - name: big
     source: https://models.example/big.gguf
     profiles: [{name: cpu, engine: llama.cpp, replicas: 0, memory: 1TiB}]
-""")
+""",
+        actor=SETUP,
+    )
 
     detail = mirror_detail("big")
     gemma = mirror_detail("gemma-3")
@@ -187,9 +194,9 @@ def test_a_weights_message_not_meant_as_a_list_changes_nothing(fleet):
     held = Node.objects.get(id="a").weights
     assert held  # it listed its look directories
 
-    update_weights("a", messages.Weights(listed=False, weights=[]))
+    update_weights("a", messages.Weights(listed=False, weights=[]), actor=AGENT_LINK)
     kept = Node.objects.get(id="a").weights
-    update_weights("a", messages.Weights(listed=True, weights=[]))
+    update_weights("a", messages.Weights(listed=True, weights=[]), actor=AGENT_LINK)
 
     assert kept == held
     assert Node.objects.get(id="a").weights == []  # an empty list meant: it holds nothing

@@ -9,17 +9,18 @@ import json
 import pytest
 from django.utils import timezone
 
+from audit.actors import AGENT_LINK
 from catalog.actions import apply_catalog
 from catalog.models import Profile
+from fleet.actions.reports import register_node
 from fleet.models import Node, ReplicaState, ShardState
-from fleet.services import register_node
 from fleet.snapshot import node_snapshots, placement_request
 from fleet.weights_map import weights_map
 from placement import place
 from protocol import messages
 from protocol.engines import EngineInstall
 from tests.ctl import ctl
-from tests.factories import make_replica, make_shard, make_user
+from tests.factories import SETUP, make_replica, make_shard, make_user
 from tests.fleet.inventories import inventory
 
 pytestmark = pytest.mark.django_db
@@ -38,13 +39,16 @@ def demo():
             engines_probed=True,
             engines=[EngineInstall(engine="llama.cpp", version="b6000")],
         )
-        register_node(node_id, register)
-    apply_catalog(f"""
+        register_node(node_id, register, actor=AGENT_LINK)
+    apply_catalog(
+        f"""
 models:
   - name: smollm2-135m
     source: {SOURCE}
     profiles: [{{name: cpu, engine: llama.cpp, replicas: 1, memory: 512MiB, disk: 100TiB}}]
-""")
+""",
+        actor=SETUP,
+    )
     return Profile.objects.get()
 
 

@@ -40,7 +40,7 @@ def test_logs_says_when_the_agent_does_not_answer(monkeypatch):
 
 def test_logs_names_the_known_nodes_and_sources(monkeypatch):
     make_node("node01")
-    with pytest.raises(CommandError, match=r"no node named 'node9' \(nodes: node01\)"):
+    with pytest.raises(CommandError, match=r"no node 'node9' \(nodes: node01\)"):
         ctl("logs", "node9")
     monkeypatch.setattr(
         commands, "read_logs", lambda *a, **k: {"lines": [], "sources": ["agent", "s1"]}

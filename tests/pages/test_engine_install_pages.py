@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from fleet.services import update_engines
+from audit.actors import AGENT_LINK
+from fleet.actions.reports import update_engines
 from protocol import messages
 from protocol.engines import EngineInstall
 from tests.factories import make_user
@@ -45,10 +46,10 @@ def test_an_install_in_progress_then_failed_shows_live(browser, processes, tmp_p
 
     open_live(page, "/")
     engines = page.locator('tr[id="node-node01"] .engine[data-engine="llama.cpp"]')
-    off_loop(update_engines, "node01", says("installing", DOWNLOADING))
+    off_loop(update_engines, "node01", says("installing", DOWNLOADING), actor=AGENT_LINK)
     expect(engines).to_have_text(f"llama.cpp b6000 installing: {DOWNLOADING}", timeout=WAIT_MS)
     screenshot(page, "cluster-installing")
-    off_loop(update_engines, "node01", says("failed", "libgomp.so.1 not found"))
+    off_loop(update_engines, "node01", says("failed", "libgomp.so.1 not found"), actor=AGENT_LINK)
     expect(engines).to_have_text("llama.cpp b6000 failed: libgomp.so.1 not found")
     expect(engines).to_have_attribute("data-status", "failed")
     assert_not_reloaded(page)
@@ -58,6 +59,8 @@ def test_an_install_in_progress_then_failed_shows_live(browser, processes, tmp_p
     row = page.locator('table.engines tr[data-engine="llama.cpp"]')
     expect(row).to_contain_text("failed: libgomp.so.1 not found")
     expect(row).to_contain_text("llmgw")
-    off_loop(update_engines, "node01", says("waiting", "another apt-get is running"))
+    off_loop(
+        update_engines, "node01", says("waiting", "another apt-get is running"), actor=AGENT_LINK
+    )
     expect(row).to_contain_text("waiting: another apt-get is running", timeout=WAIT_MS)
     assert_not_reloaded(page)

@@ -24,7 +24,7 @@ from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardSta
 from fleet.node_auth import node_token
 from fleet.transitions import transition
 from protocol.commands import EngineCheck
-from tests.factories import make_user
+from tests.factories import SETUP, make_user
 from tests.pages.rows import heartbeating_node, stale_replica_on
 from tests.processes.support import Process, agent, control_plane, free_port, wait_for
 
@@ -120,7 +120,7 @@ def test_pages_follow_a_live_agent(browser, processes, tmp_path, screenshot):
     expect(row.locator("td.ram .meter-label")).to_contain_text("GiB")
 
     # A model applied appears; its replica starting, then ready, shows in place.
-    off_loop(apply_catalog, CATALOG)
+    off_loop(apply_catalog, CATALOG, actor=SETUP)
     model_row = page.locator('tr.model[data-model="smollm"]')
     expect(model_row).to_contain_text("0 / 1", timeout=WAIT_MS)
     profile = Profile.objects.get(model__name="smollm")
@@ -128,12 +128,14 @@ def test_pages_follow_a_live_agent(browser, processes, tmp_path, screenshot):
         model_name="smollm", profile_name="cpu", profile=profile, fingerprint=profile.fingerprint()
     )
     shard = Shard.objects.create(id=Shard.new_id(), replica=replica, node_id=node_id, port=8011)
-    off_loop(transition, Replica, replica.id, ReplicaState.STARTING, "placed on the test node")
+    off_loop(transition, Replica, replica.id, ReplicaState.STARTING, "placed on the test node",
+             actor=SETUP)  # fmt: skip
     replica_box = page.locator(f'[id="replica-{replica.id}"]')
     expect(replica_box).to_have_attribute("data-state", "starting", timeout=WAIT_MS)
-    off_loop(transition, Shard, shard.id, ShardState.STARTING, "engine starting")
-    off_loop(transition, Shard, shard.id, ShardState.READY, "engine answers /health")
-    off_loop(transition, Replica, replica.id, ReplicaState.READY, "every rank is ready")
+    off_loop(transition, Shard, shard.id, ShardState.STARTING, "engine starting", actor=SETUP)
+    off_loop(transition, Shard, shard.id, ShardState.READY, "engine answers /health", actor=SETUP)
+    off_loop(transition, Replica, replica.id, ReplicaState.READY, "every rank is ready",
+             actor=SETUP)  # fmt: skip
     expect(replica_box).to_have_attribute("data-state", "ready", timeout=WAIT_MS)
     expect(model_row).to_contain_text("1 / 1")
     assert_not_reloaded(page)
@@ -242,7 +244,8 @@ def test_a_dropped_socket_reconnects_and_resyncs(browser, processes, tmp_path, s
     expect(page.locator("#live-status")).to_contain_text("not live")
     screenshot(page, "cluster-not-live")
     # A change while the page cannot hear: it must still show once the socket is back.
-    off_loop(transition, Node, "node01", NodeState.UNREACHABLE, "silent while the page was away")
+    off_loop(transition, Node, "node01", NodeState.UNREACHABLE, "silent while the page was away",
+             actor=SETUP)  # fmt: skip
 
     start(processes, control_plane(port, tmp_path))
     expect(page.locator("#live-status")).to_have_attribute("data-live", "live", timeout=WAIT_MS)

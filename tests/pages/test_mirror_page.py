@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
+from audit.actors import AGENT_LINK
+from fleet.actions.reports import record_shard_progress, update_weights
 from fleet.models import ShardState
-from fleet.services import record_shard_progress, update_weights
 from protocol import messages
 from tests.factories import make_user
 from tests.pages.rows import heartbeating_node, stale_replica_on
@@ -53,11 +54,11 @@ def test_the_mirror_page_follows_a_download_and_warns_of_no_holder(
 
     off_loop(record_shard_progress, "node01", messages.ShardProgress(
         shard_id=shard.id, bytes=12_000_000_000, total=15_200_000_000, rate=50_000_000,
-    ))  # fmt: skip
+    ), actor=AGENT_LINK)  # fmt: skip
     expect(progress).to_have_text("11.2 of 14.2 GiB, 48 MiB/s", timeout=WAIT_MS)
     # The node reports the file: it holds the weights, and the warning goes.
     held = messages.WeightFile(source="/models/gemma.gguf", path="/models/gemma.gguf", size=5 << 30)
-    off_loop(update_weights, "node01", messages.Weights(weights=[held]))
+    off_loop(update_weights, "node01", messages.Weights(weights=[held]), actor=AGENT_LINK)
     expect(page.locator('#mirror-holders tr[data-node="node01"]')).to_contain_text(
         "5 GiB", timeout=WAIT_MS
     )

@@ -9,6 +9,7 @@ from channels.testing import WebsocketCommunicator
 from audit import notices
 from fleet.models import Node, NodeState
 from fleet.transitions import transition
+from tests.factories import SETUP
 from tests.pages.asgi_client import application, session_cookie
 from tests.pages.rows import heartbeating_node, stale_replica_on
 
@@ -103,7 +104,9 @@ async def test_a_node_going_unreachable_is_pushed_to_the_cluster_page(reader):
     session = await session_cookie(reader)
     communicator, first = await connected("/ws/pages/cluster/", session)
     assert 'data-state="connected"' in first
-    await database_sync_to_async(transition)(Node, "node01", NodeState.UNREACHABLE, "silent")
+    await database_sync_to_async(transition)(
+        Node, "node01", NodeState.UNREACHABLE, "silent", actor=SETUP
+    )
     pushed = await receive_until(communicator, 'class="badge state-unreachable"')
     assert pushed.lstrip().startswith('<section id="nodes">')
     await communicator.disconnect()
@@ -135,7 +138,7 @@ async def test_a_replica_change_is_pushed_to_its_model_page(reader):
     session = await session_cookie(reader)
     communicator, _first = await connected("/ws/pages/models/gemma/", session)
     await database_sync_to_async(transition)(
-        type(stale), stale.id, "stopping", "restart requested by test"
+        type(stale), stale.id, "stopping", "restart requested by test", actor=SETUP
     )
     pushed = await receive_until(communicator, "restart requested by test")
     assert '<section id="model-replicas">' in pushed

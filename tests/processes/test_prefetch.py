@@ -16,6 +16,7 @@ from catalog.actions import apply_catalog, scale_profile
 from catalog.models import Profile
 from fleet.models import Node, Shard
 from fleet.node_auth import node_token
+from tests.factories import SETUP
 from tests.processes.support import (
     agent,
     control_plane,
@@ -55,12 +56,15 @@ def test_a_model_fetched_ahead_of_need_draws_its_replica_to_that_node(processes,
         )  # fmt: skip
     wait_for(lambda: Node.objects.filter(state="connected").count() == 2, 60,
              "both agents to register")  # fmt: skip
-    apply_catalog(f"""
+    apply_catalog(
+        f"""
 models:
   - name: tiny
     source: {url}
     profiles: [{{name: cpu, engine: llama.cpp, replicas: 0, memory: 16MiB}}]
-""")
+""",
+        actor=SETUP,
+    )
     try:
         out = StringIO()
         call_command("llmgw_ctl", "weights", "fetch", "tiny", "--node", second, stdout=out)
@@ -71,7 +75,7 @@ models:
         )  # fmt: skip
         assert not any(w["source"] == url for w in Node.objects.get(id=first).weights)
 
-        scale_profile(Profile.objects.get(model__name="tiny").id, 1)
+        scale_profile(Profile.objects.get(model__name="tiny").id, 1, actor=SETUP)
         shard = wait_for(lambda: Shard.objects.filter(node__isnull=False).first(), 60,
                          "the replica to be placed")  # fmt: skip
         assert shard.node_id == second

@@ -25,6 +25,7 @@ from fleet.models import Node, Replica, Shard, replica_secret
 from fleet.node_auth import node_token
 from fleet.shard_specs import MeetingPoints, shard_spec
 from protocol import messages
+from tests.factories import SETUP
 from tests.fleet.inventories import inventory
 from tests.fleet.queues import clear_queue
 from tests.processes.support import (
@@ -138,7 +139,7 @@ def serving_one_replica(c: Cluster, tmp_path: Path) -> tuple[Process, str, Proce
     c.start_reconciler()
     node_id, worker = c.new_node()
     wait_for(lambda: connected(node_id), 60, "the agent")
-    apply_catalog(one_gpu_catalog("tiny", "llama.cpp", str(model)))
+    apply_catalog(one_gpu_catalog("tiny", "llama.cpp", str(model)), actor=SETUP)
     wait_for(lambda: Replica.objects.filter(model_name="tiny", state="ready").exists(), 60,
              "the replica to be ready")  # fmt: skip
     replica = Replica.objects.get(model_name="tiny")
@@ -153,7 +154,7 @@ def place_two_rank_replica(nodes: list[str]) -> Replica:
     """
     free = [free_port(), free_port(), free_port()]
     with transaction.atomic():
-        apply_catalog(one_gpu_catalog("stub-2", "vllm", "test/stub-model", nodes=2))
+        apply_catalog(one_gpu_catalog("stub-2", "vllm", "test/stub-model", nodes=2), actor=SETUP)
         profile = Profile.objects.get(model__name="stub-2")
         replica_id = uuid.uuid4()
         replica = Replica.objects.create(
@@ -291,7 +292,7 @@ def test_a_node_reporting_another_nodes_shard_is_refused_and_changes_nothing(clu
     )
     register = messages.Register(
         inventory=inventory(intruder, address="127.0.0.1"), engines_probed=True,
-        shards=[messages.RunningShard(spec=spec, state="failed", pid=1, seq=10**12)],
+        shards=[messages.ReportedShard(spec=spec, state="failed", pid=1, seq=10**12)],
     )  # fmt: skip
     headers = {"Authorization": f"Bearer {node_token(intruder)}", "X-Llmgw-Node": intruder}
     with connect(f"ws://127.0.0.1:{c.port}/agent/", additional_headers=headers) as ws:

@@ -29,6 +29,7 @@ from catalog.actions import apply_catalog, create_key
 from fleet.models import Node, Replica
 from fleet.node_auth import node_token
 from fleet.routing_table import read_inflight_reports
+from tests.factories import SETUP
 from tests.fleet.queues import clear_queue
 from tests.processes.support import (
     agent,
@@ -222,8 +223,8 @@ def test_a_two_replica_profile_rolls_with_no_failed_request_under_a_streaming_lo
 
     model = tmp_path / "tiny.gguf"
     model.write_bytes(b"GGUF" + bytes(64))
-    apply_catalog(catalog(model, threads=1))
-    _row, key = create_key("rollout")
+    apply_catalog(catalog(model, threads=1), actor=SETUP)
+    _row, key = create_key("rollout", actor=SETUP)
     engines: list[int] = []
     load = Load(f"http://127.0.0.1:{router_port}", key)
     try:
@@ -238,7 +239,7 @@ def test_a_two_replica_profile_rolls_with_no_failed_request_under_a_streaming_lo
         wait_for(lambda: len(load.done) >= CLIENTS, 30, "the load to get going")
 
         applied = time.monotonic()
-        apply_catalog(catalog(model, threads=2))
+        apply_catalog(catalog(model, threads=2), actor=SETUP)
         reported: list[list] = []
 
         def rolled() -> bool:

@@ -14,11 +14,11 @@ import pytest
 
 from llmgw_cli.supervise import (
     Child,
+    ChildSupervisor,
     LogEcho,
     ProcessChild,
     RestartPolicy,
     ServiceChild,
-    Supervisor,
     pid_alive,
     reap_orphans,
 )
@@ -56,8 +56,8 @@ class FlakyChild(Child):
         self.dead = True
 
 
-def _supervisor(child: Child, clock: Clock, said: list[str]) -> Supervisor:
-    return Supervisor([child], RestartPolicy(), clock=clock, say=said.append)
+def _supervisor(child: Child, clock: Clock, said: list[str]) -> ChildSupervisor:
+    return ChildSupervisor([child], RestartPolicy(), clock=clock, say=said.append)
 
 
 def test_a_dead_child_is_restarted_after_a_delay_that_doubles_up_to_thirty_seconds(tmp_path):

@@ -1,7 +1,8 @@
-"""Verbs that change the fleet's state from what agents report.
+"""Verbs for what agents report: a node links, a shard moves on, engines and weights change.
 
-Consumers and tasks call these; they never save a state field themselves. State
-moves through ``fleet.transitions`` (compare-and-swap, with an event).
+The agent link (``fleet.consumers``) calls these with ``AGENT_LINK`` as the actor, the
+reconciler with its own; they never save a state field anywhere else. State moves
+through ``fleet.transitions`` (compare-and-swap, with an event).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit import notices
+from audit.actors import Actor
 from audit.events import record_event
-from core.humanize import format_bytes
+from audit.models import EventKind
 from fleet.models import (
     Node,
     NodeState,
@@ -24,6 +26,8 @@ from fleet.models import (
     ReplicaState,
     Shard,
     ShardState,
+    known_memory,
+    ram_gained,
     replica_secret,
     unexpected_gpu_user_warning,
 )  # fmt: skip
@@ -34,7 +38,7 @@ from protocol.engines import EngineInstall
 log = logging.getLogger("llmgw.fleet")
 
 
-def link_node(node_id: str, message: messages.Register) -> dict[str, str]:
+def link_node(node_id: str, message: messages.Register, *, actor: Actor) -> dict[str, str]:
     """Link a node by its register: refresh its row, settle its shards; return the answer.
 
     One transaction, so a register that fails part way leaves the node as it was rather
@@ -42,9 +46,9 @@ def link_node(node_id: str, message: messages.Register) -> dict[str, str]:
     database thread once per register.
     """
     with transaction.atomic():
-        node = register_node(node_id, message)
-        rebuilt = adopt_reported_shards(node_id, message)
-        settled = forget_unreported_shards(node_id, message)
+        node = register_node(node_id, message, actor=actor)
+        rebuilt = adopt_reported_shards(node_id, message, actor=actor)
+        settled = forget_unreported_shards(node_id, message, actor=actor)
     log.info(
         "node %s linked, reporting %d shard(s): %d replica(s) rebuilt, %d shard(s) settled",
         node_id, len(message.shards), len(rebuilt), len(settled),
@@ -52,7 +56,9 @@ def link_node(node_id: str, message: messages.Register) -> dict[str, str]:
     return {"type": "linked", "node": node.id}
 
 
-def register_node(node_id: str, message: messages.Register, now: datetime | None = None) -> Node:
+def register_node(
+    node_id: str, message: messages.Register, now: datetime | None = None, *, actor: Actor
+) -> Node:
     """Create or refresh a node from its register message and mark it connected."""
     now = now or timezone.now()
     inventory = message.inventory.model_dump(mode="json")
@@ -80,17 +86,19 @@ def register_node(node_id: str, message: messages.Register, now: datetime | None
                 "unexpected_gpu_users", "registered_at", "last_heartbeat",
             ]
         )  # fmt: skip
+        registered = f"registered from {node.address}"
         if created:
-            record_event("node", node_id, f"registered from {node.address}", to_state="connected")
+            record_event(EventKind.NODE, node_id, registered, to_state="connected", actor=actor)
         elif node.state != NodeState.CONNECTED:
-            transition(Node, node_id, NodeState.CONNECTED, f"registered from {node.address}")
+            transition(Node, node_id, NodeState.CONNECTED, registered, actor=actor)
         if not created:
-            _log_new_qualifications(node, before)
+            _log_new_qualifications(node, before, actor)
         for problem in message.problems:
-            record_event("node", node_id, f"agent reports: {problem}")
+            record_event(EventKind.NODE, node_id, f"agent reports: {problem}", actor=actor)
         for user in node.unexpected_gpu_users:
             if user["pid"] not in known_users:
-                record_event("node", node_id, unexpected_gpu_user_warning(user))
+                warning = unexpected_gpu_user_warning(user)
+                record_event(EventKind.NODE, node_id, warning, actor=actor)
     node.refresh_from_db()
     return node
 
@@ -107,12 +115,7 @@ def _qualifications(node: Node) -> dict[str, object]:
     }
 
 
-def known_memory(inventory_total: int, heartbeat_total: int) -> int:
-    """The RAM a node is known to have: its register's or a heartbeat's, the larger."""
-    return max(inventory_total, heartbeat_total)
-
-
-def _log_new_qualifications(node: Node, before: dict[str, object]) -> None:
+def _log_new_qualifications(node: Node, before: dict[str, object], actor: Actor) -> None:
     """Say when a node gains what could make it a candidate: that answers "why now?"."""
     after = _qualifications(node)
     gained = ram_gained(before["memory"], after["memory"])  # type: ignore[arg-type]
@@ -121,36 +124,32 @@ def _log_new_qualifications(node: Node, before: dict[str, object]) -> None:
     new_engines = after["engines"] - before["engines"]  # type: ignore[operator]
     if new_engines:
         gained.append("engine " + ", ".join(sorted(new_engines)))
-    record_qualifications_gained(node.id, gained)
+    record_qualifications_gained(node.id, gained, actor=actor)
 
 
-def ram_gained(before: int, after: int) -> list[str]:
-    """RAM grown past what was known, in words; nothing when nothing was known before."""
-    return [f"RAM grew to {format_bytes(after)}"] if before and after > before else []
-
-
-def record_qualifications_gained(node_id: str, gained: list[str]) -> None:
+def record_qualifications_gained(node_id: str, gained: list[str], *, actor: Actor) -> None:
     """Record what a node gained that could make it a candidate, if anything."""
     if gained:
         reason = f"node {node_id} now qualifies for more: {'; '.join(gained)}"
         log.info(reason)
-        record_event("node", node_id, reason)
+        record_event(EventKind.NODE, node_id, reason, actor=actor)
 
 
-def update_engines(node_id: str, message: messages.Engines) -> None:
+def update_engines(node_id: str, message: messages.Engines, *, actor: Actor) -> None:
+    """Take the node's engine list: what is installed, and how each install is going."""
     node = Node.objects.filter(id=node_id).first()
     if node is None:
         return
     before, before_installs = _qualifications(node), node.engine_installs() or []
     node.take_engines(_engines_json(message.engines) if message.probed else None, timezone.now())
     node.save(update_fields=["engines", "engines_changed_at"])
-    _log_new_qualifications(node, before)
-    _record_install_outcomes(node_id, before_installs, node.engine_installs() or [])
-    notices.pages_changed_on_commit("node", node_id)
+    _log_new_qualifications(node, before, actor)
+    _record_install_outcomes(node_id, before_installs, node.engine_installs() or [], actor)
+    notices.pages_changed_on_commit(EventKind.NODE, node_id)
 
 
 def _record_install_outcomes(
-    node_id: str, before: list[EngineInstall], after: list[EngineInstall]
+    node_id: str, before: list[EngineInstall], after: list[EngineInstall], actor: Actor
 ) -> None:
     """An Event when an engine version ends an install (installed, or failed and why);
     progress on the way is status, not history."""
@@ -158,30 +157,32 @@ def _record_install_outcomes(
     for install in after:
         key = (install.engine, install.version)
         if install.status in ("installed", "failed") and said.get(key) != install.words:
-            record_event("node", node_id, f"{install.engine} {install.version} {install.words}")
+            outcome = f"{install.engine} {install.version} {install.words}"
+            record_event(EventKind.NODE, node_id, outcome, actor=actor)
 
 
 def _engines_json(installs: list[EngineInstall]) -> list[dict]:
     return [install.model_dump(mode="json") for install in installs]
 
 
-def update_weights(node_id: str, message: messages.Weights) -> None:
+def update_weights(node_id: str, message: messages.Weights, *, actor: Actor) -> None:
+    """Take the list of weights the node holds."""
     if not message.listed:
         return
     Node.objects.filter(id=node_id).update(
         weights=[weight.model_dump(mode="json") for weight in message.weights]
     )
-    notices.pages_changed_on_commit("node", node_id)  # the mirror pages show holders
+    notices.pages_changed_on_commit(EventKind.NODE, node_id)  # the mirror pages show holders
 
 
-def record_refused_command(node_id: str, message: messages.CommandRefused) -> None:
+def record_refused_command(node_id: str, message: messages.CommandRefused, *, actor: Actor) -> None:
     """The node dropped a command it could not trust: someone put it on its queue."""
     reason = f"agent refused a command {message.task}: {message.reason}"
     log.warning("node %s: %s", node_id, reason)
-    record_event("node", node_id, reason)
+    record_event(EventKind.NODE, node_id, reason, actor=actor)
 
 
-def record_shard_status(node_id: str, message: messages.ShardStatus) -> bool:
+def record_shard_status(node_id: str, message: messages.ShardStatus, *, actor: Actor) -> bool:
     """Apply a shard's transition as its node reports it; False if refused, stale or unknown."""
     shard = Shard.objects.filter(id=message.shard_id).only("node_id", "state", "status_seq").first()
     if shard is None:
@@ -211,9 +212,12 @@ def record_shard_status(node_id: str, message: messages.ShardStatus) -> bool:
         fields["pid"] = message.pid
     if message.output_tail:
         fields["output_tail"] = message.output_tail
-    changed = transition(Shard, message.shard_id, message.state, reason, **fields) is not None
+    changed = (
+        transition(Shard, message.shard_id, message.state, reason, actor=actor, **fields)
+        is not None
+    )
     if changed:
-        refresh_replica_state(Shard.objects.get(id=message.shard_id).replica_id)
+        refresh_replica_state(Shard.objects.get(id=message.shard_id).replica_id, actor=actor)
     return changed
 
 
@@ -222,7 +226,7 @@ def _is_stale(shard: Shard, seq: int) -> bool:
     return bool(seq) and seq < shard.status_seq
 
 
-def record_shard_progress(node_id: str, message: messages.ShardProgress) -> None:
+def record_shard_progress(node_id: str, message: messages.ShardProgress, *, actor: Actor) -> None:
     """Progress is not a transition: it never resets the startup timer.
 
     Taken only while the shard fetches: one read after the shard moved on (sent before a
@@ -235,10 +239,10 @@ def record_shard_progress(node_id: str, message: messages.ShardProgress) -> None
         state=ShardState.FETCHING,
     ).update(progress=progress)
     if updated:
-        notices.pages_changed_on_commit("shard", message.shard_id)
+        notices.pages_changed_on_commit(EventKind.SHARD, message.shard_id)
 
 
-def adopt_reported_shards(node_id: str, message: messages.Register) -> list[str]:
+def adopt_reported_shards(node_id: str, message: messages.Register, *, actor: Actor) -> list[str]:
     """Rebuild replicas and shards from what the agent says it runs; the rebuilt ids.
 
     A node speaks only for its own shards. A shard the database knows is updated (unless
@@ -251,19 +255,21 @@ def adopt_reported_shards(node_id: str, message: messages.Register) -> list[str]
     rebuilt = []
     with transaction.atomic():
         for running in message.shards:
-            replica_id = _adopt_reported_shard(node_id, running)
+            replica_id = _adopt_reported_shard(node_id, running, actor)
             if replica_id is not None:
                 rebuilt.append(replica_id)
     return rebuilt
 
 
-def _adopt_reported_shard(node_id: str, running: messages.RunningShard) -> str | None:
+def _adopt_reported_shard(
+    node_id: str, running: messages.ReportedShard, actor: Actor
+) -> str | None:
     spec = running.spec
     shard = Shard.objects.select_for_update().filter(id=spec.shard_id).first()
     if shard is not None:
         if shard.node_id != node_id or str(shard.replica_id) != spec.replica_id:
             _refuse_report(node_id, spec, f"it belongs to {shard.node_id}, replica "
-                           f"{shard.replica_id}")  # fmt: skip
+                           f"{shard.replica_id}", actor)  # fmt: skip
             return None
         replica = Replica.objects.get(id=shard.replica_id)
         if replica.state in ReplicaState.ENDING or (
@@ -277,23 +283,25 @@ def _adopt_reported_shard(node_id: str, running: messages.RunningShard) -> str |
             if running.seq:
                 fields["status_seq"] = running.seq
             transition(Shard, shard.id, running.state, f"node {node_id} reports "
-                       f"{running.state}", **fields)  # fmt: skip
+                       f"{running.state}", actor=actor, **fields)  # fmt: skip
         elif not stale and running.seq > shard.status_seq:
             Shard.objects.filter(id=shard.id).update(status_seq=running.seq)
-        refresh_replica_state(replica.id)
+        refresh_replica_state(replica.id, actor=actor)
         return None
     try:
         replica_uuid = uuid.UUID(spec.replica_id)
     except ValueError:
-        _refuse_report(node_id, spec, f"{spec.replica_id!r} is not a replica id")
+        _refuse_report(node_id, spec, f"{spec.replica_id!r} is not a replica id", actor)
         return None
     if Replica.objects.filter(id=replica_uuid).exists():
-        _refuse_report(node_id, spec, f"replica {spec.replica_id} has no such shard")
+        _refuse_report(node_id, spec, f"replica {spec.replica_id} has no such shard", actor)
         return None
-    return _rebuild_replica(node_id, running, replica_uuid)
+    return _rebuild_replica(node_id, running, replica_uuid, actor)
 
 
-def _rebuild_replica(node_id: str, running: messages.RunningShard, replica_id: uuid.UUID) -> str:
+def _rebuild_replica(
+    node_id: str, running: messages.ReportedShard, replica_id: uuid.UUID, actor: Actor
+) -> str:
     """A replica the database lost (or never had), as one node reports it."""
     from catalog.models import Profile
 
@@ -325,7 +333,7 @@ def _rebuild_replica(node_id: str, running: messages.RunningShard, replica_id: u
     why = f"rebuilt from node {node_id}'s report of shard {spec.shard_id}"
     if distrust:
         why += f"; stopping it: {distrust}"
-    record_event("replica", str(replica.id), why, to_state=replica.state)
+    record_event(EventKind.REPLICA, str(replica.id), why, to_state=replica.state, actor=actor)
     Shard.objects.create(
         id=spec.shard_id,
         replica=replica,
@@ -340,14 +348,14 @@ def _rebuild_replica(node_id: str, running: messages.RunningShard, replica_id: u
     if distrust:
         _stop_reported(node_id, spec.shard_id, distrust)
     else:
-        refresh_replica_state(replica.id)
+        refresh_replica_state(replica.id, actor=actor)
     return str(replica.id)
 
 
-def _refuse_report(node_id: str, spec, why: str) -> None:
+def _refuse_report(node_id: str, spec, why: str, actor: Actor) -> None:
     reason = f"refused node {node_id}'s report of shard {spec.shard_id}: {why}"
     log.warning(reason)
-    record_event("node", node_id, reason)
+    record_event(EventKind.NODE, node_id, reason, actor=actor)
 
 
 def _stop_reported(node_id: str, shard_id: str, why: str) -> None:
@@ -357,7 +365,9 @@ def _stop_reported(node_id: str, shard_id: str, why: str) -> None:
     transaction.on_commit(lambda: commands.send_stop_shard(node_id, shard_id))
 
 
-def forget_unreported_shards(node_id: str, message: messages.Register) -> list[str]:
+def forget_unreported_shards(
+    node_id: str, message: messages.Register, *, actor: Actor
+) -> list[str]:
     """Settle shards placed on this node that its agent no longer runs; their ids.
 
     A shard the agent had reported on (fetching, starting, ready) has failed: its agent or
@@ -373,18 +383,20 @@ def forget_unreported_shards(node_id: str, message: messages.Register) -> list[s
     )
     for shard_id in stopping.values_list("id", flat=True):
         reason = f"node {node_id} registered without it: it is not running there"
-        if transition(Shard, shard_id, ShardState.STOPPED, reason, reason=reason, progress=None):
+        if transition(Shard, shard_id, ShardState.STOPPED, reason, actor=actor, reason=reason,
+                      progress=None):  # fmt: skip
             settled.append(shard_id)
     gone = mine.filter(state__in=ShardState.LIVE).exclude(state=ShardState.PENDING)
     for shard_id, replica_id in gone.values_list("id", "replica_id"):
         reason = f"node {node_id} registered without it (its agent or engine restarted)"
-        if transition(Shard, shard_id, ShardState.FAILED, reason, reason=reason, progress=None):
+        if transition(Shard, shard_id, ShardState.FAILED, reason, actor=actor, reason=reason,
+                      progress=None):  # fmt: skip
             settled.append(shard_id)
-            refresh_replica_state(replica_id)
+            refresh_replica_state(replica_id, actor=actor)
     return settled
 
 
-def refresh_replica_state(replica_id) -> str | None:
+def refresh_replica_state(replica_id, *, actor: Actor) -> str | None:
     """Derive a replica's state from its shards: ready when every rank is, failed when one is."""
     replica = Replica.objects.filter(id=replica_id).first()
     if replica is None or replica.state in ReplicaState.ENDING:
@@ -395,12 +407,13 @@ def refresh_replica_state(replica_id) -> str | None:
     if any(state == ShardState.FAILED for state in states):
         failed = replica.shards.filter(state=ShardState.FAILED).first()
         reason = f"rank {failed.rank} failed: {failed.reason or 'no reason given'}"
-        return transition(Replica, replica.id, ReplicaState.FAILED, reason, reasons=[reason])
+        return transition(Replica, replica.id, ReplicaState.FAILED, reason, actor=actor,
+                          reasons=[reason])  # fmt: skip
     if all(state == ShardState.READY for state in states):
         return transition(Replica, replica.id, ReplicaState.READY, "every rank is ready",
-                          reasons=[])  # fmt: skip
+                          actor=actor, reasons=[])  # fmt: skip
     if replica.state == ReplicaState.READY:
         # The startup clock starts again: it measures this start, not the first one.
         return transition(Replica, replica.id, ReplicaState.STARTING, "a rank is not ready",
-                          starting_since=timezone.now())  # fmt: skip
+                          actor=actor, starting_since=timezone.now())  # fmt: skip
     return None

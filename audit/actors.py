@@ -1,0 +1,73 @@
+"""Who acted: every verb is told, and its Event says so.
+
+An operator acts through a page, the REST API or the admin (``request.user``), or at the
+control plane's shell through ``llmgw_ctl`` (``shell_operator()``). llmgw acts by itself
+through one of its parts (``RECONCILER``, ``AGENT_LINK``…): the Event then names no one,
+as the log has always read "what llmgw did by itself".
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser
+
+
+@dataclass(frozen=True)
+class SystemActor:
+    """A part of llmgw acting by itself; its Events name no user."""
+
+    part: str
+
+    def __str__(self) -> str:
+        return f"llmgw's {self.part}"
+
+
+@dataclass(frozen=True)
+class ShellUser:
+    """The account at the control plane's shell running ``llmgw_ctl``, when llmgw has no
+    user of that name: the Event keeps the name, with no account behind it."""
+
+    username: str
+
+    def __str__(self) -> str:
+        return self.username
+
+
+# request.user is typed as either; views that act have made sure it is signed in.
+Actor: TypeAlias = AbstractBaseUser | AnonymousUser | SystemActor | ShellUser
+
+RECONCILER = SystemActor("reconciler")
+# What a node's agent reports over its link (registers, shard statuses, engines, weights).
+AGENT_LINK = SystemActor("agent link")
+# The liveness check: silent nodes become unreachable, then lost.
+LIVENESS = SystemActor("liveness check")
+# Sign-in throttling: a username and address locked out after failed sign-ins.
+SIGN_IN_THROTTLE = SystemActor("sign-in throttle")
+
+
+def shell_operator() -> Actor:
+    """The operator running ``llmgw_ctl``: the llmgw user named as the shell's user, or
+    just that name.
+
+    ``llmgw_ctl`` asks for no password: whoever runs it already holds the database, so the
+    shell's account (the one ``sudo`` was run from, if any) is the only identity the
+    machine vouches for.
+    """
+    name = os.environ.get("SUDO_USER") or getpass.getuser()
+    user = get_user_model()._default_manager.filter(username=name).first()
+    return user if user is not None else ShellUser(name)
+
+
+def recorded_as(actor: Actor) -> tuple[AbstractBaseUser | None, str]:
+    """The user an Event points at (None: no account) and the name it keeps ("": llmgw)."""
+    if isinstance(actor, AbstractBaseUser):
+        return (actor if actor.pk else None), actor.get_username()
+    if isinstance(actor, ShellUser):
+        return None, actor.username
+    return None, ""

@@ -1,0 +1,54 @@
+"""Verbs on node certificates: issue one (recorded, so it can be revoked) and revoke every
+certificate of a node. Each records an Event naming who did it: who may link is as much
+the fleet's history as who drained what."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from django.db import transaction
+from django.utils import timezone
+
+from audit.actors import Actor
+from audit.events import record_event
+from audit.models import EventKind
+from fleet import pki
+from fleet.models import NodeCertificate
+
+
+def issue_node_certificate(
+    node_id: str,
+    days: int = 365,
+    *,
+    actor: Actor,
+    directory: Path | None = None,
+    now: dt.datetime | None = None,
+) -> pki.Issued:
+    """A client certificate for ``node_id`` from llmgw's CA, recorded for revocation."""
+    issued = pki.sign_node_certificate(node_id, days, directory, now)
+    with transaction.atomic():
+        NodeCertificate.objects.create(
+            serial=str(issued.serial), node_id=node_id, not_after=issued.not_after
+        )
+        record_event(
+            EventKind.NODE,
+            node_id,
+            f"certificate {issued.serial} issued, valid until {issued.not_after:%Y-%m-%d}",
+            actor=actor,
+        )
+    return issued
+
+
+def revoke_node_certificates(node_id: str, *, actor: Actor) -> int:
+    """Revoke every certificate issued to ``node_id``; how many were still valid.
+
+    Every control plane refuses them from the next link on.
+    """
+    with transaction.atomic():
+        revoked = NodeCertificate.objects.filter(node_id=node_id, revoked_at=None).update(
+            revoked_at=timezone.now()
+        )
+        if revoked:
+            record_event(EventKind.NODE, node_id, f"revoked {revoked} certificate(s)", actor=actor)
+    return revoked
