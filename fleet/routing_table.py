@@ -114,7 +114,9 @@ def routing_snapshot() -> RoutingSnapshot:
             )
             continue
         entry.endpoints.append(
-            ReplicaEndpoint(replica=str(replica.id), url=url, secret=replica.secret)
+            ReplicaEndpoint(
+                replica=str(replica.id), url=url, secret=replica.secret, engine=replica.engine
+            )
         )
         # One rule per model, since one pick chooses among all its endpoints: prefix as soon
         # as one routable replica's profile asks for it; one whose profile left the

@@ -46,6 +46,9 @@ class ReplicaEndpoint(_Snapshot):
     replica: str = Field(description="the replica's id; a static file uses the URL")
     url: str = Field(description="http://<node address>:<rank 0's port>")
     secret: str = Field(default="", description="sent as a bearer token; empty: none wanted")
+    engine: str = Field(
+        default="", description="the replica's engine (llama.cpp, vllm, sglang); empty: unknown"
+    )
 
 
 class RoutableModel(_Snapshot):

@@ -129,7 +129,7 @@ class RoutingTable:
                     replica=e.replica,
                     url=e.url.rstrip("/"),
                     authorization=f"Bearer {e.secret}".encode() if e.secret else b"",
-                    engine=getattr(e, "engine", ""),  # not in every snapshot's schema yet
+                    engine=e.engine,
                 )
                 for e in entry.endpoints
             )

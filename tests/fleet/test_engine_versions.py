@@ -161,6 +161,8 @@ def test_a_version_added_to_the_catalog_rolls_unpinned_replicas_while_the_old_on
     assert old.state == "ready" and old.engine_version == "11434.0.0"
     [model] = routing_snapshot().models
     assert {e.replica for e in model.endpoints} == {str(old.id)}
+    # Routers learn each replica's engine: whether a broken answer can move depends on it.
+    assert {e.engine for e in model.endpoints} == {"llama.cpp"}
 
     update_engines(
         node_ids[0],
