@@ -12,7 +12,8 @@ import httpx
 import psutil
 import pytest
 
-from llmgw_cli.demo import DEMO_MODEL, smollm2_path
+from agent_worker.engines.llama_cpp import rpc_server_beside
+from llmgw_cli.demo import DEMO_MODEL, demo_catalog, smollm2_path
 from llmgw_cli.local_engine import wheel_llama_server
 from llmgw_cli.sim import cleanup, network
 from llmgw_cli.sim.fleet import Fleet, leader, node_fabrics
@@ -53,8 +54,8 @@ def home():
     remove_home(parent)
 
 
-def chat(router_url: str, key: str) -> httpx.Response | None:
-    body = {"model": DEMO_MODEL, "max_tokens": 8,
+def chat(router_url: str, key: str, model: str = DEMO_MODEL) -> httpx.Response | None:
+    body = {"model": model, "max_tokens": 8,
             "messages": [{"role": "user", "content": "Say hello."}]}  # fmt: skip
     try:
         answer = httpx.post(f"{router_url}/v1/chat/completions", json=body, timeout=30,
@@ -114,6 +115,11 @@ def test_two_node_fleet_serves_through_its_router_and_down_leaves_nothing(home):
     ]  # not another test's, on this machine
     assert engines
 
+    # A replica split over both nodes (llama.cpp's RPC): rpc-server on one host's own
+    # address, llama-server --rpc on the other host, answering through the same router.
+    if rpc_server_beside(wheel_llama_server() or "") is not None:
+        split_over_both_nodes(home, fleet, key)
+
     # A link cut, healed and impaired by hand, as status shows it.
     for verb, *args, shown in (("cut", "CUT "), ("heal", "up "), ("impair", "delay 20ms",
                                "up+impaired"), ("unimpair", "up ")):  # fmt: skip
@@ -133,6 +139,40 @@ def test_two_node_fleet_serves_through_its_router_and_down_leaves_nothing(home):
     assert "lsim" not in subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
     assert "lsim" not in Path("/proc/self/mountinfo").read_text()
     assert [still_running(pid) for pid in pids if still_running(pid)] == []
+
+
+SPLIT_MODEL = "smollm2-split"
+
+
+def split_over_both_nodes(home: Path, fleet: Fleet, key: str) -> None:
+    demo = (home / "sim" / "demo-catalog.yaml").read_text()
+    split = demo_catalog(threads=1, nodes=2)
+    assert split is not None
+    entry = split.split("models:\n", 1)[1].replace(f"name: {DEMO_MODEL}", f"name: {SPLIT_MODEL}")
+    catalog = home / "split-catalog.yaml"
+    catalog.write_text(demo + entry.replace("    aliases: [smollm2]\n", ""))
+    applied = sim(home, "exec", "cp1", "--", sys.executable, "manage.py", "llmgw_ctl", "apply",
+                  "-f", str(catalog))  # fmt: skip
+    assert applied.returncode == 0, applied.stderr[-2000:]
+    answer = wait_for(
+        lambda: network.in_host("services", lambda: chat(fleet.router_url, key, SPLIT_MODEL)),
+        120, "a completion from the split replica",
+    )  # fmt: skip
+    assert answer.json()["choices"][0]["message"]["content"]
+    hosts_of = {netns_of_namespace(n): n for n in ("node1", "node2")}
+    ranks = {}
+    for process in psutil.process_iter(["name", "cmdline"]):
+        host = hosts_of.get(netns_of(process.pid))
+        argv = process.info["cmdline"] or []
+        if host and "--rpc" in argv:
+            ranks["rank 0"] = (host, argv[argv.index("--rpc") + 1])
+        elif host and process.info["name"] in ("rpc-server", "ggml-rpc-server"):
+            listen = f"{argv[argv.index('--host') + 1]}:{argv[argv.index('--port') + 1]}"
+            ranks["rank 1"] = (host, listen)
+    assert set(ranks) == {"rank 0", "rank 1"}, ranks
+    (head_host, connects_to), (worker_host, listens_on) = ranks["rank 0"], ranks["rank 1"]
+    assert head_host != worker_host and connects_to == listens_on, ranks
+    assert listens_on.startswith("198.18.1."), ranks  # its host's own address, not 0.0.0.0
 
 
 def status_of(home: Path, host: str) -> str:

@@ -28,7 +28,7 @@ from tests.router.harness import Harness, Process, free_port, wait_until
 
 pytestmark = pytest.mark.process
 
-TOKENS = 200
+TOKENS = 120
 STORY = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
 PROMPT = "The old lighthouse keeper climbed the stairs"
 # Greedy and long whatever the model would say: the same answer every time it is asked.
