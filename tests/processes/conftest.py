@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import fcntl
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from tests.processes.support import Process, kill_engines_under
@@ -26,6 +30,13 @@ def processes(tmp_path):
 SIMULATED_FLEET_MODULES = {"test_sim", "test_sim_impair", "test_partitions"}
 
 
+# The groups alone did not keep them apart (this xdist ran two sim modules side by side),
+# so each simulated-fleet test also holds this machine-wide lock while it runs.
+SIMULATED_FLEET_LOCK = Path(tempfile.gettempdir()) / "llmgw-simulated-fleet.lock"
+# Seconds a simulated-fleet test may take, waiting for the lock included.
+SIMULATED_FLEET_TIMEOUT = 1200
+
+
 def pytest_collection_modifyitems(items):
     """Under ``--dist loadgroup``: a module's tests stay together (as ``loadfile``), and
     every simulated-fleet test goes to one worker."""
@@ -33,3 +44,15 @@ def pytest_collection_modifyitems(items):
         module = item.module.__name__.rpartition(".")[2]
         group = "simulated-fleet" if module in SIMULATED_FLEET_MODULES else module
         item.add_marker(pytest.mark.xdist_group(group))
+        if module in SIMULATED_FLEET_MODULES:
+            item.add_marker(pytest.mark.timeout(SIMULATED_FLEET_TIMEOUT))
+
+
+@pytest.fixture(autouse=True)
+def one_simulated_fleet_at_a_time(request):
+    if request.module.__name__.rpartition(".")[2] not in SIMULATED_FLEET_MODULES:
+        yield
+        return
+    with open(SIMULATED_FLEET_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the worker dies
+        yield
