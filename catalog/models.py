@@ -9,7 +9,9 @@ from collections.abc import Mapping
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
+from protocol.engine_serves import effective_serves
 from protocol.engines import WantedEngine, newest_version
+from protocol.serving import DEFAULT_SERVES
 
 KNOWN_ENGINES = ("llama.cpp", "vllm", "sglang")
 LAUNCH_MODES = ("native", "ray", "mp")
@@ -81,6 +83,13 @@ class Model(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def served_kinds(self) -> list[str]:
+        """Every kind one of its profiles serves, sorted; a model without profiles serves
+        what every engine does by default. Reads ``profiles``: prefetch them in loops."""
+        kinds = {kind for profile in self.profiles.all() for kind in profile.served_kinds}
+        return sorted(kinds) if kinds else list(DEFAULT_SERVES)
+
 
 class Profile(models.Model):
     """How a model runs: engine, resources and replica count."""
@@ -111,6 +120,9 @@ class Profile(models.Model):
     autoscale = models.JSONField(null=True, blank=True)
     # Since when demand has stayed below what the current count needs (scale-down waits).
     autoscale_low_since = models.DateTimeField(null=True, blank=True)
+    # What its replicas serve (protocol.serving kinds: chat, embeddings, rerank, …), in
+    # that order; empty: the engine's default, chat. Each engine turns it into its flags.
+    serves = models.JSONField(default=list, blank=True)
     args = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)
     startup_timeout = models.PositiveIntegerField(default=600, help_text="seconds")
@@ -134,6 +146,11 @@ class Profile(models.Model):
     def rollout(self) -> dict[str, int]:
         """The ``rollout:`` block as the catalog file writes it."""
         return {"surge": self.rollout_surge, "unavailable": self.rollout_unavailable}
+
+    @property
+    def served_kinds(self) -> list[str]:
+        """What its replicas serve: its ``serves:``, else its engine's default (chat)."""
+        return effective_serves(self.engine, self.serves)
 
     def resolved_engine_version(self, newest: Mapping[str, str] | None = None) -> str:
         """The engine version this profile's replicas run: the pinned one, else the
@@ -174,6 +191,10 @@ def profile_fingerprint(model: Model, profile: Profile, engine_version: str) -> 
         "args": list(profile.args),
         "env": dict(sorted(profile.env.items())),
     }
+    if profile.serves:
+        # Only when named, so the fingerprints of profiles that serve the default stay as
+        # they were before serves: existed (no rolling restart for nothing).
+        facts["serves"] = list(profile.serves)
     encoded = json.dumps(facts, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:16]
 

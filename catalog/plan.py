@@ -23,8 +23,8 @@ from protocol.units import format_duration, format_size
 
 PROFILE_FIELDS = (
     "engine", "engine_version", "replicas", "gpus_per_rank", "tensor_parallel", "nodes",
-    "memory", "gpu_memory", "disk", "context", "pool", "launch_mode", "strategy", "args",
-    "env", "startup_timeout", "drain_timeout", "routing", "concurrency", "autoscale",
+    "memory", "gpu_memory", "disk", "context", "pool", "launch_mode", "strategy", "serves",
+    "args", "env", "startup_timeout", "drain_timeout", "routing", "concurrency", "autoscale",
 )  # fmt: skip
 # The file's ``rollout:`` block is two columns of the profile row.
 ROLLOUT_COLUMNS = {"rollout_surge": "surge", "rollout_unavailable": "unavailable"}

@@ -23,6 +23,12 @@ from pydantic import (
 )
 
 from catalog.models import KNOWN_ENGINES, LAUNCH_MODES, STRATEGIES
+from protocol.engine_serves import (
+    ENGINE_SERVES,
+    effective_serves,
+    serve_arg_problems,
+    serve_problems,
+)
 from protocol.engines import PIP_ENGINES, EngineBuild
 from protocol.routing import PREFIX, ROUTING_POLICIES
 from protocol.sources import is_loopback_url
@@ -182,6 +188,8 @@ class ProfileEntry(_Strict):
     pool: str = ""
     launch_mode: str = "native"
     strategy: str = "pack"
+    # What its replicas serve (chat, embeddings, rerank, …); empty: the engine's default.
+    serves: list[str] = []
     args: list[str] = []
     env: dict[str, str] = {}
     startup_timeout: Duration = 600
@@ -245,6 +253,18 @@ class ProfileEntry(_Strict):
             raise ValueError("tensor_parallel above 1 needs gpus_per_rank; a CPU rank has none")
         if self.engine == "sglang" and self.launch_mode == "ray":
             raise ValueError("sglang has no ray launch mode; use native")
+        return self
+
+    @model_validator(mode="after")
+    def engine_serves_it(self) -> ProfileEntry:
+        """Refuse what the engine cannot serve (the agent's adapter would, at launch), and
+        keep serves: in one spelling: the fingerprint, and so rolling restarts, follow it."""
+        problems = serve_problems(self.engine, self.serves)
+        problems += serve_arg_problems(self.engine, self.serves, self.args, self.env)
+        if problems:
+            raise ValueError("; ".join(problems))
+        served = effective_serves(self.engine, self.serves)
+        self.serves = [] if tuple(served) == ENGINE_SERVES[self.engine].default else served
         return self
 
 

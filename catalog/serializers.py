@@ -54,6 +54,10 @@ class FabricSerializer(serializers.ModelSerializer):
 class ProfileSerializer(serializers.ModelSerializer):
     model = serializers.SlugRelatedField(slug_field="name", queryset=Model.objects.all())
     fingerprint = serializers.CharField(read_only=True)
+    serves = serializers.JSONField(
+        required=False,
+        help_text='what its replicas serve, like ["embeddings"]; empty: chat',
+    )
     args = serializers.JSONField(required=False)
     env = serializers.JSONField(required=False)
     memory = serializers.JSONField(required=False, help_text="bytes, or a size like 1GiB")
@@ -77,7 +81,7 @@ class ProfileSerializer(serializers.ModelSerializer):
         fields = [
             "id", "model", "name", "engine", "engine_version", "replicas", "gpus_per_rank",
             "tensor_parallel", "nodes", "memory", "gpu_memory", "disk", "context", "pool",
-            "launch_mode", "strategy", "args", "env", "startup_timeout", "rollout",
+            "launch_mode", "strategy", "serves", "args", "env", "startup_timeout", "rollout",
             "drain_timeout", "routing", "concurrency", "autoscale", "fingerprint",
         ]  # fmt: skip
 

@@ -22,6 +22,7 @@ def models_command(options, out) -> None:
                     {
                         "name": r["name"],
                         "aliases": r["aliases"],
+                        "serves": r["serves"],
                         "wanted": r["wanted"],
                         "ready": r["ready"],
                         "replicas": [str(i["replica"].id) for i in r["replicas"]],
@@ -35,5 +36,9 @@ def models_command(options, out) -> None:
     for row in rows:
         states = [item["replica"].state for item in row["replicas"]]
         starting = sum(1 for s in states if s in (ReplicaState.PLACING, ReplicaState.STARTING))
-        table.append([row["name"], ",".join(row["aliases"]), row["wanted"], row["ready"], starting])
-    out.write(render_table(["MODEL", "ALIASES", "WANTED", "READY", "STARTING"], table))
+        table.append(
+            [row["name"], ",".join(row["aliases"]), ",".join(row["serves"]), row["wanted"],
+             row["ready"], starting]
+        )  # fmt: skip
+    header = ["MODEL", "ALIASES", "SERVES", "WANTED", "READY", "STARTING"]
+    out.write(render_table(header, table))

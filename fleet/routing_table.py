@@ -21,6 +21,7 @@ from protocol.routing import (
     RoutableModel,
     RoutingSnapshot,
 )
+from protocol.serving import DEFAULT_SERVES, natively_served
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ def routing_snapshot() -> RoutingSnapshot:
                 (p.concurrency for p in model.profiles.all() if p.concurrency), default=0
             ),
             autoscaled=any(p.autoscale for p in model.profiles.all()),
+            serves=model.served_kinds,
         )  # fmt: skip
         for model in Model.objects.prefetch_related("profiles")
     }
@@ -113,9 +115,16 @@ def routing_snapshot() -> RoutingSnapshot:
                 "(its node sent no address, or the shard no port)"
             )
             continue
+        # One whose profile left the catalog serves what every engine does by default.
+        served = replica.profile.served_kinds if replica.profile else list(DEFAULT_SERVES)
         entry.endpoints.append(
             ReplicaEndpoint(
-                replica=str(replica.id), url=url, secret=replica.secret, engine=replica.engine
+                replica=str(replica.id),
+                url=url,
+                secret=replica.secret,
+                engine=replica.engine,
+                serves=served,
+                native=list(natively_served(replica.engine, replica.engine_version)),
             )
         )
         # One rule per model, since one pick chooses among all its endpoints: prefix as soon

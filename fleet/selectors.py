@@ -15,6 +15,7 @@ from fleet.backoff import replacement_backoff
 from fleet.models import Node, Replica, ReplicaState, Shard
 from protocol.engines import EngineInstall
 from protocol.inventory import Filesystem, Inventory, Usage
+from protocol.serving import DEFAULT_SERVES
 
 
 def live_replicas():
@@ -38,6 +39,7 @@ def model_rows() -> list[dict[str, Any]]:
             {
                 "name": model.name,
                 "aliases": model.aliases,
+                "serves": model.served_kinds,
                 "wanted": sum(p.replicas for p in model.profiles.all()),
                 "ready": sum(1 for r in replicas if r.state == ReplicaState.READY),
                 "replicas": [
@@ -52,6 +54,7 @@ def model_rows() -> list[dict[str, Any]]:
             {
                 "name": name,
                 "aliases": [],
+                "serves": list(DEFAULT_SERVES),
                 "wanted": 0,
                 "ready": sum(1 for r in replicas if r.state == ReplicaState.READY),
                 "replicas": [replica_item(r, stale=True) for r in replicas],

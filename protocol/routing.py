@@ -16,6 +16,8 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from protocol.serving import DEFAULT_SERVES
+
 ROUTING_CHANNEL = "llmgw:routing"
 
 # How a router spreads one model's requests over its replicas (a profile's ``routing:``):
@@ -49,6 +51,15 @@ class ReplicaEndpoint(_Snapshot):
     engine: str = Field(
         default="", description="the replica's engine (llama.cpp, vllm, sglang); empty: unknown"
     )
+    serves: list[str] = Field(
+        default_factory=lambda: list[str](DEFAULT_SERVES),
+        description="what its profile serves (protocol.serving kinds)",
+    )
+    native: list[str] = Field(
+        default_factory=list,
+        description="the chat APIs its engine serves itself (messages, responses); the "
+        "router translates the others onto its chat completions",
+    )
 
 
 class RoutableModel(_Snapshot):
@@ -72,6 +83,10 @@ class RoutableModel(_Snapshot):
         default=0, ge=0, description="requests one replica serves at once, more wait in the "
         "router by priority; 0: no limit"
     )  # fmt: skip
+    serves: list[str] = Field(
+        default_factory=lambda: list[str](DEFAULT_SERVES),
+        description="what its profiles serve together (protocol.serving kinds)",
+    )
     autoscaled: bool = Field(
         default=False, description="its replicas follow demand: with none ready, requests wait "
         "for one instead of being refused"

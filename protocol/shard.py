@@ -56,6 +56,11 @@ class ShardSpec(BaseModel):
     fabric: FabricAssignment | None = None
     context: int = Field(default=0, ge=0)
     launch_mode: LaunchMode = "native"
+    serves: list[str] = Field(
+        default_factory=list,
+        description="the kinds the profile's serves: names (protocol.serving); empty: the "
+        "engine's default, chat",
+    )
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     api_key: str = Field(default="", description="per-replica secret that only the router sends")

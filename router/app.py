@@ -14,14 +14,23 @@ import asyncio
 import hmac
 import logging
 import time
+from dataclasses import replace
 
+from protocol.serving import (
+    KIND_OF_PATH,
+    MULTIPART_PATHS,
+    STREAMING_PATHS,
+    TOKENIZE_PATHS,
+    TRANSLATED_PATHS,
+)
 from router import errors
 from router.accounting import Accounting
 from router.auth import Caller, KeyCache
 from router.balancer import Balancer
 from router.body_checks import check_body
-from router.call import CLIENT_CLOSED, Call, read_body, resolve
+from router.call import CLIENT_CLOSED, Call, read_body, resolve, resolve_form
 from router.config import RouterConfig
+from router.cors import Cors
 from router.errors import RouterError
 from router.health_probe import SavedTableProbe
 from router.inflight import report_inflight
@@ -30,16 +39,22 @@ from router.metrics import RouterMetrics
 from router.prefix import affinity_for
 from router.proxy import Proxy
 from router.relay import rewrite_body
-from router.responses import header, model_entry, send_error, send_json
+from router.request_ids import log_request, request_id_for
+from router.response_ids import ResponseIds, previous_response_id
+from router.responses import header, model_entry, send_empty, send_error, send_json
 from router.sources import DatabaseSource, Loaded, Refresher, StaticSource
 from router.table import ModelRoute, RoutingTable
+from router.translate.plan import Translation
 from router.upstream import HOP_REQUEST_HEADERS, Upstream
 from router.waiting import WaitingRoom
 
 logger = logging.getLogger(__name__)
 
-INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
-STREAMING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+# Every POST addressed to a model by the ``model`` of its body (or upload form).
+MODEL_PATHS = frozenset(KIND_OF_PATH) | frozenset(TOKENIZE_PATHS)
+# Where the router asks for usage in the stream on the client's behalf.
+USAGE_OPTION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+RESPONSES_PREFIX = "/v1/responses/"
 
 
 class Router:
@@ -63,6 +78,8 @@ class Router:
         self.limiter = RateLimiter(lambda: getattr(self.source, "redis_url", ""), self.metrics)
         self.rooms: dict[str, WaitingRoom] = {}  # by model: requests waiting for a replica
         self.accounting = Accounting()
+        self.cors = Cors(config.cors_origins)
+        self.response_ids = ResponseIds()
         self.upstream = upstream or Upstream(
             connect_timeout=config.connect_timeout,
             read_timeout=config.read_timeout,
@@ -73,6 +90,7 @@ class Router:
         self.proxy = Proxy(
             self.balancer, self.upstream, self.metrics, accounting, config.migrations,
             current_route=lambda name: self.table.routes.get(name),
+            response_ids=self.response_ids,
         )  # fmt: skip
         self.refresher = Refresher(source, self.install, config.refresh_seconds)
         self.probe = SavedTableProbe(
@@ -179,9 +197,15 @@ class Router:
             if not self._started:
                 await self.start()
             path = scope["path"]
+            request_id = request_id_for(header(scope, b"x-request-id"))
+            send = self._answering(scope, send, request_id)
             try:
-                if path in INFERENCE_PATHS:
-                    await self.inference(scope, receive, send, path)
+                if scope["method"] == "OPTIONS" and self.cors.enabled:
+                    await self.preflight(scope, send)
+                elif path in MODEL_PATHS:
+                    await self.inference(scope, receive, send, path, request_id)
+                elif path.startswith(RESPONSES_PREFIX):
+                    await self.stored_response(scope, send, path, request_id)
                 elif path == "/v1/models" or path.startswith("/v1/models/"):
                     await self.models(scope, send, path)
                 elif path == "/health":
@@ -191,9 +215,33 @@ class Router:
                 else:
                     raise errors.not_found(path)
             except RouterError as exc:
-                await send_error(send, exc)
+                await send_error(send, exc, path)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
+
+    def _answering(self, scope: dict, send, request_id: bytes):
+        """``send``, with the request id (and CORS headers for an allowed origin) added
+        to the answer's headers, whoever answers: the router or an engine."""
+        extra = [(b"x-request-id", request_id), *self.cors.headers(header(scope, b"origin"))]
+
+        async def answer(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            await send(message)
+
+        return answer
+
+    async def preflight(self, scope: dict, send) -> None:
+        """A browser asking whether it may send the request it is about to."""
+        allowed = self.cors.preflight(
+            header(scope, b"origin"), header(scope, b"access-control-request-headers")
+        )
+        if allowed is None:
+            raise RouterError(
+                403, "This origin may not call the router from a browser; an operator adds "
+                "it to LLMGW_ROUTER_CORS_ORIGINS.", "permission_error", "origin_not_allowed",
+            )  # fmt: skip
+        await send_empty(send, 204, allowed)
 
     async def _lifespan(self, receive, send) -> None:
         while True:
@@ -212,35 +260,54 @@ class Router:
 
     # -- /v1 inference ------------------------------------------------------------------
 
-    async def inference(self, scope: dict, receive, send, path: str) -> None:
+    async def inference(self, scope: dict, receive, send, path: str, request_id: bytes) -> None:
         started = time.perf_counter()
         model_label = ""
         code = 500
         admission: Admission | None = None
         call: Call | None = None
+        caller = None
         try:
             if scope["method"] != "POST":
                 raise errors.method_not_allowed(scope["method"], "POST")
-            authorization = content_length = session = None
-            forward: list[tuple[bytes, bytes]] = []
+            authorization = api_key = content_length = content_type = session = None
+            forward: list[tuple[bytes, bytes]] = [(b"x-request-id", request_id)]
             for name, value in scope["headers"]:
                 if name == b"authorization":
                     authorization = value
+                elif name == b"x-api-key":  # how Anthropic's clients send their key
+                    api_key = value
                 elif name == b"content-length":
                     content_length = value
-                elif name not in HOP_REQUEST_HEADERS:
+                elif name not in HOP_REQUEST_HEADERS and name != b"x-request-id":
                     if name == b"x-session-id":
                         session = value.decode("latin-1")
+                    elif name == b"content-type":
+                        content_type = value
                     forward.append((name, value))
             self._require_table()
-            caller = self.keys.authenticate(authorization)
+            caller = self.keys.authenticate(authorization, api_key)
             body = await read_body(receive, content_length, self.config.max_body)
             if body is None:
                 code = CLIENT_CLOSED
                 return
-            route, payload = resolve(self.table, body, caller)
+            if path in MULTIPART_PATHS:
+                route, payload = resolve_form(self.table, body, content_type, caller)
+            else:
+                route, payload = resolve(self.table, body, caller)
             model_label = route.name
+            kind = KIND_OF_PATH.get(path)  # None: /tokenize, which every kind serves
+            if kind is not None and kind not in route.serves:
+                raise errors.not_served(route.name, path, kind, route.serves, self._serving(kind))
             check_body(path, payload, self.config.max_choices)
+            translation = None
+            if path in TRANSLATED_PATHS:
+                translation = Translation.of(
+                    path, payload, route.name, always=self.config.translate == "always"
+                )
+            route = self._pinned(route.serving(kind), payload, path)
+            if translation is not None and all(translation.applies_to(e) for e in route.endpoints):
+                translation.check()  # refused now, if it must be translated and cannot be
             if not route.endpoints and not route.autoscaled:
                 message, retry_after = route.unavailable()
                 raise errors.unavailable(message, retry_after)
@@ -249,28 +316,83 @@ class Router:
             if waited is None:
                 code = CLIENT_CLOSED
                 return
-            route = waited
+            if waited is not route:  # the table's route as it is now
+                route = self._pinned(waited.serving(kind), payload, path)
             session = affinity_for(route, payload, path, session, self.config)
             stream = payload.get("stream") is True and path in STREAMING_PATHS
-            body, drop_usage_only = rewrite_body(body, payload, route, stream)
+            if path in MULTIPART_PATHS:
+                drop_usage_only = False  # the upload goes as it came
+            else:
+                body, drop_usage_only = rewrite_body(
+                    body, payload, route, stream and path in USAGE_OPTION_PATHS
+                )
             call = Call(
                 receive=receive, send=send, path=path, route=route, body=body, headers=forward,
                 caller=caller, session=session, drop_usage_only=drop_usage_only, started=started,
-                limit_headers=admission.headers if admission else [],
+                limit_headers=admission.headers if admission else [], kind=kind,
+                translation=translation, query=scope.get("query_string", b""),
             )  # fmt: skip
             code = await self.proxy.forward(call)
         except RouterError as exc:
             code = exc.status
             if admission is not None and exc.status != 429:
                 exc.headers = [*exc.headers, *admission.headers]
-            await send_error(send, exc)
+            await send_error(send, exc, path)
         finally:
             if admission is not None:
                 await self.limiter.charge(admission, call.tokens_spent if call else 0)
             room = self.rooms.get(model_label)
             if room is not None:  # this request's place on a replica is free again
                 room.notify(lambda: self._can_take(model_label))
-            self.metrics.request_done(model_label, code, time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            self.metrics.request_done(model_label, code, elapsed)
+            log_request(request_id, path, model_label, caller, code, elapsed, call)
+
+    async def stored_response(self, scope: dict, send, path: str, request_id: bytes) -> None:
+        """``GET``/``DELETE /v1/responses/{id}`` (and what lies under it): relayed to the
+        replica that made that response, the only one that may have kept it."""
+        if scope["method"] not in ("GET", "DELETE", "POST"):
+            raise errors.method_not_allowed(scope["method"], "GET, DELETE")
+        self._require_table()
+        caller = self.keys.authenticate(
+            header(scope, b"authorization"), header(scope, b"x-api-key")
+        )
+        response_id = path.removeprefix(RESPONSES_PREFIX).split("/", 1)[0]
+        made_by = self.response_ids.made_by(response_id)
+        route = self.table.routes.get(made_by.model) if made_by else None
+        # A response of a model the key may not use is as unknown as one never made.
+        if made_by is None or route is None or not caller.may_use(route.names):
+            raise errors.unknown_response(response_id)
+        endpoint = next((e for e in route.endpoints if e.replica == made_by.replica), None)
+        if endpoint is None:
+            raise errors.response_replica_gone(response_id, route.name, made_by.replica)
+        query = scope.get("query_string", b"")
+        target = path + ("?" + query.decode("latin-1") if query else "")
+        status = await self.proxy.pass_through(
+            scope["method"], endpoint, target, [(b"x-request-id", request_id)], send
+        )
+        if scope["method"] == "DELETE" and status < 300:
+            self.response_ids.forget(response_id)
+
+    def _serving(self, kind: str) -> list[str]:
+        """The models that serve ``kind``, for a refusal that says where to go instead."""
+        return sorted(name for name, route in self.table.routes.items() if kind in route.serves)
+
+    def _pinned(self, route: ModelRoute, payload: dict, path: str) -> ModelRoute:
+        """The route, narrowed to the replica that made the response a Responses request
+        continues (``previous_response_id``); 400 when that replica is unknown or gone."""
+        if path != "/v1/responses":
+            return route
+        wanted = previous_response_id(payload)
+        if wanted is None:
+            return route
+        made_by = self.response_ids.made_by(wanted)
+        if made_by is None:
+            raise errors.unknown_response(wanted)
+        endpoint = next((e for e in route.endpoints if e.replica == made_by.replica), None)
+        if endpoint is None:
+            raise errors.response_replica_gone(wanted, route.name, made_by.replica)
+        return replace(route, endpoints=(endpoint,), autoscaled=False)
 
     def _can_take(self, name: str) -> bool:
         """Whether a replica of model ``name`` could take one more request now."""
@@ -333,7 +455,9 @@ class Router:
         if scope["method"] != "GET":
             raise errors.method_not_allowed(scope["method"], "GET")
         self._require_table()
-        caller = self.keys.authenticate(header(scope, b"authorization"))
+        caller = self.keys.authenticate(
+            header(scope, b"authorization"), header(scope, b"x-api-key")
+        )
         table = self.table
         listed = [
             model_entry(route, table.loaded_at)

@@ -62,8 +62,11 @@ class KeyCache:
     def __len__(self) -> int:
         return 0 if self._by_hash is None else len(self._by_hash)
 
-    def authenticate(self, authorization: bytes | None) -> Caller:
-        """The caller behind an Authorization header, or the 401 to answer."""
+    def authenticate(self, authorization: bytes | None, api_key: bytes | None = None) -> Caller:
+        """The caller behind an Authorization header (or, without one, an ``x-api-key``
+        header, as Anthropic's clients send the key), or the 401 to answer."""
+        if authorization is None and api_key:
+            authorization = b"Bearer " + api_key
         by_hash = self._by_hash
         if by_hash is None:
             return ANONYMOUS

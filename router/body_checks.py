@@ -11,26 +11,36 @@ from typing import Any
 
 from router import errors
 
-# What each endpoint cannot do without, and what it must be.
+# What each endpoint cannot do without, and what it must be ("messages": a non-empty list
+# of objects; "text": a string or a list; "string"; "list").
 REQUIRED = {
-    "/v1/chat/completions": ("messages", "a non-empty list of message objects"),
-    "/v1/completions": ("prompt", "a string or a list"),
-    "/v1/embeddings": ("input", "a string or a list"),
+    "/v1/chat/completions": ("messages", "messages"),
+    "/v1/completions": ("prompt", "text"),
+    "/v1/embeddings": ("input", "text"),
+    "/v1/messages": ("messages", "messages"),
+    "/v1/messages/count_tokens": ("messages", "messages"),
+    "/v1/rerank": ("documents", "list"),
+    "/rerank": ("documents", "list"),
+    "/v1/audio/speech": ("input", "string"),
+    "/v1/images/generations": ("prompt", "string"),
+    "/detokenize": ("tokens", "list"),
 }
-COUNTS = ("max_tokens", "max_completion_tokens")
+WANTED = {
+    "messages": "a non-empty list of message objects",
+    "text": "a string or a list",
+    "string": "a string",
+    "list": "a list",
+}
+COUNTS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 
 
 def check_body(path: str, payload: dict[str, Any], max_choices: int) -> None:
     """Raise a 400 naming the first field a replica could not use as sent."""
-    field, wanted = REQUIRED[path]
-    value = payload.get(field)
-    if path == "/v1/chat/completions":
-        ok = isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
-    else:
-        ok = isinstance(value, str | list)
-    if not ok:
-        _refuse(field, f"`{field}` must be {wanted}" + ("; it is missing" if value is None else ""))
+    if path in REQUIRED:
+        _check_required(payload, *REQUIRED[path])
+    if path == "/v1/responses" and "previous_response_id" not in payload:
+        _check_required(payload, "input", "text")
     if "stream" in payload and not isinstance(payload["stream"], bool | None):
         _refuse("stream", "`stream` must be true or false")
     options = payload.get("stream_options")
@@ -47,6 +57,21 @@ def check_body(path: str, payload: dict[str, Any], max_choices: int) -> None:
         number = payload.get(name)
         if number is not None and (isinstance(number, bool) or not isinstance(number, int | float)):
             _refuse(name, f"`{name}` must be a number")
+
+
+def _check_required(payload: dict[str, Any], field: str, shape: str) -> None:
+    value = payload.get(field)
+    if shape == "messages":
+        ok = isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
+    elif shape == "text":
+        ok = isinstance(value, str | list)
+    elif shape == "string":
+        ok = isinstance(value, str)
+    else:
+        ok = isinstance(value, list)
+    if not ok:
+        missing = "; it is missing" if value is None else ""
+        _refuse(field, f"`{field}` must be {WANTED[shape]}{missing}")
 
 
 def _is_int(value: Any) -> bool:

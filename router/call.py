@@ -16,7 +16,8 @@ from typing import Any
 
 from router import errors
 from router.auth import Caller
-from router.table import ModelRoute, RoutingTable
+from router.table import Endpoint, ModelRoute, RoutingTable
+from router.translate.plan import Translation
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -51,10 +52,26 @@ class Call:
     limit_headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # x-ratelimit-*
     tokens_spent: int = 0  # prompt and completion, once the answer is whole
     exchange: Exchange = field(default_factory=Exchange)
+    kind: str | None = None  # what the path asks of the model (protocol.serving); None: any
+    # A Messages or Responses request, served on chat completions where the engine lacks it.
+    translation: Translation | None = None
+    query: bytes = b""  # the client's query string, passed on (Claude Code sends ?beta=true)
 
     @property
     def model(self) -> str:
         return self.route.name
+
+    def request_for(self, endpoint: Endpoint) -> tuple[str, bytes, Translation | None]:
+        """The path and body ``endpoint``'s engine is sent, and the translation its answer
+        needs (None: relayed as it comes)."""
+        translation = self.translation
+        if translation is not None and translation.applies_to(endpoint):
+            path, body = translation.engine_request()
+            return path, body, translation
+        path = self.path
+        if self.query:
+            path = f"{path}?{self.query.decode('latin-1')}"
+        return path, self.body, None
 
 
 async def read_body(receive: Receive, content_length: bytes | None, limit: int) -> bytes | None:
@@ -109,6 +126,54 @@ def resolve(table: RoutingTable, body: bytes, caller: Caller) -> tuple[ModelRout
     if not caller.may_use(route.names):
         raise errors.model_not_allowed(model, caller.name, sorted(caller.models))
     return route, payload
+
+
+def resolve_form(
+    table: RoutingTable, body: bytes, content_type: bytes | None, caller: Caller
+) -> tuple[ModelRoute, dict[str, Any]]:
+    """Like ``resolve``, for an upload (multipart/form-data): the model is a form field."""
+    model = form_field(body, content_type, b"model")
+    if model is None:
+        raise errors.malformed(
+            "The upload has no `model` form field; send the model's name as a field of the "
+            "multipart/form-data body, beside the file.",
+            "missing_model",
+        )
+    return resolve(table, json.dumps({"model": model}).encode(), caller)
+
+
+def form_field(body: bytes, content_type: bytes | None, name: bytes) -> str | None:
+    """The value of the text field ``name`` of a multipart/form-data body, or None."""
+    if content_type is None or not content_type.lower().startswith(b"multipart/form-data"):
+        raise errors.malformed(
+            "This endpoint takes an upload: send multipart/form-data with the file and a "
+            "`model` field.",
+            "invalid_content_type",
+        )
+    boundary = _boundary(content_type)
+    if boundary is None:
+        raise errors.malformed(
+            "The multipart/form-data content type names no boundary.", "invalid_content_type"
+        )
+    wanted = b'name="' + name + b'"'
+    for part in body.split(b"--" + boundary):
+        head, separator, value = part.partition(b"\r\n\r\n")
+        if not separator:
+            continue
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-disposition:") and wanted in line:
+                if b"filename=" in line:
+                    break  # a file named "model" is not the field
+                return value.removesuffix(b"\r\n").decode("utf-8", "replace")
+    return None
+
+
+def _boundary(content_type: bytes) -> bytes | None:
+    for parameter in content_type.split(b";")[1:]:
+        key, _, value = parameter.strip().partition(b"=")
+        if key.lower() == b"boundary" and value:
+            return value.strip(b'"')
+    return None
 
 
 def visible_models(table: RoutingTable, caller: Caller) -> list[str]:

@@ -58,6 +58,13 @@ class RouterConfig:
     # rides out one dead engine and one more failure, and bounds what a request that
     # kills engines (a prompt that crashes them) can do to the rest of its model's replicas.
     migrations: int = 2
+    # Browser origins that may call the router (CORS), or "*" for any; none: no CORS
+    # headers at all, and a browser on another origin is refused by its own rules.
+    cors_origins: tuple[str, ...] = ()
+    # Anthropic's Messages and OpenAI's Responses on an engine that lacks them are served
+    # on its chat completions ("native": only there); "always" translates everywhere, to
+    # test the translation or to get one behaviour from every engine.
+    translate: str = "native"
 
     @classmethod
     def from_env(cls) -> RouterConfig:
@@ -88,9 +95,20 @@ class RouterConfig:
             prefix_bytes=env_int("LLMGW_ROUTER_PREFIX_BYTES", cls.prefix_bytes),
             prefix_block=env_int("LLMGW_ROUTER_PREFIX_BLOCK", cls.prefix_block),
             migrations=env_int("LLMGW_ROUTER_MIGRATIONS", cls.migrations),
+            cors_origins=tuple(
+                origin.strip().rstrip("/")
+                for origin in env_str("LLMGW_ROUTER_CORS_ORIGINS").split(",")
+                if origin.strip()
+            ),
+            translate=env_str("LLMGW_ROUTER_TRANSLATE", cls.translate),
         )
 
     def __post_init__(self) -> None:
+        if self.translate not in ("native", "always"):
+            raise ValueError(
+                f"LLMGW_ROUTER_TRANSLATE={self.translate!r}: use native (translate only for "
+                "engines without the API) or always"
+            )
         if self.migrations < 0:
             raise ValueError(
                 f"LLMGW_ROUTER_MIGRATIONS={self.migrations}: moves per request cannot be "

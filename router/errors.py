@@ -120,9 +120,50 @@ def not_found(path: str) -> RouterError:
     return RouterError(
         404,
         f"No route {path}; the router serves /v1/chat/completions, /v1/completions, "
-        "/v1/embeddings, /v1/models, /health and /metrics.",
+        "/v1/responses, /v1/messages, /v1/embeddings, /v1/rerank, /v1/audio/*, "
+        "/v1/images/generations, /tokenize, /detokenize, /v1/models, /health and /metrics.",
         "invalid_request_error",
         "not_found",
+    )
+
+
+def not_served(
+    model: str, path: str, kind: str, serves: tuple[str, ...], serving: list[str]
+) -> RouterError:
+    """A request for what the model's profiles do not serve: said before any engine sees it."""
+    elsewhere = (
+        f"models that serve {kind}: {', '.join(serving)}" if serving
+        else f"no model serves {kind} yet; an operator adds `serves: [{kind}]` to a profile"
+    )  # fmt: skip
+    return RouterError(
+        400,
+        f"The model {model!r} serves {', '.join(serves)}, not {kind} ({path}); {elsewhere}.",
+        "invalid_request_error",
+        "model_does_not_serve",
+        param="model",
+    )
+
+
+def unknown_response(response_id: str) -> RouterError:
+    return RouterError(
+        404,
+        f"The response {response_id!r} is not known to this router (it was never made "
+        "here, or is too old to be remembered); start again without previous_response_id.",
+        "invalid_request_error",
+        "response_not_found",
+        param="previous_response_id",
+    )
+
+
+def response_replica_gone(response_id: str, model: str, replica: str) -> RouterError:
+    return RouterError(
+        404,
+        f"The response {response_id!r} was made by replica {replica[:8]} of {model}, which "
+        "no longer serves (it stopped or was replaced), and only it kept the response; start "
+        "again without previous_response_id, sending the conversation in `input`.",
+        "invalid_request_error",
+        "response_not_found",
+        param="previous_response_id",
     )
 
 

@@ -32,8 +32,16 @@ from router.migration import (
     engine_continues,
     why_not_movable,
 )
-from router.relay import WATCH_AFTER_SECONDS, StreamRelay, relay_body, start_watching
+from router.relay import (
+    WATCH_AFTER_SECONDS,
+    StreamRelay,
+    normalized_error,
+    relay_body,
+    start_watching,
+)
+from router.response_ids import ResponseIds
 from router.table import Endpoint, ModelRoute
+from router.translate.plan import EventTranslator, Translation, stream_error_event_for
 from router.upstream import Response, Upstream, UpstreamBroken, UpstreamUnreachable
 from router.usage import EventScanner, Tokens
 
@@ -41,6 +49,9 @@ logger = logging.getLogger(__name__)
 
 # One try and at most two retries, each on another replica.
 MAX_ATTEMPTS = 3
+RESPONSES_PATH = "/v1/responses"
+# The streams a broken answer can be carried on in (migration.py reads their events).
+MOVABLE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
 class BrokenStream(NamedTuple):
@@ -58,6 +69,7 @@ class Proxy:
         self, balancer: Balancer, upstream: Upstream, metrics: RouterMetrics,
         accounting: Accounting | None, migrations: int = 2,
         current_route: Callable[[str], ModelRoute | None] | None = None,
+        response_ids: ResponseIds | None = None,
     ) -> None:  # fmt: skip
         """``current_route`` gives a model's route in the table as it is now: a move goes
         to the replicas ready when the answer broke, not those of when it began."""
@@ -67,6 +79,7 @@ class Proxy:
         self.upstream = upstream
         self.metrics = metrics
         self.accounting = accounting  # None: tokens go to /metrics only (router-only mode)
+        self.response_ids = response_ids or ResponseIds()
 
     async def forward(self, call: Call) -> int:
         """Relay with retries; return the status the client got (499 if it left first)."""
@@ -107,9 +120,10 @@ class Proxy:
             replica = endpoint.replica
             trial = self.balancer.started(replica)
             ok: bool | None = None
+            path, body, translation = call.request_for(endpoint)
             try:
                 try:
-                    response = await self._post(endpoint, call.path, call.body, call.headers)
+                    response = await self._post(endpoint, path, body, call.headers)
                 except UpstreamUnreachable as exc:
                     ok = False
                     self.metrics.upstream_error(model, replica, exc.kind)
@@ -131,14 +145,17 @@ class Proxy:
                             endpoint = following
                             continue
                     if response.is_event_stream:
-                        broken = await self._relay_stream(call, response, replica)
+                        broken = await self._relay_stream(call, response, replica, translation)
                         ok = broken is None and response.status < 500
                         if broken is None:
                             return response.status
                         tried.append(endpoint)
                         break
                     try:
-                        tokens = await relay_body(call, response, self.metrics)
+                        tokens = await relay_body(
+                            call, response, self.metrics,
+                            self._answer_editor(call, translation, replica),
+                        )  # fmt: skip
                     except UpstreamBroken as exc:
                         ok = False
                         tried.append(endpoint)
@@ -185,19 +202,97 @@ class Proxy:
     # -- streams, and carrying a broken one on ---------------------------------------------
 
     async def _relay_stream(
-        self, call: Call, response: Response, replica: str
+        self, call: Call, response: Response, replica: str, translation: Translation | None
     ) -> BrokenStream | None:
         """Relay a stream from its first engine; None once it ended whole and is counted."""
         stream = StreamRelay(call, self.metrics)
         await stream.begin(response)
-        scanner = EventScanner(drop_usage_only=call.drop_usage_only)
-        broken = await stream.pipe(response, scanner.feed, scanner.flush)
+        scanner = EventScanner(drop_usage_only=call.drop_usage_only and translation is None)
+        edit, flush = scanner.feed, scanner.flush
+        if translation is not None:
+            edit, flush = _translated(scanner, translation.events())
+        elif call.path == RESPONSES_PATH:
+            edit = self._noting_response_id(scanner.feed, replica, call.model)
+        broken = await stream.pipe(response, edit, flush)
         if broken is None:
             await stream.end()
             self._account(call, scanner.tokens)
             return None
         self.metrics.upstream_error(call.model, replica, "broken_stream")
+        if translation is not None or call.path not in MOVABLE_PATHS:
+            # Carried on only where the client's stream is chat completions' own.
+            await stream.end_broken(
+                broken,
+                "a stream in another API's events is not moved",
+                stream_error_event_for(call.path),
+            )
+            self._account(call, scanner.tokens)
+            return None
         return BrokenStream(stream, broken, scanner.tokens)
+
+    def _answer_editor(
+        self, call: Call, translation: Translation | None, replica: str
+    ) -> Callable[[int, bytes], tuple[int, bytes]]:
+        """What a whole answer becomes for the client: translated back to the client's API,
+        or an engine's error put in the shape of the client's API; a Responses answer's
+        id is noted, for the requests that continue it."""
+
+        def edit(status: int, data: bytes) -> tuple[int, bytes]:
+            if translation is not None:
+                status = 400 if status == 501 else status
+                return status, translation.answer(status, data)
+            if status >= 400:
+                return normalized_error(status, data, call.path)
+            if call.path == RESPONSES_PATH:
+                self.response_ids.note_answer(data, replica, call.model)
+            return status, data
+
+        return edit
+
+    def _noting_response_id(
+        self, edit: Callable[[bytes], bytes], replica: str, model: str
+    ) -> Callable[[bytes], bytes]:
+        """``edit``, noting the response's id from the first event that names one."""
+        noted = False
+
+        def noting(data: bytes) -> bytes:
+            nonlocal noted
+            events = edit(data)
+            if not noted and b"resp_" in events:
+                self.response_ids.note_answer(events, replica, model)
+                noted = True
+            return events
+
+        return noting
+
+    async def pass_through(
+        self, method: str, endpoint: Endpoint, path: str, headers: list[tuple[bytes, bytes]],
+        send,
+    ) -> int:  # fmt: skip
+        """Relay a request with no body (a stored response's GET or DELETE) to one replica."""
+        if endpoint.authorization:
+            headers = [*headers, (b"authorization", endpoint.authorization)]
+        try:
+            response = await self.upstream.request(method.encode(), endpoint.url, path, b"",
+                                                   headers)  # fmt: skip
+        except UpstreamUnreachable as exc:
+            raise errors.bad_gateway(
+                f"The replica that made this response did not answer: {exc}"
+            ) from None
+        try:
+            data = await response.read()
+        except UpstreamBroken as exc:
+            raise errors.bad_gateway(f"The replica broke off its answer: {exc}") from None
+        finally:
+            response.close()
+        status, data = normalized_error(response.status, data) if response.status >= 400 else (
+            response.status, data
+        )  # fmt: skip
+        headers = response.headers_for_client()
+        headers.append((b"content-length", str(len(data)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+        return status
 
     async def _carry_on(self, call: Call, first: BrokenStream, tried: list[Endpoint]) -> int:
         """Carry a broken stream on, replica after replica, until it ends whole or cannot
@@ -320,3 +415,17 @@ class Proxy:
         if self.accounting is not None:
             caller = call.caller
             self.accounting.record(caller.prefix, caller.name, call.model, prompt, completion)
+
+
+def _translated(
+    scanner: EventScanner, events: EventTranslator
+) -> tuple[Callable[[bytes], bytes], Callable[[], bytes]]:
+    """The scanner (which counts the chat completion's usage) and then the translation."""
+
+    def edit(data: bytes) -> bytes:
+        return events.feed(scanner.feed(data))
+
+    def flush() -> bytes:
+        return events.feed(scanner.flush()) + events.flush()
+
+    return edit, flush

@@ -22,11 +22,13 @@ from router.call import Call, Exchange, Receive
 from router.metrics import RouterMetrics
 from router.migration import Relayed
 from router.table import ModelRoute
+from router.translate import messages
 from router.upstream import Response, UpstreamBroken
 from router.usage import Tokens, usage_of_body
 
 logger = logging.getLogger(__name__)
 
+JSON_TYPE = [(b"content-type", b"application/json")]
 STREAM_HEADERS = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
 # A request still running after this long gets a task watching for the client to leave.
 WATCH_AFTER_SECONDS = 0.05
@@ -76,21 +78,65 @@ def rewrite_body(
     return body, drop_usage_only
 
 
-async def relay_body(call: Call, response: Response, metrics: RouterMetrics) -> Tokens | None:
-    """Pass on an answer that does not stream, once it is whole; return its usage.
+async def relay_body(
+    call: Call, response: Response, metrics: RouterMetrics,
+    edit: Callable[[int, bytes], tuple[int, bytes]] | None = None,
+) -> Tokens | None:  # fmt: skip
+    """Pass on an answer that does not stream, once it is whole (through ``edit``, which
+    may translate it); return its usage, as the engine counted it.
 
     Raises UpstreamBroken when the engine broke off before the end: nothing reached the
     client, so the proxy may ask another replica.
     """
     data = await response.read()
-    headers = response.headers_for_client() + call.limit_headers
+    tokens = usage_of_body(data) if response.status < 400 else None
+    status = response.status
+    headers = response.headers_for_client()
+    if edit is not None:
+        status, edited = edit(status, data)
+        if edited is not data:
+            data = edited
+            headers = [(n, v) for n, v in headers if n != b"content-type"] + JSON_TYPE
+    headers += call.limit_headers
     headers.append((b"content-length", str(len(data)).encode()))
     call.exchange.finishing = True
     send = call.send
-    await send({"type": "http.response.start", "status": response.status, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
     metrics.first_byte(call.model, time.perf_counter() - call.started)
-    return usage_of_body(data) if response.status < 400 else None
+    return tokens
+
+
+def normalized_error(status: int, data: bytes, path: str = "") -> tuple[int, bytes]:
+    """An engine's error as the client's API shapes errors, with a string ``code``.
+
+    Engines differ: llama-server's ``code`` is the HTTP status as a number, which the
+    OpenAI SDK takes for a server error; its 501 for an endpoint it was not started
+    with is the client's 400 (the model does not serve that here).
+    """
+    if status == 501:
+        status = 400
+    try:
+        answer = json.loads(data)
+    except ValueError:
+        answer = None
+    if path.startswith("/v1/messages"):
+        if isinstance(answer, dict) and answer.get("type") == "error":
+            return status, data  # already Anthropic's shape
+        return status, messages.error_body(status, data)
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("code"), str):
+        return status, data
+    if isinstance(error, dict):
+        message = str(error.get("message") or "")
+        kind = error.get("type") if isinstance(error.get("type"), str) else None
+    else:
+        message = data[:2000].decode("utf-8", "replace").strip()
+        kind = None
+    code = kind or f"http_{status}"
+    type_ = "invalid_request_error" if status < 500 else "upstream_error"
+    message = message or f"The engine answered HTTP {status} without saying why."
+    return status, errors.error_body(message, type_, code)
 
 
 class StreamRelay:
@@ -142,14 +188,17 @@ class StreamRelay:
         self.call.exchange.finishing = True
         await self.call.send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    async def end_broken(self, broken: UpstreamBroken, why_not_moved: str) -> None:
-        """End with the error event: a stream that just stopped would read as a whole
-        answer to many clients."""
+    async def end_broken(
+        self, broken: UpstreamBroken, why_not_moved: str,
+        error_event: Callable[[str], bytes] = errors.stream_error_event,
+    ) -> None:  # fmt: skip
+        """End with the error event (``error_event`` makes it in the client's API's
+        events): a stream that just stopped would read as a whole answer to many clients."""
         model = self.call.model
         logger.warning("stream from an engine of %s broke: %s; not moved: %s", model, broken,
                        why_not_moved)  # fmt: skip
         await self.end(
-            errors.stream_error_event(
+            error_event(
                 f"An engine of {model} broke off its answer after it began: {broken}; the "
                 f"answer is incomplete (not carried on elsewhere: {why_not_moved}), send the "
                 "request again."

@@ -7,8 +7,10 @@ from typing import Any
 
 from router.errors import RouterError
 from router.table import ModelRoute
+from router.translate import messages
 
 JSON = [(b"content-type", b"application/json")]
+MESSAGES_PATH = "/v1/messages"
 
 
 def model_entry(route: ModelRoute, created: float) -> dict[str, Any]:
@@ -20,6 +22,7 @@ def model_entry(route: ModelRoute, created: float) -> dict[str, Any]:
         "owned_by": "llmgw",
         "llmgw": {
             "aliases": list(route.aliases),
+            "serves": list(route.serves),
             "replicas": {"wanted": route.wanted, "ready": len(route.endpoints), **replicas},
         },
     }
@@ -44,8 +47,17 @@ async def send_json(send, status: int, body: Any, headers: list | None = None) -
     await send({"type": "http.response.body", "body": data})
 
 
-async def send_error(send, error: RouterError) -> None:
+async def send_empty(send, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def send_error(send, error: RouterError, path: str = "") -> None:
+    """The router's own refusal, in the shape the client's API has: Anthropic's for the
+    Messages API (its SDK reads only that), OpenAI's for everything else."""
     data = error.body()
+    if path.startswith(MESSAGES_PATH):
+        data = messages.error_body(error.status, data)
     await send(
         {
             "type": "http.response.start",

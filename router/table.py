@@ -24,6 +24,7 @@ from protocol.routing import (
     RoutingPolicy,
     RoutingSnapshot,
 )
+from protocol.serving import DEFAULT_SERVES, SERVE_KINDS, ServeKind, TranslatedApi
 
 # Retry-After (seconds) by why no replica is ready: a starting engine is seconds away,
 # placement runs every few seconds, and nothing changes soon when nothing is wanted.
@@ -42,6 +43,10 @@ class Endpoint:
     # The engine's name as its adapter gives it ("llama.cpp", "vllm"): whether and how a
     # broken stream can be continued there (migration.py). "" while snapshots carry none.
     engine: str = ""
+    # What its profile serves (protocol.serving kinds), and the chat APIs (messages,
+    # responses) its engine serves itself; the router translates the others.
+    serves: frozenset[str] = frozenset(DEFAULT_SERVES)
+    native: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -64,10 +69,18 @@ class ModelRoute:
     concurrency: int = 0
     # Replicas follow demand: with none ready, a request waits for one to start.
     autoscaled: bool = False
+    # What its profiles serve together (protocol.serving kinds).
+    serves: tuple[str, ...] = DEFAULT_SERVES
 
     @property
     def names(self) -> frozenset[str]:
         return frozenset((self.name, *self.aliases))
+
+    def serving(self, kind: str | None) -> ModelRoute:
+        """This route with only the endpoints that serve ``kind`` (None: every kind)."""
+        if kind is None or all(kind in e.serves for e in self.endpoints):
+            return self
+        return replace(self, endpoints=tuple(e for e in self.endpoints if kind in e.serves))
 
     def replica_ids(self) -> list[str]:
         return [endpoint.replica for endpoint in self.endpoints]
@@ -130,6 +143,8 @@ class RoutingTable:
                     url=e.url.rstrip("/"),
                     authorization=f"Bearer {e.secret}".encode() if e.secret else b"",
                     engine=e.engine,
+                    serves=frozenset(e.serves),
+                    native=frozenset(e.native),
                 )
                 for e in entry.endpoints
             )
@@ -143,6 +158,7 @@ class RoutingTable:
                 routing=entry.routing,
                 concurrency=entry.concurrency,
                 autoscaled=entry.autoscaled,
+                serves=tuple(entry.serves),
             )
         return cls(
             routes=routes, by_name=_by_name(routes),
@@ -184,6 +200,8 @@ class StaticEndpoint(BaseModel):
     model_config = ConfigDict(extra="forbid")
     url: str
     secret: str = ""
+    # The chat APIs the server there answers itself; the router translates the others.
+    native: list[TranslatedApi] = []
 
     @field_validator("url")
     @classmethod
@@ -199,6 +217,9 @@ class StaticModel(BaseModel):
     aliases: list[str] = []
     endpoints: list[StaticEndpoint] = Field(min_length=1)
     routing: RoutingPolicy = LEAST_OUTSTANDING
+    # The router cannot know what a server it did not start serves: every kind, unless
+    # the file says, and the server's own answer for what it does not.
+    serves: list[ServeKind] = Field(default_factory=lambda: list(SERVE_KINDS), min_length=1)
 
 
 class StaticKey(BaseModel):
@@ -229,9 +250,11 @@ def load_static(path: str) -> tuple[RoutingSnapshot, list[dict[str, Any]] | None
           - name: gemma
             aliases: [g]
             routing: prefix                 # optional; least_outstanding by default
+            serves: [chat]                  # optional; every kind by default (protocol/serving.py)
             endpoints:
               - url: http://10.0.0.5:9001
                 secret: engine-api-key      # optional
+                native: [messages, responses]  # optional: served there, not translated
         keys:                               # required unless `auth: false`
           - name: team-a
             sha256: <hex>                   # printf %s KEY | sha256sum
@@ -268,10 +291,18 @@ def load_static(path: str) -> tuple[RoutingSnapshot, list[dict[str, Any]] | None
                 wanted=len(m.endpoints),
                 # A static endpoint has no replica id: its URL stands for one.
                 endpoints=[
-                    ReplicaEndpoint(replica=e.url, url=e.url, secret=e.secret) for e in m.endpoints
+                    ReplicaEndpoint(
+                        replica=e.url,
+                        url=e.url,
+                        secret=e.secret,
+                        serves=list(m.serves),
+                        native=list(e.native),
+                    )  # fmt: skip
+                    for e in m.endpoints
                 ],
                 states={"ready": len(m.endpoints)},
                 routing=m.routing,
+                serves=list(m.serves),
             )
             for m in parsed.models
         ]

@@ -36,11 +36,15 @@ HOP_REQUEST_HEADERS = frozenset(
         b"proxy-connection", b"accept-encoding", b"expect",
     }
 )  # fmt: skip
-# Response headers the ASGI server sets itself, or that describe the engine's hop.
+# Response headers the ASGI server sets itself, that describe the engine's hop, or that
+# the router decides (CORS: llama-server answers every request with its own, router/cors.py).
 HOP_RESPONSE_HEADERS = frozenset(
     {
         b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date",
-        b"server", b"trailer", b"upgrade",
+        b"server", b"trailer", b"upgrade", b"access-control-allow-origin",
+        b"access-control-allow-credentials", b"access-control-allow-methods",
+        b"access-control-allow-headers", b"access-control-expose-headers",
+        b"access-control-max-age", b"x-request-id",
     }
 )  # fmt: skip
 

@@ -24,13 +24,33 @@ class Tokens:
 
 
 def tokens_of(usage: object) -> Tokens | None:
+    """The tokens of a ``usage`` object in OpenAI's words (prompt/completion tokens) or in
+    Anthropic's and the Responses API's (input/output tokens)."""
     if not isinstance(usage, dict):
         return None
-    prompt = usage.get("prompt_tokens")
-    completion = usage.get("completion_tokens", 0)
-    if not isinstance(prompt, int) or not isinstance(completion, int):
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+    completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
+    if prompt is None and "output_tokens" in usage:
+        prompt = 0  # Anthropic's message_delta: the output so far, the input said before
+    if not _is_count(prompt) or not _is_count(completion):
         return None
     return Tokens(prompt, completion)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def usage_in_event(chunk: dict) -> object:
+    """An event's usage object: at the top (chat, Anthropic's message_delta), in its
+    ``message`` (message_start) or in its ``response`` (response.completed)."""
+    if "usage" in chunk:
+        return chunk["usage"]
+    for holder in ("message", "response"):
+        inner = chunk.get(holder)
+        if isinstance(inner, dict) and "usage" in inner:
+            return inner["usage"]
+    return None
 
 
 def usage_of_body(body: bytes) -> Tokens | None:
@@ -130,8 +150,13 @@ class EventScanner:
             return True
         if not isinstance(chunk, dict):
             return True
-        tokens = tokens_of(chunk.get("usage"))
+        tokens = tokens_of(usage_in_event(chunk))
         if tokens is None:
             return True
-        self.tokens = tokens
+        seen = self.tokens
+        # Anthropic's stream says the input in message_start and the output in
+        # message_delta: an event that leaves a count out does not undo an earlier one.
+        self.tokens = tokens if seen is None else Tokens(
+            tokens.prompt or seen.prompt, tokens.completion or seen.completion
+        )  # fmt: skip
         return not (self.drop_usage_only and chunk.get("choices") == [])

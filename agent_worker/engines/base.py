@@ -13,6 +13,8 @@ from agent_worker.engines.validation import (
     owned_flag_problems,
     parse_rendezvous,
 )
+from protocol.engine_serves import serve_flags, serve_problems, serve_setting_problems
+from protocol.serving import DEFAULT_SERVES
 from protocol.shard import ShardSpec
 
 # Flags every engine's HTTP server takes that llmgw decides for each replica.
@@ -43,14 +45,29 @@ class EngineAdapter(ABC):
     # as vLLM and SGLang do) or "workers" (rank 0 connects to each worker, as llama.cpp's
     # RPC backend does). The side that connects starts only once the other listens.
     listening_side: ClassVar[Literal["rank0", "workers"]] = "rank0"
+    # What a profile that names no ``serves:`` serves (protocol.engine_serves says the rest:
+    # the flags of each kind, and which kinds one process cannot serve together).
+    serves_by_default: ClassVar[tuple[str, ...]] = DEFAULT_SERVES
 
     def validate(self, spec: ShardSpec) -> list[str]:
         """Return every problem with this spec for this engine; empty means launch it."""
         problems = common_problems(spec, self.name, self.launch_modes, self.launch_mode_note)
         problems += owned_flag_problems(spec.args, self.owned_flags)
         problems += owned_env_problems(spec.env, self.owned_env)
+        problems += self.serve_problems(spec)
         problems += self.engine_problems(spec)
         return problems
+
+    def serve_flags(self, serves: list[str]) -> list[str]:
+        """Return the flags that make this engine serve ``serves`` (none for its default)."""
+        return serve_flags(self.name, serves or list(self.serves_by_default))
+
+    def serve_problems(self, spec: ShardSpec) -> list[str]:
+        """Return the kinds of ``spec.serves`` this engine cannot serve, or not together,
+        and the args that would undo what they need; each said with its fix."""
+        serves = spec.serves or list(self.serves_by_default)
+        problems = serve_problems(self.name, serves)
+        return problems + serve_setting_problems(self.name, serves, spec.args, spec.env)
 
     def engine_problems(self, spec: ShardSpec) -> list[str]:
         """Return what only this engine refuses; the common checks have already run."""

@@ -16,6 +16,7 @@ from typing import ClassVar
 from agent_worker.engines.base import COMMON_OWNED_FLAGS, EngineAdapter, engine_env
 from agent_worker.engines.command import LaunchCommand
 from agent_worker.weights.gguf import GgufError, block_count
+from protocol.engine_serves import serve_owned_env, serve_owned_flags
 from protocol.shard import ShardSpec
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,9 @@ class LlamaCppAdapter(EngineAdapter):
         "-c": _SET_CONTEXT,
         "--ctx-size": _SET_CONTEXT,
         "--rpc": "llmgw sets to the worker ranks placement chose; set nodes: instead",
+        **serve_owned_flags(name),  # --embeddings, --reranking
     }
+    owned_env = serve_owned_env(name)
 
     def engine_problems(self, spec: ShardSpec) -> list[str]:
         problems = []
@@ -90,6 +93,7 @@ class LlamaCppAdapter(EngineAdapter):
         if spec.context:
             argv += ["-c", str(spec.context)]
         argv.append("--metrics")
+        argv += self.serve_flags(spec.serves)
         if spec.world_size > 1:
             argv += ["--rpc", ",".join(spec.workers)]
         # CPU shards also say -ngl 0: CUDA_VISIBLE_DEVICES="" hides NVIDIA cards, not a

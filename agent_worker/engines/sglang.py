@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from agent_worker.engines.base import COMMON_OWNED_FLAGS, EngineAdapter, engine_env
 from agent_worker.engines.command import LaunchCommand
+from protocol.engine_serves import serve_owned_flags
 from protocol.shard import ShardSpec
 
 _PARALLEL = "llmgw sets from the profile's tensor_parallel and nodes"
@@ -43,6 +44,7 @@ class SglangAdapter(EngineAdapter):
         "--nccl-init-addr": _MULTI_NODE,
         "--base-gpu-id": _GPUS,
         "--context-length": "llmgw sets from the profile's context; set context: there instead",
+        **serve_owned_flags(name),  # --is-embedding
     }
 
     def engine_problems(self, spec: ShardSpec) -> list[str]:
@@ -76,6 +78,8 @@ class SglangAdapter(EngineAdapter):
             argv += ["--dist-init-addr", spec.rendezvous]
         if spec.api_key:
             argv += ["--api-key", spec.api_key]
+        # Every rank: workers load the model as rank 0 does, an embedder or a generator.
+        argv += self.serve_flags(spec.serves)
         argv += spec.args
         name = "sglang" if spec.rank == 0 else "sglang-worker"
         return [LaunchCommand(argv=tuple(argv), env=engine_env(spec), name=name)]

@@ -20,6 +20,7 @@ from typing import ClassVar
 from agent_worker.engines.base import COMMON_OWNED_FLAGS, EngineAdapter, engine_env
 from agent_worker.engines.command import LaunchCommand
 from agent_worker.engines.validation import parse_rendezvous
+from protocol.engine_serves import serve_owned_flags
 from protocol.shard import ShardSpec
 
 _PARALLEL = "llmgw sets from the profile's tensor_parallel and nodes"
@@ -52,6 +53,7 @@ class VllmAdapter(EngineAdapter):
         "--master-port": _MULTI_NODE,
         "--headless": _MULTI_NODE,
         "--max-model-len": _SET_CONTEXT,
+        **serve_owned_flags(name),  # --runner, --convert, and the older --task
     }
     owned_env = {"RAY_ADDRESS": "llmgw points it at the replica's own Ray head"}
 
@@ -85,6 +87,8 @@ class VllmAdapter(EngineAdapter):
         if spec.rank == 0:
             return [self._serve(spec, binary, env, flags)]
         argv = [binary, "serve", _model(spec), *_parallel(spec), *flags, "--headless"]
+        # A worker builds the same model as rank 0, pooling or generating alike.
+        argv += self.serve_flags(spec.serves)
         return [LaunchCommand(argv=(*argv, *spec.args), env=env, name="vllm-worker")]
 
     def _ray_commands(
@@ -116,6 +120,7 @@ class VllmAdapter(EngineAdapter):
     ) -> LaunchCommand:
         argv = [binary, "serve", _model(spec), "--served-model-name", spec.model]
         argv += ["--host", spec.host, "--port", str(spec.port), *_parallel(spec), *flags]
+        argv += self.serve_flags(spec.serves)
         if spec.api_key:
             argv += ["--api-key", spec.api_key]
         return LaunchCommand(argv=(*argv, *spec.args), env=env, name="vllm")

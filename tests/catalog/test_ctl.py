@@ -81,10 +81,11 @@ def test_delete_of_an_unknown_pool_or_fabric_lists_its_own_kind(catalog_file, ki
 def test_models_table_and_json(catalog_file):
     ctl("apply", "-f", str(catalog_file))
     lines = ctl("models").splitlines()
-    assert lines[0].split() == ["MODEL", "ALIASES", "WANTED", "READY", "STARTING"]
-    assert lines[1].split() == ["gemma-3-270m", "gemma", "1", "0", "0"]
+    assert lines[0].split() == ["MODEL", "ALIASES", "SERVES", "WANTED", "READY", "STARTING"]
+    assert lines[1].split() == ["gemma-3-270m", "gemma", "chat", "1", "0", "0"]
     rows = json.loads(ctl("models", "--json"))
     assert {r["name"]: r["wanted"] for r in rows} == {"gemma-3-270m": 1, "qwen": 1}
+    assert {r["name"]: r["serves"] for r in rows} == {"gemma-3-270m": ["chat"], "qwen": ["chat"]}
 
 
 def test_nodes_and_replicas_and_status(catalog_file):

@@ -177,6 +177,15 @@ def test_htmx_asks_for_one_fragment(fleet, reader):
     assert "<header>" not in html
 
 
+def test_the_model_page_says_what_each_profile_serves(fleet, reader):
+    html = signed_in(reader).get("/models/gemma/").content.decode()
+    assert '<div class="muted serves">serves chat</div>' in html
+    fleet["profile"].serves = ["embeddings"]
+    fleet["profile"].save()
+    html = signed_in(reader).get("/models/gemma/").content.decode()
+    assert '<div class="muted serves">serves embeddings</div>' in html
+
+
 def test_the_node_page_shows_what_runs_there(fleet, reader):
     usage = dict(fleet["node"].usage)
     shard = fleet["stale"].shards.get()

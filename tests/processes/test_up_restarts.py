@@ -1,8 +1,8 @@
-"""`llmgw up` serving the demo model while each of its processes is killed in turn.
+"""`llmgw up` serving the demo models while each of its processes is killed in turn.
 
 What a new user has: one machine, `make run`. A child killed with SIGKILL comes back
-after its first backoff (1 s), the engine keeps its pid throughout, and the model keeps
-answering through the router.
+after its first backoff (1 s), the engines (chat and embeddings) keep their pids
+throughout, and the chat model keeps answering through the router.
 """
 
 from __future__ import annotations
@@ -42,6 +42,15 @@ def answered(up: Up, key: str) -> bool:
     return response.status_code == 200 and bool(response.json()["choices"])
 
 
+def ready_replicas(up: Up) -> int:
+    """Ready replicas as llmgw_ctl reports them; every replica must be ready or starting."""
+    replicas = up.manage("llmgw_ctl", "replicas", "--json")
+    assert replicas.returncode == 0, replicas.stderr[-2000:]
+    states = [r["state"] for r in json.loads(replicas.stdout)]
+    assert set(states) <= {"placing", "starting", "ready"}, replicas.stdout
+    return states.count("ready")
+
+
 def engine_pids(home) -> list[int]:
     """The engines the agent's state files record (they outlive any agent)."""
     pids = []
@@ -60,8 +69,9 @@ def test_each_child_killed_in_turn_comes_back_and_the_engine_keeps_serving(tmp_p
                             "the API key")  # fmt: skip
         key = key_file.read_text().strip()
         wait_for(lambda: answered(up, key), 240, "the demo model to answer")
+        wait_for(lambda: ready_replicas(up) == 2, 120, "the chat and embedding replicas")
         engines = engine_pids(home)
-        assert len(engines) == 1, engines
+        assert len(engines) == 2, engines
         for name in KILLED_IN_TURN:
             before = up.children()[name]
             assert before, (name, up.children(), up.output()[-3000:])
@@ -78,11 +88,8 @@ def test_each_child_killed_in_turn_comes_back_and_the_engine_keeps_serving(tmp_p
         output = up.output()
         for name in KILLED_IN_TURN:
             assert f"restarted {name} (pid " in output, output[-3000:]
-        # The database and the agent agree that the one replica is ready, on its first engine.
-        replicas = up.manage("llmgw_ctl", "replicas", "--json")
-        assert replicas.returncode == 0, replicas.stderr[-2000:]
-        states = [r["state"] for r in json.loads(replicas.stdout)]
-        assert states == ["ready"], replicas.stdout
+        # The database and the agent agree that both replicas are ready, on their first engines.
+        assert ready_replicas(up) == 2
     finally:
         try:
             up.stop()

@@ -4,7 +4,11 @@
     fake_engine.py --port P [--api-key K] [--name N] [--chunks 3] [--delay 0] [--no-record]
 
 Serves /v1/chat/completions, /v1/completions (both streaming as SSE), /v1/embeddings,
-/v1/models and /health, answering for whatever model a request names. With --api-key,
+/v1/models and /health, answering for whatever model a request names; every other
+endpoint the router routes (/v1/responses, /v1/messages, /v1/rerank, /v1/audio/*,
+/tokenize, ...) gets a small answer in that endpoint's shape, with its usage, so a test
+sees what reached the engine. Like llama-server, every answer carries an empty
+``Access-Control-Allow-Origin`` header. With --api-key,
 a request without ``Authorization: Bearer K`` gets 401, as engines started by llmgw do.
 --name goes into each answer's ``system_fingerprint``, so a test can tell which engine
 answered. Port 0 picks a free port; the first line on stdout is ``listening on PORT``.
@@ -48,6 +52,7 @@ class Engine:
         self.chunks = self.default_chunks
         self.delay = self.default_delay
         self.releases = asyncio.Semaphore(0)
+        self.responses_made = 0
 
     # -- steering ---------------------------------------------------------------------
 
@@ -97,13 +102,19 @@ class Engine:
         if refused:
             return refused
         raw = await request.read()
-        body = json.loads(raw)
+        if request.content_type == "multipart/form-data":
+            body = {"upload_bytes": len(raw), "content_type": request.headers["Content-Type"]}
+        else:
+            body = json.loads(raw) if raw else {}
         seen = {
             "path": request.path,
+            "query": request.query_string,
+            "method": request.method,
             "model": body.get("model"),
             "body": body,
             "authorization": request.headers.get("Authorization", ""),
             "session": request.headers.get("x-session-id", ""),
+            "request_id": request.headers.get("x-request-id", ""),
             "cancelled": False,
             "finished": False,
         }
@@ -113,12 +124,25 @@ class Engine:
             self.fail_next -= 1
             seen["finished"] = True
             return web.json_response(
-                {"error": {"message": "engine failure (fake)", "type": "server_error"}},
+                # As llama-server words it: the status as a number in ``code``.
+                {
+                    "error": {
+                        "code": self.fail_status,
+                        "message": "engine failure (fake)",
+                        "type": "not_supported_error"
+                        if self.fail_status == 501
+                        else "server_error",
+                    }
+                },  # fmt: skip
                 status=self.fail_status,
             )
         try:
             if request.path == "/v1/embeddings":
                 response: web.StreamResponse = web.json_response(self._embeddings(body))
+            elif request.path in OTHER_ANSWERS:
+                response = web.json_response(OTHER_ANSWERS[request.path](self, body))
+            elif request.path.startswith("/v1/responses/"):
+                response = web.json_response({"id": request.path.split("/")[3], "deleted": True})
             elif body.get("stream"):
                 response = await self._stream(request, body)
             else:
@@ -220,11 +244,63 @@ class Engine:
         return response
 
 
+def _response(engine: Engine, body: dict) -> dict:
+    engine.responses_made += 1
+    return {
+        "id": f"resp_{engine.name}_{engine.responses_made}",
+        "object": "response",
+        "model": body.get("model"),
+        "status": "completed",
+        "output": [{"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
+                    "content": [{"type": "output_text", "text": "tok0 ", "annotations": []}]}],
+        "usage": {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10},
+    }  # fmt: skip
+
+
+def _message(engine: Engine, body: dict) -> dict:
+    return {
+        "id": "msg_fake", "type": "message", "role": "assistant", "model": body.get("model"),
+        "content": [{"type": "text", "text": "tok0 "}], "stop_reason": "end_turn",
+        "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 2},
+    }  # fmt: skip
+
+
+OTHER_ANSWERS = {
+    "/v1/responses": _response,
+    "/v1/messages": _message,
+    "/v1/messages/count_tokens": lambda engine, body: {"input_tokens": 5},
+    "/v1/rerank": lambda engine, body: {
+        "results": [{"index": 0, "relevance_score": 0.9}],
+        "usage": {"prompt_tokens": 4, "total_tokens": 4},
+    },
+    "/v1/audio/transcriptions": lambda engine, body: {
+        "text": "hello",
+        "usage": {"type": "tokens", "input_tokens": 6, "output_tokens": 1},
+    },
+    "/v1/audio/speech": lambda engine, body: {"audio": "", "format": "wav"},
+    "/v1/images/generations": lambda engine, body: {"data": [{"b64_json": ""}]},
+    "/tokenize": lambda engine, body: {"tokens": [1, 2, 3]},
+    "/detokenize": lambda engine, body: {"content": "a b c"},
+}
+OTHER_ANSWERS["/rerank"] = OTHER_ANSWERS["/v1/score"] = OTHER_ANSWERS["/v1/rerank"]
+OTHER_ANSWERS["/v1/audio/translations"] = OTHER_ANSWERS["/v1/audio/transcriptions"]
+
+
+async def empty_cors_header(request: web.Request, response: web.StreamResponse) -> None:
+    """llama-server answers every request with its own, empty without an Origin."""
+    response.headers["Access-Control-Allow-Origin"] = request.headers.get("Origin", "")
+
+
 def make_app(engine: Engine) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.on_response_prepare.append(empty_cors_header)
     app.router.add_post("/v1/chat/completions", engine.inference)
     app.router.add_post("/v1/completions", engine.inference)
     app.router.add_post("/v1/embeddings", engine.inference)
+    for path in OTHER_ANSWERS:
+        app.router.add_post(path, engine.inference)
+    app.router.add_get("/v1/responses/{id}", engine.inference)
+    app.router.add_delete("/v1/responses/{id}", engine.inference)
     app.router.add_get("/v1/models", engine.models)
     app.router.add_get("/health", engine.health)
     app.router.add_post("/_control", engine.control)

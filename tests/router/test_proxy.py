@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 
+from protocol.serving import SERVE_KINDS
 from router.balancer import _rendezvous
 from tests.router.conftest import FULL_KEY, LIMITED_KEY, MAX_BODY
 from tests.router.harness import free_port, sse_events, wait_until
@@ -253,7 +254,11 @@ def test_models_lists_ready_models_with_replica_counts_and_only_what_a_key_may_u
     listing = httpx.get(f"{shared.url}/v1/models", headers=AUTH, timeout=30).json()
     by_id = {m["id"]: m for m in listing["data"]}
     assert set(by_id) == {"pair", "solo"}
-    assert by_id["pair"]["llmgw"] == {"aliases": ["p"], "replicas": {"wanted": 2, "ready": 2}}
+    assert by_id["pair"]["llmgw"] == {
+        "aliases": ["p"],
+        "serves": list(SERVE_KINDS),  # a static file that does not say: every kind
+        "replicas": {"wanted": 2, "ready": 2},
+    }
     limited = httpx.get(
         f"{shared.url}/v1/models", headers={"Authorization": f"Bearer {LIMITED_KEY}"}, timeout=30
     ).json()
