@@ -192,14 +192,14 @@ async def run(args: argparse.Namespace, env: dict[str, str], tokens: dict[str, s
 
 
 def measure_flush(rows: int) -> tuple[float, float]:
-    """Time fleet.heartbeats.write_heartbeats for ``rows`` nodes: (wall, this thread's CPU).
+    """Time fleet.link.heartbeats.write_heartbeats for ``rows`` nodes: (wall, this thread's CPU).
 
     The batcher runs it on Channels' sync thread inside daphne, where its Python work holds
     the GIL the event loop needs; here it runs alone, so the CPU part is what it takes away.
     """
     from django.utils import timezone
 
-    from fleet.heartbeats import write_heartbeats
+    from fleet.link.heartbeats import write_heartbeats
     from fleet.models import Node
 
     ids = [f"{NODE_PREFIX}{i:05d}" for i in range(rows)]
@@ -216,7 +216,7 @@ def measure_flush(rows: int) -> tuple[float, float]:
 
 
 def summarize(args: argparse.Namespace, results: dict) -> None:
-    from fleet.heartbeats import FLUSH_INTERVAL
+    from fleet.link.heartbeats import FLUSH_INTERVAL
 
     limit = args.p99_limit_ms / 1e3
     real, floor = results["llmgw"], results["floor"]
@@ -312,7 +312,7 @@ def main() -> None:
     import django
 
     django.setup()
-    from fleet.node_auth import node_token
+    from fleet.pki.tokens import node_token
 
     ids = [f"{NODE_PREFIX}{i:05d}" for i in range(args.agents)]
     ids += [f"{PROBER_PREFIX}{i:02d}" for i in range(PROBERS)]

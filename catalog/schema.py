@@ -148,8 +148,9 @@ class RolloutEntry(_Strict):
 
 
 class AutoscaleEntry(_Strict):
-    """Replicas that follow demand (fleet/autoscale.py): between min and max, up as soon as
-    the requests per replica pass target_inflight, down after scale_down_after below it."""
+    """Replicas that follow demand (fleet/reconcile/autoscale.py): between min and max, up as
+    soon as the requests per replica pass target_inflight, down after scale_down_after below
+    it."""
 
     min: int = Field(default=1, ge=0, le=INTEGER_MAX)
     max: int = Field(ge=1, le=INTEGER_MAX)

@@ -16,7 +16,7 @@ from catalog.models import Pool
 from catalog.permissions import is_operator
 from fleet.actions.nodes import NodeRefused, drain_node, set_node_pool, undrain_node
 from fleet.models import Node, Replica, Shard
-from fleet.sign_in import AdminSignInForm
+from fleet.pages.sign_in import AdminSignInForm
 
 # The admin's sign-in shares the pages' throttling: the same password, the same guesser.
 admin.site.login_form = AdminSignInForm

@@ -15,7 +15,7 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 
 from fleet import leadership
 from fleet.models import Node
-from fleet.node_auth import node_token
+from fleet.pki.tokens import node_token
 from protocol.commands import (
     AnnounceEpoch,
     CollectWeights,

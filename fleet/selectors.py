@@ -11,8 +11,8 @@ from django.utils import timezone
 from audit.models import Event
 from catalog.models import Model, newest_engine_versions
 from core.humanize import format_bytes, format_progress
-from fleet.backoff import replacement_backoff
 from fleet.models import Node, Replica, ReplicaState, Shard
+from fleet.reconcile.backoff import replacement_backoff
 from protocol.engines import EngineInstall
 from protocol.inventory import Filesystem, Inventory, Usage
 from protocol.serving import DEFAULT_SERVES

@@ -13,8 +13,8 @@ from celery import shared_task
 from django.conf import settings
 
 from fleet import commands, leadership
-from fleet.liveness import check_liveness
-from fleet.reconciler import reconcile
+from fleet.link.liveness import check_liveness
+from fleet.reconcile.passes import reconcile
 
 
 def lease_as_leader() -> leadership.Lease:

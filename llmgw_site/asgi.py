@@ -14,7 +14,7 @@ from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from fleet import leadership  # noqa: E402
-from fleet.routing import websocket_urlpatterns  # noqa: E402
+from fleet.websockets import websocket_urlpatterns  # noqa: E402
 
 if settings.SERVE_STATIC:
     # One machine, no web server in front: daphne serves /static/ itself.

@@ -152,7 +152,7 @@ STATIC_ROOT = LLMGW_HOME / "static"
 
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
-# Sign-in throttling (fleet.sign_in), per username and client address. Five is more than a
+# Sign-in throttling (fleet.pages.sign_in), per username and client address. Five is more than a
 # person mistypes in a row, and five tries per 15 minutes leaves a guesser under 500 a day
 # per address, while the real operator elsewhere is never locked out by it.
 SIGN_IN_FAILURE_LIMIT = env_int("LLMGW_SIGN_IN_FAILURE_LIMIT", 5)
@@ -191,7 +191,8 @@ LOGGING = {
 # Node liveness (seconds). DESIGN.md: unreachable after 15 s of silence, lost after 60 s.
 NODE_UNREACHABLE_AFTER = env_int("LLMGW_NODE_UNREACHABLE_AFTER", 15)
 NODE_LOST_AFTER = env_int("LLMGW_NODE_LOST_AFTER", 60)
-# While most nodes are silent but some still heard, marking waits this long (fleet/liveness.py).
+# While most nodes are silent but some still heard, marking waits this long
+# (fleet/link/liveness.py).
 NODE_MASS_SILENCE_HOLD = env_int("LLMGW_NODE_MASS_SILENCE_HOLD", 300)
 METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN")
 # llmgw's own CA (``llmgw_ctl ca init``): its key, and node certificates' issuer.

@@ -4,10 +4,11 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
+from audit import api as audit_api
 from catalog import api as catalog_api
-from fleet import api as fleet_api
-from fleet import views as fleet_views
-from fleet.sign_in import SignInForm
+from fleet.api import views as fleet_api
+from fleet.pages import views as fleet_views
+from fleet.pages.sign_in import SignInForm
 from router import views as router_views
 
 router = DefaultRouter()
@@ -20,10 +21,10 @@ router.register("keys", catalog_api.ApiKeyViewSet)
 router.register("nodes", fleet_api.NodeViewSet)
 router.register("replicas", fleet_api.ReplicaViewSet)
 router.register("shards", fleet_api.ShardViewSet)
-router.register("events", fleet_api.EventViewSet)
+router.register("events", audit_api.EventViewSet)
 
 urlpatterns = [
-    path("", include("fleet.urls")),
+    path("", include("fleet.pages.urls")),
     path("metrics", fleet_views.metrics, name="metrics"),
     path("usage/", router_views.usage, name="usage"),
     path(

@@ -113,7 +113,7 @@ MODEL_OWNERS = ("audit", "catalog", "fleet", "router")
 ALLOWED_WRITERS = {
     "audit/events.py": "the Event writer: record_event is how every verb records itself",
     "fleet/transitions.py": "the compare-and-swap every state change goes through, with its Event",
-    "fleet/heartbeats.py": "the batched heartbeat UPDATE: one statement for every node heard, "
+    "fleet/link/heartbeats.py": "the batched heartbeat UPDATE: one statement for every node heard, "
     "where a verb per heartbeat would cost the control plane the fleet",
     "fleet/leadership.py": "the epoch fence: the highest leader epoch, kept where a Redis "
     "restart cannot take it back",
@@ -298,10 +298,69 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_module_imports_itself_back_through_others():
     graph = module_imports()
-    assert "fleet.reconcile_report" in graph["fleet.reconciler"], "the imports were not read"
+    assert "fleet.reconcile.report" in graph["fleet.reconcile.passes"], "the imports were not read"
     cycles = import_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(group) for group in cycles)
 
 
 def test_the_cycle_finder_finds_a_cycle():
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# --- Rooms a newcomer can find (issue 22) ---------------------------------------------
+
+MOST_TOP_LEVEL_MODULES = 15
+# Packages still flatter than that, each with the reason it may be, for now.
+FLAT_FOR_NOW = {"router": "router's rooms come with issue 26's endpoints"}
+
+
+def top_level_modules(package: str) -> list[str]:
+    """The modules directly in ``package`` (``__init__`` aside; subpackages are rooms)."""
+    return sorted(p.stem for p in (ROOT / package).glob("*.py") if p.stem != "__init__")
+
+
+@pytest.mark.parametrize("package", sorted(OURS))
+def test_no_package_is_a_flat_heap_of_modules(package):
+    """Past a dozen or so modules a package needs rooms (subpackages) a newcomer can find
+    their way by, as ``fleet/`` has: ``actions``, ``link``, ``reconcile``, ``pages``…"""
+    modules = top_level_modules(package)
+    if package in FLAT_FOR_NOW:
+        assert len(modules) > MOST_TOP_LEVEL_MODULES, f"{package} has rooms now: drop it"
+        return
+    assert len(modules) <= MOST_TOP_LEVEL_MODULES, (
+        f"{package} has {len(modules)} top-level modules (at most {MOST_TOP_LEVEL_MODULES}): "
+        f"put some in rooms: {', '.join(modules)}"
+    )
+
+
+def test_the_module_count_reads_real_packages():
+    assert {"models", "transitions", "tasks"} <= set(top_level_modules("fleet"))
+    assert "reconcile" not in top_level_modules("fleet"), "a subpackage is not a module"
+
+
+def test_no_test_module_imports_another():
+    """A test module imported by another runs its tests' imports (and fixtures) twice and
+    ties the two together: what they share lives in tests/support/ or a helper module
+    beside them."""
+    tests = ROOT / "tests"
+    found = []
+    for path in sorted(tests.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                if node.level:
+                    package = path.relative_to(ROOT).parent.parts
+                    up = package[: len(package) - node.level + 1]
+                    modules = [".".join([*up, node.module])]
+                else:
+                    # `from tests.fleet import test_reconciler` imports the test module too.
+                    modules = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            else:
+                continue
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno} imports {module}"
+                for module in modules
+                if module.split(".")[0] == "tests" and module.split(".")[-1].startswith("test_")
+            ]
+    assert not found, "test modules importing test modules:\n" + "\n".join(found)

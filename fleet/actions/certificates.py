@@ -13,8 +13,8 @@ from django.utils import timezone
 from audit.actors import Actor
 from audit.events import record_event
 from audit.models import EventKind
-from fleet import pki
 from fleet.models import NodeCertificate
+from fleet.pki.authority import Issued, sign_node_certificate
 
 
 def issue_node_certificate(
@@ -24,9 +24,9 @@ def issue_node_certificate(
     actor: Actor,
     directory: Path | None = None,
     now: dt.datetime | None = None,
-) -> pki.Issued:
+) -> Issued:
     """A client certificate for ``node_id`` from llmgw's CA, recorded for revocation."""
-    issued = pki.sign_node_certificate(node_id, days, directory, now)
+    issued = sign_node_certificate(node_id, days, directory, now)
     with transaction.atomic():
         NodeCertificate.objects.create(
             serial=str(issued.serial), node_id=node_id, not_after=issued.not_after

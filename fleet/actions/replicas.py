@@ -21,7 +21,7 @@ from audit.models import EventKind
 from catalog.models import Profile, newest_engine_versions
 from fleet import commands
 from fleet.models import Node, Replica, ReplicaState, Shard, ShardState, replica_secret
-from fleet.shard_specs import allocate_port, meeting_points, shard_spec, version_on_nodes
+from fleet.reconcile.shard_specs import allocate_port, meeting_points, shard_spec, version_on_nodes
 from fleet.transitions import transition
 from placement import Decision
 

@@ -1,6 +1,6 @@
 """Verbs for what agents report: a node links, a shard moves on, engines and weights change.
 
-The agent link (``fleet.consumers``) calls these with ``AGENT_LINK`` as the actor, the
+The agent link (``fleet.link.consumer``) calls these with ``AGENT_LINK`` as the actor, the
 reconciler with its own; they never save a state field anywhere else. State moves
 through ``fleet.transitions`` (compare-and-swap, with an event).
 """

@@ -22,7 +22,7 @@ from tests.agent.engine_archives import (
     tar_gz,
     wanted,
 )
-from tests.agent.test_weights import WeightsServer
+from tests.agent.weights_server import WeightsServer
 
 ARCHIVE = "llama-b6000-bin-ubuntu-x64.tar.gz"
 

@@ -16,7 +16,7 @@ from agent_worker.engines.install import AptSettings, InstallError, NodeTarget, 
 from agent_worker.engines.install.apt import dpkg_has
 from protocol.engines import EngineBuild, WantedEngine
 from tests.agent.engine_archives import Clock, make_installer, release, tar_gz, wanted
-from tests.agent.test_weights import WeightsServer
+from tests.agent.weights_server import WeightsServer
 
 HOLD_LOCK = """
 import fcntl, sys

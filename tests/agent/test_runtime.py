@@ -18,7 +18,7 @@ from agent_worker.supervisor import Supervisor
 from protocol import messages
 from protocol.shard import ShardSpec
 from tests.agent.engine_archives import wanted
-from tests.agent.test_link import FakeControlPlane
+from tests.agent.fake_control_plane import FakeControlPlane
 
 
 def runtime(tmp_path, **fields) -> AgentRuntime:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 import yaml
 
@@ -11,41 +9,10 @@ from catalog.actions import apply_catalog, delete_entry
 from catalog.models import Engine, Model, Pool, Profile
 from catalog.plan import export_catalog
 from catalog.schema import CatalogError
+from tests.catalog.catalogs import CATALOG
 from tests.factories import SETUP
 
 pytestmark = pytest.mark.django_db
-
-CATALOG = textwrap.dedent(
-    """
-    engines:
-      - name: llama.cpp
-        version: "b6000"
-    pools:
-      - name: cpu
-    models:
-      - name: gemma-3-270m
-        source: /abs/path/gemma-3-270m-q4_k_m.gguf
-        aliases: [gemma]
-        profiles:
-          - name: cpu
-            engine: llama.cpp
-            replicas: 1
-            gpus_per_rank: 0
-            memory: 1GiB
-            context: 2048
-            pool: cpu
-            args: ["--threads", "2"]
-      - name: qwen
-        source: Qwen/Qwen2.5-7B-Instruct
-        profiles:
-          - name: tp2
-            engine: vllm
-            gpus_per_rank: 2
-            tensor_parallel: 2
-            gpu_memory: 40GiB
-            startup_timeout: 10m
-    """
-)
 
 
 def describe(changes):

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import CommandError
 
 from catalog.models import Model
-from tests.catalog.test_apply import CATALOG
+from tests.catalog.catalogs import CATALOG
 from tests.ctl import ctl
 from tests.factories import make_node, make_replica, make_shard
 
@@ -121,7 +121,7 @@ def test_drain_marks_the_node_and_says_what_moves(catalog_file):
 
 
 def test_node_token_is_bound_to_the_node(catalog_file):
-    from fleet.node_auth import verify_node_token
+    from fleet.pki.tokens import verify_node_token
 
     token = ctl("node-token", "node07").strip()
     assert verify_node_token(token) == "node07"

@@ -9,10 +9,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from fleet.heartbeats import batcher
+from fleet.link.heartbeats import batcher
 from fleet.models import Node
-from fleet.node_auth import node_token
-from fleet.routing import websocket_urlpatterns
+from fleet.pki.tokens import node_token
+from fleet.websockets import websocket_urlpatterns
 from protocol import messages
 from tests.factories import SETUP
 from tests.fleet.inventories import inventory

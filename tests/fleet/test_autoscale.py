@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleet.autoscale import AutoscalePolicy, next_step
+from fleet.reconcile.autoscale import AutoscalePolicy, next_step
 from tests.factories import SETUP
 
 POLICY = AutoscalePolicy(min=0, max=4, target_inflight=4, scale_down_after=300)
@@ -122,7 +122,7 @@ def test_the_reconciler_scales_by_what_the_routers_report(django_capture_on_comm
     from audit.models import Event
     from catalog.actions import apply_catalog
     from catalog.models import Profile
-    from fleet.autoscale import autoscale_profiles
+    from fleet.reconcile.autoscale import autoscale_profiles
 
     apply_catalog(CATALOG, actor=SETUP)
     report = {"at": T0.timestamp(), "routed": [], "inflight": {},

@@ -16,7 +16,8 @@ from django.test import Client
 from audit.actors import AGENT_LINK
 from fleet.actions.reports import register_node, update_engines
 from fleet.models import Replica
-from fleet.reconciler import reconcile, replacement_delay
+from fleet.reconcile.backoff import replacement_delay
+from fleet.reconcile.passes import reconcile
 from fleet.transitions import transition
 from protocol import messages
 from protocol.engines import EngineInstall

@@ -10,9 +10,9 @@ from django.db import connections
 
 from catalog.actions import apply_catalog
 from fleet.models import Replica, ReplicaState, Shard
-from fleet.reconciler import reconcile
+from fleet.reconcile.passes import reconcile
 from tests.factories import SETUP
-from tests.fleet.test_reconciler import catalog, connect
+from tests.fleet.cluster import catalog, connect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

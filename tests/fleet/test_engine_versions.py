@@ -18,7 +18,7 @@ from catalog.actions import apply_catalog
 from catalog.models import Profile
 from fleet.actions.reports import record_shard_status, register_node, update_engines
 from fleet.models import Replica, Shard
-from fleet.reconciler import reconcile
+from fleet.reconcile.passes import reconcile
 from fleet.routing_table import routing_snapshot
 from protocol import messages
 from protocol.engines import EngineInstall

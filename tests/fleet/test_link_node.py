@@ -12,8 +12,8 @@ from fleet.models import Node, Replica, Shard, ShardState
 from protocol import messages
 from protocol.engines import EngineInstall
 from tests.factories import SETUP
+from tests.fleet.cluster import catalog, connect, run
 from tests.fleet.inventories import inventory
-from tests.fleet.test_reconciler import catalog, connect, run
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from audit.models import Event
-from fleet.liveness import check_liveness
+from fleet.link.liveness import check_liveness
 from fleet.models import Node, NodeState
 from tests.factories import make_node
 

@@ -8,7 +8,7 @@ import pytest
 import time_machine
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleet.heartbeats import write_heartbeats
+from fleet.link.heartbeats import write_heartbeats
 from fleet.models import NodeState
 from protocol.inventory import Filesystem, Gpu, ShardUsage, Usage
 from tests.factories import make_node, make_replica, make_shard

@@ -17,8 +17,8 @@ from catalog.actions import apply_catalog
 from fleet.actions.nodes import drain_node, undrain_node
 from fleet.actions.reports import register_node, update_engines
 from fleet.models import Node, Replica
-from fleet.node_auth import node_token
-from fleet.reconciler import reconcile
+from fleet.pki.tokens import node_token
+from fleet.reconcile.passes import reconcile
 from protocol import messages
 from protocol.commands import CONVERGE_ENGINES, DRAIN
 from protocol.engines import EngineInstall, WantedEngine

@@ -19,8 +19,8 @@ from django.utils import timezone
 
 from agent_worker.config import load_config
 from audit.models import Event
-from fleet import pki
 from fleet.actions.certificates import issue_node_certificate, revoke_node_certificates
+from fleet.pki import authority, verify
 from tests.ctl import ctl
 from tests.factories import SETUP
 
@@ -82,16 +82,16 @@ def issue(node_id: str, **kwargs) -> bytes:
 
 
 def test_a_nodes_own_certificate_is_accepted(ca):
-    cert = pki.check_node_certificate(issue("gpu07"), "gpu07")
+    cert = verify.check_node_certificate(issue("gpu07"), "gpu07")
     assert cert.subject.rfc4514_string() == "CN=gpu07"
 
 
 def test_another_nodes_certificate_is_refused_naming_both(ca):
     with pytest.raises(
-        pki.CertificateRefused,
+        verify.CertificateRefused,
         match="the agent claims node 'gpu07' with the certificate of node 'gpu08'",
     ):
-        pki.check_node_certificate(issue("gpu08"), "gpu07")  # fmt: skip
+        verify.check_node_certificate(issue("gpu08"), "gpu07")  # fmt: skip
 
 
 def test_an_expired_certificate_is_refused_naming_its_expiry(ca):
@@ -99,29 +99,29 @@ def test_an_expired_certificate_is_refused_naming_its_expiry(ca):
     old = issue("gpu07", days=30, now=long_ago)
     expiry = (long_ago + dt.timedelta(days=30)).strftime("%Y-%m-%d %H:%M")
 
-    with pytest.raises(pki.CertificateRefused, match=f"certificate expired on {expiry} UTC"):
-        pki.check_node_certificate(old, "gpu07")
+    with pytest.raises(verify.CertificateRefused, match=f"certificate expired on {expiry} UTC"):
+        verify.check_node_certificate(old, "gpu07")
 
 
 def test_a_certificate_of_another_ca_is_refused_naming_its_issuer(ca, tmp_path, settings):
     settings.LLMGW_CA_DIR = str(tmp_path / "foreign")
-    pki.init_ca()
+    authority.init_ca()
     foreign = issue("gpu07")
     settings.LLMGW_CA_DIR = str(ca)
 
     # Both CAs are called "llmgw CA": the signature, not the name, tells them apart.
-    with pytest.raises(pki.CertificateRefused, match="claims CN=llmgw CA as issuer but is not"):
-        pki.check_node_certificate(foreign, "gpu07")
+    with pytest.raises(verify.CertificateRefused, match="claims CN=llmgw CA as issuer but is not"):
+        verify.check_node_certificate(foreign, "gpu07")
 
 
 def test_a_revoked_certificate_is_refused_from_then_on(ca):
     cert = issue("gpu07")
-    pki.check_node_certificate(cert, "gpu07")
+    verify.check_node_certificate(cert, "gpu07")
 
     assert "revoked 1 certificate(s) of gpu07" in ctl("ca", "revoke", "gpu07")
 
-    with pytest.raises(pki.CertificateRefused, match="of node gpu07 .* was revoked on"):
-        pki.check_node_certificate(cert, "gpu07")
+    with pytest.raises(verify.CertificateRefused, match="of node gpu07 .* was revoked on"):
+        verify.check_node_certificate(cert, "gpu07")
     with pytest.raises(CommandError, match="no certificate left to revoke"):
         ctl("ca", "revoke", "gpu07")
 

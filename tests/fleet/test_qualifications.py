@@ -10,7 +10,7 @@ import pytest
 from audit.actors import AGENT_LINK
 from audit.models import Event
 from fleet.actions.reports import register_node, update_engines
-from fleet.heartbeats import write_heartbeats
+from fleet.link.heartbeats import write_heartbeats
 from protocol import messages
 from protocol.engines import EngineInstall
 from protocol.inventory import Usage

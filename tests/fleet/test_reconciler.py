@@ -19,8 +19,8 @@ from fleet.actions.reports import (
     register_node,
 )
 from fleet.models import Node, Replica, Shard, replica_secret
-from fleet.node_auth import node_token
-from fleet.reconciler import reconcile, replacement_delay
+from fleet.pki.tokens import node_token
+from fleet.reconcile.backoff import replacement_delay
 from fleet.routing_table import routing_snapshot
 from fleet.transitions import transition
 from protocol import messages
@@ -28,33 +28,11 @@ from protocol.engines import EngineInstall
 from protocol.shard import ShardSpec
 from protocol.signing import BadSignature, verify
 from tests.factories import SETUP, make_profile, make_replica
+from tests.fleet.cluster import catalog, connect, run
 from tests.fleet.inventories import inventory
 from tests.fleet.queues import queued_commands, queued_signatures
 
 pytestmark = pytest.mark.django_db
-
-
-def catalog(replicas=1, gpus=0, memory="1GiB"):
-    return f"""
-models:
-  - name: gemma
-    source: /models/gemma.gguf
-    profiles:
-      - name: cpu
-        engine: llama.cpp
-        replicas: {replicas}
-        gpus_per_rank: {gpus}
-        memory: {memory}
-"""
-
-
-def connect(node_id, engines=("llama.cpp",), **fields):
-    register = messages.Register(
-        inventory=inventory(node_id, **fields),
-        engines_probed=True,
-        engines=[EngineInstall(engine=name, version="b6000") for name in engines],
-    )
-    return register_node(node_id, register, actor=AGENT_LINK)
 
 
 def reported_spec(model="gemma", **fields) -> ShardSpec:
@@ -77,11 +55,6 @@ def reported(node_id, spec, state="ready", **fields) -> messages.Register:
         shards=[messages.ReportedShard(spec=spec, state=state)],
         **fields,
     )
-
-
-def run(django_capture_on_commit_callbacks, **kwargs):
-    with django_capture_on_commit_callbacks(execute=True):
-        return reconcile(**kwargs)
 
 
 def test_a_model_added_is_placed_and_start_shard_reaches_the_nodes_queue(

@@ -20,14 +20,14 @@ from fleet.actions.reports import (
     register_node,
 )
 from fleet.models import Replica, Shard, replica_secret
-from fleet.reconciler import reconcile
+from fleet.reconcile.passes import reconcile
 from protocol import messages
 from protocol.engines import EngineInstall
 from protocol.shard import ShardSpec
 from tests.factories import SETUP
+from tests.fleet.cluster import catalog, connect, run
 from tests.fleet.inventories import inventory
 from tests.fleet.queues import queued_commands
-from tests.fleet.test_reconciler import catalog, connect, run
 
 pytestmark = pytest.mark.django_db
 
@@ -261,7 +261,7 @@ def test_an_unexpected_gpu_user_is_shown_on_the_node_and_recorded_once(node_ids)
 
 
 def test_a_rebuilt_replicas_gpus_are_taken_when_placing_the_next(node_ids):
-    from fleet.snapshot import node_snapshots, placement_request
+    from fleet.reconcile.snapshot import node_snapshots, placement_request
     from placement import place
 
     apply_catalog(catalog(replicas=2, gpus=2), actor=SETUP)

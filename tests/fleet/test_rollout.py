@@ -24,8 +24,8 @@ from catalog.actions import apply_catalog, pause_rollout, resume_rollout
 from catalog.models import Model, Profile
 from fleet.actions.reports import record_shard_status, register_node
 from fleet.models import Replica, Shard
-from fleet.reconciler import reconcile
-from fleet.rollout import rollout_status
+from fleet.reconcile.passes import reconcile
+from fleet.reconcile.rollout import rollout_status
 from fleet.routing_table import routing_snapshot
 from protocol import messages
 from protocol.engines import EngineInstall

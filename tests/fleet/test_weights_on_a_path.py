@@ -14,7 +14,7 @@ from catalog.actions import apply_catalog
 from catalog.models import Profile
 from fleet.actions.reports import register_node
 from fleet.models import Node, ReplicaState, ShardState
-from fleet.snapshot import node_snapshots, placement_request
+from fleet.reconcile.snapshot import node_snapshots, placement_request
 from fleet.weights_map import weights_map
 from placement import place
 from protocol import messages

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from audit.models import Event
 from fleet.models import Node, Replica, Shard
-from fleet.node_auth import node_token
-from fleet.routing import websocket_urlpatterns
+from fleet.pki.tokens import node_token
+from fleet.websockets import websocket_urlpatterns
 from protocol import messages
 from protocol.inventory import Usage
 from tests.factories import make_replica, make_shard

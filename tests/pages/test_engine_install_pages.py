@@ -11,16 +11,16 @@ from fleet.actions.reports import update_engines
 from protocol import messages
 from protocol.engines import EngineInstall
 from tests.factories import make_user
-from tests.pages.rows import heartbeating_node
-from tests.pages.test_live_pages import (
+from tests.pages.browser import (
     WAIT_MS,
-    _answers,
+    answers,
     assert_not_reloaded,
     off_loop,
     open_live,
     signed_in_page,
     start,
 )
+from tests.pages.rows import heartbeating_node
 from tests.processes.support import control_plane, free_port, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -41,7 +41,7 @@ def test_an_install_in_progress_then_failed_shows_live(browser, processes, tmp_p
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     start(processes, control_plane(port, tmp_path))
-    wait_for(lambda: _answers(base), 60, "the control plane to answer")
+    wait_for(lambda: answers(base), 60, "the control plane to answer")
     page = signed_in_page(browser, base, "olga")
 
     open_live(page, "/")

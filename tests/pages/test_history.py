@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from fleet import history
-from fleet.heartbeats import write_heartbeats
+from fleet.link.heartbeats import write_heartbeats
 from tests.factories import make_node, make_replica, make_shard
 from tests.pages.rows import usage
 

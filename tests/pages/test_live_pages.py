@@ -9,24 +9,31 @@ from __future__ import annotations
 import signal
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from django.db import connections
 from playwright.sync_api import expect
 
 from catalog.actions import apply_catalog
 from catalog.models import Profile
 from fleet import commands
-from fleet.liveness import check_liveness
+from fleet.link.liveness import check_liveness
 from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardState
-from fleet.node_auth import node_token
+from fleet.pki.tokens import node_token
 from fleet.transitions import transition
 from protocol.commands import EngineCheck
 from tests.factories import SETUP, make_user
+from tests.pages.browser import (
+    WAIT_MS,
+    answers,
+    assert_not_reloaded,
+    off_loop,
+    open_live,
+    signed_in_page,
+    start,
+)
 from tests.pages.rows import heartbeating_node, stale_replica_on
-from tests.processes.support import Process, agent, control_plane, free_port, wait_for
+from tests.processes.support import agent, control_plane, free_port, wait_for
 
 pytestmark = [
     pytest.mark.process,
@@ -42,53 +49,6 @@ models:
         engine: llama.cpp
         replicas: 1
 """
-WAIT_MS = 60_000
-
-
-def off_loop(function, *args, **kwargs):
-    """Call ``function`` in a thread of its own, as the control plane's code runs.
-
-    Playwright's sync API keeps an event loop running in the test's thread, where
-    async_to_sync (which tells the pages about a change) refuses to run.
-    """
-
-    def call():
-        try:
-            return function(*args, **kwargs)
-        finally:
-            connections.close_all()
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(call).result()
-
-
-def start(processes: list[Process], process: Process) -> Process:
-    # The browser's event loop is this process's business, not the children's.
-    process.env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    processes.append(process.start())
-    return process
-
-
-def signed_in_page(browser, base: str, username: str):
-    context = browser.new_context(viewport={"width": 1400, "height": 900}, base_url=base)
-    page = context.new_page()
-    page.goto("/accounts/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", f"pw-{username}")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{base}/")
-    return page
-
-
-def open_live(page, path: str) -> None:
-    """Open a page, wait for its socket, and mark it so a reload would show."""
-    page.goto(path)
-    expect(page.locator("#live-status")).to_have_attribute("data-live", "live", timeout=WAIT_MS)
-    page.evaluate("window.llmgwTestMarker = 'not reloaded'")
-
-
-def assert_not_reloaded(page) -> None:
-    assert page.evaluate("window.llmgwTestMarker") == "not reloaded"
 
 
 def heartbeats_stopped(node_id: str):
@@ -199,7 +159,7 @@ def test_a_reader_sees_no_action_buttons(browser, processes, tmp_path, screensho
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     start(processes, control_plane(port, tmp_path))
-    wait_for(lambda: _answers(base), 60, "the control plane to answer")
+    wait_for(lambda: answers(base), 60, "the control plane to answer")
 
     reader = signed_in_page(browser, base, "rita")
     for path, name, shows in (
@@ -233,7 +193,7 @@ def test_a_dropped_socket_reconnects_and_resyncs(browser, processes, tmp_path, s
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     daphne = start(processes, control_plane(port, tmp_path))
-    wait_for(lambda: _answers(base), 60, "the control plane to answer")
+    wait_for(lambda: answers(base), 60, "the control plane to answer")
     page = signed_in_page(browser, base, "rita")
     open_live(page, "/")
     row = page.locator('tr[id="node-node01"]')
@@ -251,14 +211,3 @@ def test_a_dropped_socket_reconnects_and_resyncs(browser, processes, tmp_path, s
     expect(page.locator("#live-status")).to_have_attribute("data-live", "live", timeout=WAIT_MS)
     expect(row).to_have_attribute("data-state", "unreachable", timeout=WAIT_MS)
     assert_not_reloaded(page)
-
-
-def _answers(base: str) -> bool:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{base}/accounts/login/", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False

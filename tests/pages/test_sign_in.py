@@ -1,4 +1,4 @@
-"""Sign-in that cannot be guessed at (fleet.sign_in), and the cookies it leaves behind."""
+"""Sign-in that cannot be guessed at (fleet.pages.sign_in), and the cookies it leaves behind."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from audit.models import Event, EventKind
 from audit.redis import redis_client
-from fleet.sign_in import KEY_PREFIX
+from fleet.pages.sign_in import KEY_PREFIX
 from llmgw_site import settings as site_settings
 
 pytestmark = pytest.mark.django_db

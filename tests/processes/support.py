@@ -1,4 +1,5 @@
-"""Starting and stopping the real processes of llmgw in tests, and cleaning up after them."""
+"""Starting and stopping the real processes of llmgw in tests, cleaning up after them, and
+asking a router for an answer."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+import httpx
 from django.conf import settings
 
+from llmgw_cli.demo import DEMO_MODEL
 from llmgw_cli.local_engine import local_engines
 
 REPO = Path(__file__).resolve().parents[2]
@@ -240,7 +243,7 @@ def one_node_cluster(processes: list, tmp_path: Path, name: str) -> OneNodeClust
     """Start the whole system on loopback with one agent, wait until it has linked; every
     process goes into ``processes`` to be stopped after the test."""
     from fleet.models import Node
-    from fleet.node_auth import node_token
+    from fleet.pki.tokens import node_token
 
     node_id = f"{name}-{uuid.uuid4().hex[:6]}"
     lease = f"llmgw:test-leader:{uuid.uuid4().hex[:8]}"
@@ -263,3 +266,25 @@ def one_node_cluster(processes: list, tmp_path: Path, name: str) -> OneNodeClust
              "the agent to register")  # fmt: skip
     wait_for(lambda: listening(router_port), 60, "the router")
     return OneNodeCluster(node_id, url, f"http://127.0.0.1:{router_port}", first, start_agent)
+
+
+def chat(router_url: str, key: str, stream: bool = False, model: str = DEMO_MODEL):
+    """Ask a router for a short answer: the response, or (streamed) the chunks it sent."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say hello in three words."}],
+        "max_tokens": 16,
+        "stream": stream,
+    }
+    headers = {"Authorization": f"Bearer {key}"}
+    if not stream:
+        return httpx.post(f"{router_url}/v1/chat/completions", json=body, headers=headers,
+                          timeout=120)  # fmt: skip
+    chunks = []
+    with httpx.stream("POST", f"{router_url}/v1/chat/completions", json=body, headers=headers,
+                      timeout=120) as response:  # fmt: skip
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line.removeprefix("data: ")))
+    return chunks

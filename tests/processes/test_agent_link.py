@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 
 from audit.models import Event
-from fleet.liveness import check_liveness
+from fleet.link.liveness import check_liveness
 from fleet.models import Node
-from fleet.node_auth import node_token
+from fleet.pki.tokens import node_token
 from tests.processes.support import agent, control_plane, free_port, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]

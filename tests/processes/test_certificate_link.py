@@ -14,9 +14,10 @@ import yaml
 from django.core.management import call_command
 from django.utils import timezone
 
-from fleet import commands, pki
+from fleet import commands
 from fleet.actions.certificates import issue_node_certificate
 from fleet.models import Node
+from fleet.pki.authority import init_ca
 from tests.factories import SETUP
 from tests.processes.support import Process, agent, control_plane, free_port, listening, wait_for
 
@@ -78,7 +79,7 @@ def test_agents_link_by_certificate_and_wrong_ones_are_refused_by_name(
     }  # fmt: skip
     # Another CA: a stranger's certificate, and an agent that trusts only that CA.
     settings.LLMGW_CA_DIR = str(tmp_path / "other-ca")
-    pki.init_ca()
+    init_ca()
     configs[stranger] = agent_file(tmp_path / stranger, server, ca, *issued(stranger))
     settings.LLMGW_CA_DIR = str(ca_dir)
     configs[wary] = agent_file(tmp_path / wary, server, tmp_path / "other-ca" / "ca.pem",

@@ -4,7 +4,6 @@ restarting the engine."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 
@@ -17,30 +16,9 @@ from fleet import commands
 from fleet.models import Node, Replica, Shard
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog
 from tests.factories import SETUP
-from tests.processes.support import one_node_cluster, wait_for
+from tests.processes.support import chat, one_node_cluster, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
-
-
-def chat(router_url: str, key: str, stream: bool = False, model: str = DEMO_MODEL):
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "Say hello in three words."}],
-        "max_tokens": 16,
-        "stream": stream,
-    }
-    headers = {"Authorization": f"Bearer {key}"}
-    if not stream:
-        return httpx.post(f"{router_url}/v1/chat/completions", json=body, headers=headers,
-                          timeout=120)  # fmt: skip
-    chunks = []
-    with httpx.stream("POST", f"{router_url}/v1/chat/completions", json=body, headers=headers,
-                      timeout=120) as response:  # fmt: skip
-        assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunks.append(json.loads(line.removeprefix("data: ")))
-    return chunks
 
 
 def test_a_model_is_served_end_to_end_and_survives_an_agent_restart(processes, tmp_path):

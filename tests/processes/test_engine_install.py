@@ -19,12 +19,13 @@ import pytest
 
 from catalog.actions import apply_catalog, create_key
 from fleet.models import Node, Replica, Shard
-from fleet.node_auth import node_token
+from fleet.pki.tokens import node_token
 from llmgw_cli.demo import demo_catalog
 from llmgw_cli.local_engine import wheel_llama_server
 from tests.factories import SETUP
 from tests.processes.support import (
     agent,
+    chat,
     control_plane,
     free_port,
     listening,
@@ -32,7 +33,6 @@ from tests.processes.support import (
     router,
     wait_for,
 )
-from tests.processes.test_end_to_end import chat
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 

@@ -9,7 +9,7 @@ import pytest
 from audit.models import Event
 from fleet import leadership
 from fleet.models import Node
-from fleet.node_auth import node_token
+from fleet.pki.tokens import node_token
 from tests.processes.support import (
     agent,
     control_plane,

@@ -18,7 +18,7 @@ import yaml
 from audit.models import Event
 from catalog.actions import apply_catalog, create_key
 from fleet.models import Node, Replica, Shard
-from fleet.node_auth import node_token
+from fleet.pki.tokens import node_token
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog
 from llmgw_cli.local_engine import wheel_llama_server
 from llmgw_cli.sim import fabric

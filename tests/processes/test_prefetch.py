@@ -15,7 +15,7 @@ from django.core.management import call_command
 from catalog.actions import apply_catalog, scale_profile
 from catalog.models import Profile
 from fleet.models import Node, Shard
-from fleet.node_auth import node_token
+from fleet.pki.tokens import node_token
 from tests.factories import SETUP
 from tests.processes.support import (
     agent,

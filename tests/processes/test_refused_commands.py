@@ -13,7 +13,7 @@ from celery import current_app
 from audit.models import Event
 from fleet.commands import node_queue
 from fleet.models import Node
-from fleet.node_auth import node_token
+from fleet.pki.tokens import node_token
 from protocol.commands import ENGINE_CHECK
 from protocol.signing import sign
 from tests.processes.support import agent, control_plane, free_port, listening, wait_for

@@ -22,8 +22,8 @@ from catalog.actions import apply_catalog
 from catalog.models import Profile
 from fleet import commands
 from fleet.models import Node, Replica, Shard, replica_secret
-from fleet.node_auth import node_token
-from fleet.shard_specs import MeetingPoints, shard_spec
+from fleet.pki.tokens import node_token
+from fleet.reconcile.shard_specs import MeetingPoints, shard_spec
 from protocol import messages
 from tests.factories import SETUP
 from tests.fleet.inventories import inventory

@@ -27,7 +27,7 @@ import pytest
 
 from catalog.actions import apply_catalog, create_key
 from fleet.models import Node, Replica
-from fleet.node_auth import node_token
+from fleet.pki.tokens import node_token
 from fleet.routing_table import read_inflight_reports
 from tests.factories import SETUP
 from tests.fleet.queues import clear_queue

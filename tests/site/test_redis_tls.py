@@ -31,7 +31,7 @@ from django.test import override_settings
 from agent_worker.config import AgentConfigError, celery_broker_config
 from audit.redis import redis_client
 from core.redis_urls import RedisURLError, mask_password, parse_redis_url
-from fleet.pki import init_ca, issue_server_certificate
+from fleet.pki.authority import init_ca, issue_server_certificate
 from tests.site.probe import REPO, settings_env
 
 # Characters a URL must escape, so every library is seen to decode it the same way.

@@ -6,8 +6,7 @@ from django.core.management.base import BaseCommand
 
 from catalog import ctl as catalog_ctl
 from catalog import ctl_keys
-from fleet import ctl as fleet_ctl
-from fleet import ctl_logs, ctl_models, ctl_pki, ctl_weights
+from fleet.ctl import logs, nodes, pki, replicas, weights
 from router import ctl_usage
 
 
@@ -16,8 +15,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         subparsers = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
-        for module in (catalog_ctl, ctl_keys, ctl_models, fleet_ctl, ctl_logs, ctl_weights,
-                       ctl_pki, ctl_usage):  # fmt: skip
+        for module in (catalog_ctl, ctl_keys, replicas, nodes, logs, weights, pki, ctl_usage):
             module.add_parsers(subparsers)
 
     def handle(self, *args, **options) -> None:

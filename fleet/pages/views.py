@@ -2,7 +2,8 @@
 
 Each page is one template with ``{% partialdef %}`` fragments; an htmx request gets
 ``page.html#fragment``, and the page's websocket pushes the same fragments as the fleet
-changes (fleet.page_consumers). Contexts come from fleet.pages, shared with the sockets.
+changes (``fleet.pages.consumers``). Contexts come from ``fleet.pages.fragments``, shared
+with the sockets.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from django.shortcuts import render
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from catalog.permissions import is_operator
-from fleet import commands, pages
+from fleet import commands
 from fleet.metrics import FleetCollector
 from fleet.models import Node, Shard
+from fleet.pages import fragments
 from protocol.commands import LOG_LINES_KEPT
 
 LOG_LINES_DEFAULT = 200
@@ -27,7 +29,7 @@ LOG_SOURCE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def _page(request: HttpRequest, page: str, key: str = "") -> HttpResponse:
-    spec = pages.PAGES[page]
+    spec = fragments.PAGES[page]
     context = spec.context(key, spec.fragments)
     if context is None:
         raise Http404(f"no {page} named {key!r}")
@@ -90,7 +92,7 @@ def node_logs(request: HttpRequest, node_id: str) -> HttpResponse:
     }
     if request.htmx and request.GET.get("fragment") == "lines":
         return render(request, "fleet/logs.html#lines", context)
-    logs_page = pages.PAGES["logs"]
+    logs_page = fragments.PAGES["logs"]
     context.update(logs_page.context(node.id, logs_page.fragments) or {})
     return render(request, "fleet/logs.html", context)
 

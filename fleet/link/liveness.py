@@ -24,7 +24,7 @@ from audit.actors import LIVENESS
 from fleet.models import Node, NodeState
 from fleet.transitions import transition
 
-log = logging.getLogger("llmgw.fleet.liveness")
+log = logging.getLogger("llmgw.fleet.link.liveness")
 
 # Above this share of silent nodes (with at least MASS_SILENCE_MIN_NODES), suspect ourselves.
 MASS_SILENCE_SHARE = 0.55

@@ -14,8 +14,9 @@ from typing import Any
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from fleet import history, mirror, selectors
+from fleet import history, selectors
 from fleet.models import Node
+from fleet.pages import mirror
 
 # Kinds of change that alter what the models table shows.
 MODEL_KINDS = frozenset({"replica", "shard", "placement", "catalog", "progress", "node"})

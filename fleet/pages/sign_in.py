@@ -28,7 +28,7 @@ from audit.events import record_event
 from audit.models import EventKind
 from audit.redis import redis_client
 
-log = logging.getLogger("llmgw.fleet.sign_in")
+log = logging.getLogger("llmgw.fleet.pages.sign_in")
 
 KEY_PREFIX = "llmgw:sign-in"
 

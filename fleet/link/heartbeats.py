@@ -22,7 +22,7 @@ from fleet.actions.reports import record_qualifications_gained
 from fleet.models import Node, NodeState, known_memory, ram_gained
 from fleet.transitions import transition
 
-log = logging.getLogger("llmgw.fleet.heartbeats")
+log = logging.getLogger("llmgw.fleet.link.heartbeats")
 
 FLUSH_INTERVAL = 2.0
 

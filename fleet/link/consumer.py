@@ -21,10 +21,12 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from audit.actors import AGENT_LINK
-from fleet import leadership, pki
+from fleet import leadership
 from fleet.actions import reports
-from fleet.heartbeats import batcher
-from fleet.node_auth import node_token, verify_node_token
+from fleet.link.heartbeats import batcher
+from fleet.pki.authority import PkiError
+from fleet.pki.tokens import node_token, verify_node_token
+from fleet.pki.verify import check_link_proof
 from protocol import messages
 
 log = logging.getLogger("llmgw.fleet.link")
@@ -105,10 +107,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
                                f"node {self.claimed} did not answer the challenge with a proof "
                                "(its certificate and a signature)")  # fmt: skip
         try:
-            await database_sync_to_async(pki.check_link_proof)(
+            await database_sync_to_async(check_link_proof)(
                 certificate, self.claimed, nonce, signature
             )
-        except pki.PkiError as exc:
+        except PkiError as exc:
             await self._refuse(messages.CLOSE_UNAUTHENTICATED,
                                f"node {self.claimed} refused: {exc}")  # fmt: skip
         self.by_certificate = True

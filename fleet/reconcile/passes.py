@@ -27,16 +27,14 @@ from fleet.actions.replicas import (
     stop_replica,
 )
 from fleet.actions.reports import refresh_replica_state
-from fleet.autoscale import autoscale_profiles
-from fleet.backoff import SETTLED as SETTLED  # bench/ reads it from here
-from fleet.backoff import replacement_backoff
-from fleet.backoff import replacement_delay as replacement_delay  # as do tests
 from fleet.models import Node, NodeState, Replica, ReplicaState, ShardState
-from fleet.node_engines import tell_nodes_their_engines
-from fleet.reconcile_report import ReconcileReport as ReconcileReport  # tests read it here
-from fleet.rollout import drain_verdict, reports_once, roll_stale
+from fleet.reconcile.autoscale import autoscale_profiles
+from fleet.reconcile.backoff import replacement_backoff
+from fleet.reconcile.engines import tell_nodes_their_engines
+from fleet.reconcile.report import ReconcileReport
+from fleet.reconcile.rollout import drain_verdict, reports_once, roll_stale
+from fleet.reconcile.snapshot import node_snapshots, placement_request
 from fleet.routing_table import read_inflight_reports
-from fleet.snapshot import node_snapshots, placement_request
 from fleet.transitions import transition
 from placement import place_batch
 
@@ -214,7 +212,7 @@ def fail_slow_starts(now: datetime, report: ReconcileReport) -> None:
 
 
 def retire_failed(now: datetime, report: ReconcileReport, epoch: int | None = None) -> None:
-    """A failed replica is stopped after its backoff (``fleet.backoff``); scale() then
+    """A failed replica is stopped after its backoff (``fleet.reconcile.backoff``); scale() then
     creates its replacement."""
     for replica in Replica.objects.filter(state=ReplicaState.FAILED).select_related("profile"):
         if now < replacement_backoff(replica, now).due_at:

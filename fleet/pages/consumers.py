@@ -18,7 +18,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from audit import notices
 from catalog.permissions import is_operator
-from fleet import pages
+from fleet.pages import fragments
 
 log = logging.getLogger("llmgw.fleet.pages")
 
@@ -58,7 +58,7 @@ class PageConsumer(AsyncWebsocketConsumer):
         self.last_slow_push = 0.0
         await self.channel_layer.group_add(notices.PAGES_GROUP, self.channel_name)
         await self.accept()
-        self._schedule(set(pages.PAGES[self.page].fragments), at_once=True)
+        self._schedule(set(fragments.PAGES[self.page].fragments), at_once=True)
 
     async def disconnect(self, code) -> None:
         if getattr(self, "flusher", None) is not None:
@@ -70,9 +70,9 @@ class PageConsumer(AsyncWebsocketConsumer):
         """Pages only listen; anything a browser sends is ignored."""
 
     async def fleet_changed(self, event) -> None:
-        names = pages.touched(self.page, self.key, event["kind"], event.get("subjects", []))
+        names = fragments.touched(self.page, self.key, event["kind"], event.get("subjects", []))
         loop = asyncio.get_running_loop()
-        for slow in pages.PAGES[self.page].slow:
+        for slow in fragments.PAGES[self.page].slow:
             if slow in names and loop.time() - self.last_slow_push < SLOW_PUSH_INTERVAL:
                 names.discard(slow)
         if names:
@@ -91,12 +91,12 @@ class PageConsumer(AsyncWebsocketConsumer):
                     await asyncio.sleep(max(0.0, self.last_push + PUSH_INTERVAL - loop.time()))
                 at_once = False
                 names, self.pending = self.pending, set()
-                html = await database_sync_to_async(pages.render_fragments)(
+                html = await database_sync_to_async(fragments.render_fragments)(
                     self.page, self.key, self.can_operate, names
                 )
                 await self.send(text_data=html)
                 self.last_push = loop.time()
-                if names & set(pages.PAGES[self.page].slow):
+                if names & set(fragments.PAGES[self.page].slow):
                     self.last_slow_push = self.last_push
         except asyncio.CancelledError:
             raise

@@ -9,7 +9,7 @@ from catalog.models import Model
 from core.humanize import format_bytes
 from core.tables import render_json, render_table
 from fleet import commands
-from fleet.ctl_common import known_model, known_node
+from fleet.ctl.common import known_model, known_node
 from fleet.models import Node
 from fleet.selectors import progress_line
 from fleet.weights_map import model_weights, weights_map

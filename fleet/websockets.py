@@ -1,7 +1,9 @@
+"""The control plane's websocket routes: the agents' link and the pages' own sockets."""
+
 from django.urls import path
 
-from fleet.consumers import AgentConsumer
-from fleet.page_consumers import (
+from fleet.link.consumer import AgentConsumer
+from fleet.pages.consumers import (
     ClusterPageConsumer,
     LogsPageConsumer,
     MirrorPageConsumer,

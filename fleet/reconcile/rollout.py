@@ -25,7 +25,7 @@ from audit.models import EventKind
 from catalog.models import Profile, newest_engine_versions
 from fleet.actions.replicas import create_replica, drain_replica, stop_replica
 from fleet.models import Replica, ReplicaState
-from fleet.reconcile_report import ReconcileReport
+from fleet.reconcile.report import ReconcileReport
 from fleet.routing_table import read_inflight_reports
 
 # Routers reload within a second of the notification and report every second; a drain

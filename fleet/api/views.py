@@ -1,12 +1,11 @@
-"""Read-only REST endpoints for nodes, replicas, shards and events."""
+"""Read-only REST endpoints for nodes, replicas and shards."""
 
 from __future__ import annotations
 
 from rest_framework import viewsets
 
-from audit.models import Event
+from fleet.api.serializers import NodeSerializer, ReplicaSerializer, ShardSerializer
 from fleet.models import Node, Replica, Shard
-from fleet.serializers import EventSerializer, NodeSerializer, ReplicaSerializer, ShardSerializer
 
 
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
@@ -22,8 +21,3 @@ class ReplicaViewSet(viewsets.ReadOnlyModelViewSet):
 class ShardViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = Shard.objects.all()
     serializer_class = ShardSerializer
-
-
-class EventViewSet(viewsets.ReadOnlyModelViewSet):
-    queryset = Event.objects.all()
-    serializer_class = EventSerializer

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from audit.models import Event
 from fleet.models import Node, Replica, Shard
 
 
@@ -38,12 +37,4 @@ class ReplicaSerializer(serializers.ModelSerializer):
         fields = [
             "id", "model_name", "profile_name", "fingerprint", "engine", "engine_version",
             "state", "reasons", "created_at", "state_changed_at", "shards",
-        ]  # fmt: skip
-
-
-class EventSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = Event
-        fields = [
-            "id", "at", "kind", "subject", "from_state", "to_state", "reason", "actor_name",
         ]  # fmt: skip

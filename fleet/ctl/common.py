@@ -1,12 +1,16 @@
-"""The refusals every ``llmgw_ctl`` command of the fleet shares: a node or a model that does
-not exist is refused in one wording, naming what does (``core.humanize.no_such``)."""
+"""What every ``llmgw_ctl`` command of the fleet shares: the refusals (a node or a model that
+does not exist is refused in one wording, naming what does: ``core.humanize.no_such``) and
+how long ago something happened."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.core.management.base import CommandError
+from django.utils import timezone
 
 from catalog.models import Model
-from core.humanize import no_such
+from core.humanize import format_seconds, no_such
 from fleet.models import Node
 
 
@@ -26,3 +30,10 @@ def known_model(name: str) -> str:
         models = list(Model.objects.order_by("name").values_list("name", flat=True))
         raise CommandError(no_such("model", name, models))
     return name
+
+
+def ago(moment: datetime | None) -> str:
+    """``moment`` as how long ago it was, in words ("3s ago"), or "never"."""
+    if moment is None:
+        return "never"
+    return f"{format_seconds((timezone.now() - moment).total_seconds())} ago"

@@ -12,8 +12,9 @@ from django.core.management.base import CommandError
 
 from audit.actors import shell_operator
 from core.secret_files import write_secret_file
-from fleet import pki
 from fleet.actions.certificates import issue_node_certificate, revoke_node_certificates
+from fleet.pki import authority
+from fleet.pki.verify import still_good
 
 INSTALL_SH = Path(__file__).with_name("onboard_install.sh")
 
@@ -63,16 +64,16 @@ def add_parsers(subparsers) -> None:
 
 def ca_init_command(options, out) -> None:
     try:
-        directory = pki.init_ca(force=options["force"])
-    except pki.PkiError as exc:
+        directory = authority.init_ca(force=options["force"])
+    except authority.PkiError as exc:
         raise CommandError(str(exc)) from None
-    out.write(f"created llmgw's CA in {directory} (key {directory / pki.CA_KEY}, mode 0600)")
+    out.write(f"created llmgw's CA in {directory} (key {directory / authority.CA_KEY}, mode 0600)")
 
 
 def server_cert_command(options, out) -> None:
     try:
-        issued = pki.issue_server_certificate(options["hosts"], options["days"])
-    except pki.PkiError as exc:
+        issued = authority.issue_server_certificate(options["hosts"], options["days"])
+    except authority.PkiError as exc:
         raise CommandError(str(exc)) from None
     target = Path(options["out"])
     target.mkdir(parents=True, exist_ok=True)
@@ -101,13 +102,13 @@ def onboard_command(options, out) -> None:
         )
     wheel_sha256 = _wheel_sha256(options)
     bundle = Path(options["out"] or node_id)
-    if options["reuse"] and pki.still_good(bundle / "node.pem", node_id):
+    if options["reuse"] and still_good(bundle / "node.pem", node_id):
         out.write(f"kept the certificate of {node_id} in {bundle}/")
         return
     try:
         issued = issue_node_certificate(node_id, options["days"], actor=shell_operator())
-        ca = pki.ca_pem()
-    except pki.PkiError as exc:
+        ca = authority.ca_pem()
+    except authority.PkiError as exc:
         raise CommandError(str(exc)) from None
     bundle.mkdir(parents=True, exist_ok=True, mode=0o700)
     (bundle / "ca.pem").write_bytes(ca)

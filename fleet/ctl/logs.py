@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 
 from fleet import commands
-from fleet.ctl_common import known_node
+from fleet.ctl.common import known_node
 from protocol.commands import LOG_LINES_KEPT
 
 
