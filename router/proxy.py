@@ -209,8 +209,16 @@ class Proxy:
         await stream.begin(response)
         scanner = EventScanner(drop_usage_only=call.drop_usage_only and translation is None)
         edit, flush = scanner.feed, scanner.flush
+        error_event = stream_error_event_for(call.path)
         if translation is not None:
-            edit, flush = _translated(scanner, translation.events())
+            events = translation.events()
+            edit, flush = _translated(scanner, events)
+
+            def error_event(message: str) -> bytes:
+                # Through the stream's own translator: the error event then follows the
+                # events already sent (numbered after them, holding the partial answer).
+                return events.feed(errors.stream_error_event(message)) + events.flush()
+
         elif call.path == RESPONSES_PATH:
             edit = self._noting_response_id(scanner.feed, replica, call.model)
         broken = await stream.pipe(response, edit, flush)
@@ -222,9 +230,7 @@ class Proxy:
         if translation is not None or call.path not in MOVABLE_PATHS:
             # Carried on only where the client's stream is chat completions' own.
             await stream.end_broken(
-                broken,
-                "a stream in another API's events is not moved",
-                stream_error_event_for(call.path),
+                broken, "a stream in another API's events is not moved", error_event
             )
             self._account(call, scanner.tokens)
             return None

@@ -27,6 +27,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
+def object_at(holder: dict[str, Any], key: str) -> dict[str, Any]:
+    """``holder[key]`` if it is an object, else an empty one: engines' answers are read
+    leniently, what is missing or odd reads as absent."""
+    value = holder.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def first_choice(answer: Any) -> dict[str, Any]:
     """The first choice of a whole chat completion, or an empty one (nothing to read)."""
     choices = answer.get("choices") if isinstance(answer, dict) else None
@@ -255,7 +262,7 @@ class ChatStream:
         call = self._engine_calls.setdefault(index, _ToolCall())
         if isinstance(piece.get("id"), str) and piece["id"] and call.id is None:
             call.id = piece["id"]
-        function = piece.get("function") if isinstance(piece.get("function"), dict) else {}
+        function = object_at(piece, "function")
         name, arguments = function.get("name"), function.get("arguments")
         arguments = arguments if isinstance(arguments, str) else ""
         if arguments:

@@ -122,9 +122,10 @@ class MessageEvents(ChatStream):
         if self._started:
             return b""
         self._started = True
-        message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
-                   "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": usage_json(0, 0)}  # fmt: skip
+        message: dict[str, Any] = {
+            "id": self.id, "type": "message", "role": "assistant", "model": self.model,
+            "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage_json(0, 0),
+        }  # fmt: skip
         return sse("message_start", {"type": "message_start", "message": message})
 
     def _begin_block(self, block: dict, *, text: bool) -> bytes:

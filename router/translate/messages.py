@@ -23,6 +23,7 @@ from router.translate.chat import (
     matched_stop,
     merge_turns,
     new_id,
+    object_at,
     read_error_body,
     tool_calls_of,
 )
@@ -243,7 +244,7 @@ def from_chat(answer: dict[str, Any], model: str) -> dict[str, Any]:
     choice = first_choice(answer)
     if not choice:
         raise errors.bad_gateway(f"The engine of {model} answered without a choice.")
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    message = object_at(choice, "message")
     content: list[dict[str, Any]] = []
     text = message.get("content")
     if isinstance(text, str) and text:

@@ -49,6 +49,9 @@ class Translation:
         return cls(api, path, payload, model, always) if api is not None else None
 
     def applies_to(self, endpoint: Endpoint) -> bool:
+        if self.counts_tokens:
+            # Counting is not an answer to translate: an engine that counts does it best.
+            return self.api not in endpoint.native
         return self.always or self.api not in endpoint.native
 
     @property
@@ -67,7 +70,10 @@ class Translation:
     def engine_request(self) -> tuple[str, bytes]:
         """The path and body the engine is sent instead of the client's."""
         if self._engine_request is None:
-            chat = self.module.to_chat(self.payload)
+            payload = self.payload
+            if self.counts_tokens:  # a count names no max_tokens, which a message needs
+                payload = {"max_tokens": 1, **payload}
+            chat = self.module.to_chat(payload)
             chat["model"] = self.model
             if self.counts_tokens:
                 body = {"model": chat["model"], "messages": chat["messages"]}
@@ -91,11 +97,15 @@ class Translation:
             if not isinstance(count, int):
                 count = len(engine_answer.get("tokens") or [])
             return _dumps({"input_tokens": count})
-        return _dumps(self.module.from_chat(engine_answer, self.model))
+        if self.api == "messages":
+            return _dumps(messages.from_chat(engine_answer, self.model))
+        return _dumps(responses.from_chat(engine_answer, self.model, self.payload))
 
     def events(self) -> EventTranslator:
         """A translator for the engine's chat completion events, for one stream."""
-        return self.module.stream_translator(self.model)
+        if self.api == "messages":
+            return messages.stream_translator(self.model)
+        return responses.stream_translator(self.model, self.payload)
 
 
 def _dumps(value: Any) -> bytes:

@@ -25,6 +25,7 @@ from router.translate.chat import (
     first_choice,
     merge_turns,
     new_id,
+    object_at,
     read_error_body,
     tool_calls_of,
 )
@@ -132,19 +133,16 @@ def _item(item: Any, where: str) -> list[dict[str, Any]]:
     content = item.get("content")
     if not isinstance(content, str):
         content = _parts(content, f"{where}.content", role)
-    if role != "user":
+    if role != "user" and not isinstance(content, str):
         # Chat templates read these as text: an image here has nowhere to go.
-        texts = [p.get("text") for p in content] if isinstance(content, list) else [content]
-        if any(not isinstance(t, str) for t in texts):
-            refuse(f"{where}.content", f"`{where}.content`: a {role} message holds text only.")
-        content = "".join(texts) if role == "assistant" else "\n\n".join(texts)
+        refuse(f"{where}.content", f"`{where}.content`: a {role} message holds text only.")
     return [{"role": "system" if role == "developer" else role, "content": content}]
 
 
 def _parts(parts: Any, where: str, role: str) -> str | list[dict[str, Any]]:
     """Content parts as chat's: text alone as one string, which every engine takes."""
     allowed = OUTPUT_PARTS if role == "assistant" else INPUT_PARTS
-    converted = []
+    converted: list[dict[str, Any]] = []
     for i, part in enumerate(shapes.array(parts, where)):
         at = f"{where}[{i}]"
         part = shapes.obj(part, at)
@@ -222,7 +220,7 @@ def _text_format(payload: dict[str, Any], chat: dict[str, Any]) -> None:
     if kind == "json_object":
         chat["response_format"] = {"type": "json_object"}
     elif kind == "json_schema":
-        schema = {"name": shapes.text(form.get("name"), "text.format.name"),
+        schema: dict[str, Any] = {"name": shapes.text(form.get("name"), "text.format.name"),
                   "schema": shapes.obj(form.get("schema"), "text.format.schema")}  # fmt: skip
         if form.get("strict") is not None:
             schema["strict"] = shapes.flag(form["strict"], "text.format.strict")
@@ -239,7 +237,7 @@ def from_chat(answer: dict[str, Any], model: str,
     choice = first_choice(answer)
     if not choice:
         raise errors.bad_gateway(f"The engine of {model} answered without a choice.")
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    message = object_at(choice, "message")
     finish = choice.get("finish_reason")
     incomplete = INCOMPLETE.get(finish) if isinstance(finish, str) else None
     output = []
