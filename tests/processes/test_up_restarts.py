@@ -11,15 +11,18 @@ import json
 import os
 import signal
 
+import anthropic
 import httpx
+import openai
 import psutil
 import pytest
 
-from llmgw_cli.demo import DEMO_MODEL, smollm2_path
+from llmgw_cli.demo import DEMO_EMBEDDINGS_MODEL, DEMO_MODEL, smollm2_path
 from tests.processes.support import wait_for
 from tests.processes.up_support import Up, fresh_home, remove_home
 
 pytestmark = pytest.mark.process
+
 
 KILLED_IN_TURN = ["agent", "control-plane", "reconciler", "router", "redis", "postgres"]
 
@@ -40,6 +43,39 @@ def answered(up: Up, key: str) -> bool:
     except httpx.HTTPError:
         return False
     return response.status_code == 200 and bool(response.json()["choices"])
+
+
+def every_client_answers_and_is_counted(up: Up, key: str) -> None:
+    """What `make run` serves to the SDKs people use (issue 26): OpenAI's chat, Responses
+    (whole and streamed) and embeddings, Anthropic's Messages (whole and streamed), each
+    answered by the demo's llama-servers and counted by `llmgw_ctl usage`."""
+    client = openai.OpenAI(base_url=f"{up.router_url}/v1", api_key=key, max_retries=0,
+                           timeout=120)  # fmt: skip
+    ask = [{"role": "user", "content": "Say hello."}]
+    assert client.chat.completions.create(model=DEMO_MODEL, messages=ask, max_tokens=8).choices
+    assert client.responses.create(model=DEMO_MODEL, input="Hi", max_output_tokens=8).output_text
+    streamed = list(client.responses.create(model=DEMO_MODEL, input="Hi", max_output_tokens=8,
+                                            stream=True))  # fmt: skip
+    assert streamed[-1].type in ("response.completed", "response.incomplete")
+    vectors = client.embeddings.create(model=DEMO_EMBEDDINGS_MODEL, input=["one", "two"])
+    assert len(vectors.data) == 2
+    claude = anthropic.Anthropic(base_url=up.router_url, api_key=key, max_retries=0, timeout=120)
+    assert claude.messages.create(model=DEMO_MODEL, max_tokens=8, messages=ask).content
+    with claude.messages.stream(model=DEMO_MODEL, max_tokens=8, messages=ask) as stream:
+        assert "".join(stream.text_stream)
+
+    def counted() -> dict[str, int]:
+        usage = up.manage("llmgw_ctl", "usage", "--json")
+        assert usage.returncode == 0, usage.stderr[-2000:]
+        return {row["model"]: row["requests"] for row in json.loads(usage.stdout)}
+
+    # Accounting is written every few seconds; the chat model's five above, and the
+    # requests that waited for it to answer, and the embeddings.
+    def all_counted() -> bool:
+        requests = counted()
+        return requests.get(DEMO_MODEL, 0) >= 5 and requests.get(DEMO_EMBEDDINGS_MODEL) == 1
+
+    wait_for(all_counted, 60, "llmgw_ctl usage to count every request")
 
 
 def ready_replicas(up: Up) -> int:
@@ -70,6 +106,7 @@ def test_each_child_killed_in_turn_comes_back_and_the_engine_keeps_serving(tmp_p
         key = key_file.read_text().strip()
         wait_for(lambda: answered(up, key), 240, "the demo model to answer")
         wait_for(lambda: ready_replicas(up) == 2, 120, "the chat and embedding replicas")
+        every_client_answers_and_is_counted(up, key)
         engines = engine_pids(home)
         assert len(engines) == 2, engines
         for name in KILLED_IN_TURN:

@@ -20,9 +20,47 @@ VALID = {
     "/v1/chat/completions": [CHAT, {**CHAT, "stream": True, "n": 1, "temperature": 0.5}],
     "/v1/completions": [{"model": "solo", "prompt": "once", "max_tokens": 4}],
     "/v1/embeddings": [{"model": "solo", "input": ["a", "b"]}],
+    # The static table names no native APIs: these are translated onto chat completions.
+    "/v1/responses": [
+        {"model": "solo", "input": "hi", "max_output_tokens": 4},
+        {
+            "model": "solo",
+            "stream": True,
+            "instructions": "be brief",
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        },
+    ],
+    "/v1/messages": [
+        {
+            "model": "solo",
+            "max_tokens": 4,
+            "system": "be brief",
+            "stream": True,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        },
+        {
+            "model": "solo",
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "auto"},
+        },
+    ],
+    "/v1/messages/count_tokens": [
+        {"model": "solo", "messages": [{"role": "user", "content": "hi"}]}
+    ],
+    "/v1/rerank": [{"model": "solo", "query": "q", "documents": ["a", "b"], "top_n": 1}],
+    "/v1/audio/speech": [{"model": "solo", "input": "hello", "voice": "x"}],
+    "/v1/audio/transcriptions": [{"model": "solo", "file": "not an upload"}],
+    "/v1/images/generations": [{"model": "solo", "prompt": "a cat", "n": 1}],
+    "/tokenize": [{"model": "solo", "content": "hi"}],
+    "/detokenize": [{"model": "solo", "tokens": [1, 2]}],
 }
 KEYS = ("stream", "n", "max_tokens", "messages", "prompt", "input", "model", "stream_options",
-        "temperature", "max_completion_tokens")  # fmt: skip
+        "temperature", "max_completion_tokens", "system", "tools", "tool_choice", "content",
+        "instructions", "max_output_tokens", "documents", "query", "tokens", "type", "text",
+        "previous_response_id")  # fmt: skip
 
 
 def as_bytes(text: str) -> bytes:
