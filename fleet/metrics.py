@@ -1,14 +1,17 @@
-"""The fleet as Prometheus metrics, from the latest heartbeats (no scrape target per node)."""
+"""The fleet as Prometheus metrics, from the latest heartbeats (no scrape target per node)
+and the replica rows (replicas by model and state, and how many the catalog wants)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from django.db.models import Count, Sum
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from fleet.models import Node, NodeState, Shard
+from catalog.models import Profile
+from fleet.models import Node, NodeState, Replica, Shard
 
 
 class FleetCollector(Collector):
@@ -47,6 +50,17 @@ class FleetCollector(Collector):
             "llmgw_shard_memory_bytes", "Resident memory of an engine's process group",
             labels=["node", "shard", "model"],
         )  # fmt: skip
+        replicas = GaugeMetricFamily(
+            "llmgw_replicas", "Replicas by model and state", labels=["model", "state"]
+        )
+        wanted = GaugeMetricFamily(
+            "llmgw_model_replicas_wanted", "Replicas the catalog's profiles ask for",
+            labels=["model"],
+        )  # fmt: skip
+        for row in Replica.objects.values("model_name", "state").annotate(count=Count("id")):
+            replicas.add_metric([row["model_name"], row["state"]], row["count"])
+        for name, count in Profile.objects.values_list("model__name").annotate(n=Sum("replicas")):
+            wanted.add_metric([name], count or 0)
         models_by_shard = dict(Shard.objects.values_list("id", "replica__model_name"))
         for node in Node.objects.all():
             up.add_metric([node.id], 1.0 if node.state == NodeState.CONNECTED else 0.0)
@@ -75,5 +89,5 @@ class FleetCollector(Collector):
                 shard_mem.add_metric(labels, shard.rss)
         yield from (
             up, cpus, cpu, load, mem, mem_used, mem_avail, disk, gpu_used, nvlink, shard_cores,
-            shard_mem,
+            shard_mem, replicas, wanted,
         )  # fmt: skip

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleet.link.heartbeats import write_heartbeats
 from fleet.models import NodeState
 from protocol.inventory import Filesystem, Gpu, ShardUsage, Usage
-from tests.factories import make_node, make_replica, make_shard
+from tests.factories import make_model, make_node, make_profile, make_replica, make_shard
 from tests.fleet.inventories import inventory
 
 pytestmark = pytest.mark.django_db
@@ -245,3 +245,21 @@ def test_without_a_metrics_token_the_endpoint_is_open(client, settings, at_now):
     settings.METRICS_TOKEN = ""
     gpu_node("gpu01")
     assert of(scrape(client), "llmgw_node_up") == {(("node", "gpu01"),): 1.0}
+
+
+def test_replicas_are_counted_by_model_and_state_beside_what_the_catalog_wants(client, at_now):
+    gemma = make_profile(make_model("gemma"), replicas=3)
+    make_profile(gemma.model, name="gpu", replicas=1)
+    make_replica(gemma, state="ready")
+    make_replica(gemma, state="ready")
+    make_replica(gemma, state="starting")
+    make_profile(make_model("idle"), replicas=0)
+    samples = scrape(client)
+    assert of(samples, "llmgw_replicas") == {
+        (("model", "gemma"), ("state", "ready")): 2.0,
+        (("model", "gemma"), ("state", "starting")): 1.0,
+    }
+    assert of(samples, "llmgw_model_replicas_wanted") == {
+        (("model", "gemma"),): 4.0,
+        (("model", "idle"),): 0.0,
+    }
