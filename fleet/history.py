@@ -1,4 +1,4 @@
-"""An hour of each node's CPU, RAM, load and per-model use, for the node page's charts.
+"""An hour of each node's CPU, RAM, load, per-model use and router queue, for the node page.
 
 From Prometheus (``query_range``) when ``PROMETHEUS_URL`` is set. Otherwise from samples
 the control plane keeps itself, so ``make run`` draws charts with no Prometheus: one
@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from audit.redis import redis_client
 from core.http import outbound_client
+from fleet import traffic
 from protocol.inventory import Usage
 
 log = logging.getLogger("llmgw.fleet.history")
@@ -122,7 +123,7 @@ def charts_from_samples(
         "queue",
         "Router queue depth",
         "requests",
-        empty="no data yet: queue depth comes from Prometheus (set PROMETHEUS_URL)",
+        empty="no data yet",
     )
     if samples:
         for chart in (cpu, memory, load):
@@ -182,9 +183,15 @@ def node_history(node_id: str, replica_ids: Iterable[str] = (), now: float | Non
     model_of_shard = dict(
         Shard.objects.filter(id__in=shard_ids).values_list("id", "replica__model_name")
     )
+    charts = charts_from_samples(samples, model_of_shard)
+    # The queue is the routers' to tell, from the same reports as the model page's traffic.
+    models = list(model_of_shard.values()) or list(
+        Shard.objects.filter(node_id=node_id).values_list("replica__model_name", flat=True)
+    )
+    charts = [traffic.waiting_chart(models, now) if c["id"] == "queue" else c for c in charts]
     return {
-        "source": "the control plane's heartbeat samples",
-        "charts": charts_from_samples(samples, model_of_shard),
+        "source": "the control plane's heartbeat samples and the routers' reports",
+        "charts": charts,
         "note": note,
     }
 

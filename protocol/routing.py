@@ -97,3 +97,21 @@ class RoutingSnapshot(_Snapshot):
     """Every model a router may be asked for, including those with nothing ready."""
 
     models: list[RoutableModel] = Field(default_factory=list)
+
+# What each router served, per model: every second each router adds its counts since the
+# last report into one Redis hash per model and TRAFFIC_BUCKET_SECONDS (so the hash holds
+# every router's sum), kept a little over an hour. Fields: "requests", "prompt" and
+# "completion" tokens, "error:<status or failure>", "ttft:<i>" (answers whose first byte
+# came within TTFT_EDGES[i] seconds and after the edge before; "ttft:inf" past the last),
+# and "inflight"/"waiting", the requests in flight and waiting, added once a second (so a
+# bucket's sum over its seconds is their mean).
+TRAFFIC_KEY_PREFIX = "llmgw:traffic:"
+TRAFFIC_BUCKET_SECONDS = 10
+TRAFFIC_KEEP_SECONDS = 3600 + 120
+TTFT_EDGES: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+def traffic_key(model: str, at: float) -> str:
+    """The hash of ``model``'s traffic in the bucket holding unix time ``at``."""
+    start = int(at) // TRAFFIC_BUCKET_SECONDS * TRAFFIC_BUCKET_SECONDS
+    return f"{TRAFFIC_KEY_PREFIX}{model}:{start}"

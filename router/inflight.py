@@ -1,4 +1,5 @@
-"""Tell the control plane what this router routes and what it still carries, every second.
+"""Tell the control plane what this router routes and what it still carries, every second,
+and add what it served since the last report to the model page's traffic (traffic.py).
 
 A rolling restart takes a replica out of the routing table and stops it once no router
 carries a request to it any more; only the routers know that. Each router process
@@ -22,7 +23,9 @@ from typing import Any, Protocol
 
 from protocol.routing import INFLIGHT_KEY_PREFIX, INFLIGHT_REPORT_SECONDS, INFLIGHT_REPORT_TTL
 from router.balancer import Balancer
+from router.metrics import RouterMetrics
 from router.table import RoutingTable
+from router.traffic import add_traffic, with_load
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +33,7 @@ logger = logging.getLogger(__name__)
 class _Reporting(Protocol):
     table: RoutingTable
     balancer: Balancer
+    metrics: RouterMetrics
     source: Any  # its redis_url is known once the database source has loaded
     rooms: dict[str, Any]  # model -> its WaitingRoom
 
@@ -71,8 +75,11 @@ async def report_inflight(router: _Reporting, interval: float = INFLIGHT_REPORT_
                 queued = {name: len(room) for name, room in router.rooms.items()}
                 report = inflight_report(router.table, router.balancer, time.time(), queued)
                 body = json.dumps(report)
+                traffic = with_load(router.metrics.traffic.take(), report["models"])
                 try:
                     await client.set(key, body, ex=INFLIGHT_REPORT_TTL)
+                    # A second's traffic lost with Redis costs a chart a dip, nothing more.
+                    await add_traffic(client, traffic, report["at"])
                     complained = False
                 except Exception as exc:
                     # A drain then waits its whole drain_timeout; requests are not affected.

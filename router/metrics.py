@@ -18,6 +18,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from router.traffic import Traffic
+
 # From sub-millisecond overhead to multi-minute generations.
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -101,6 +103,8 @@ class RouterMetrics:
         )  # fmt: skip
         self.keys = Gauge("llmgw_router_api_keys", "API keys the router accepts", registry=r)
         self._children: dict[tuple, object] = {}
+        # The same counts, by model, for the model page (taken every second: traffic.py).
+        self.traffic = Traffic()
 
     def _child(self, metric, *labels: str):
         key = (id(metric), *labels)
@@ -112,17 +116,21 @@ class RouterMetrics:
     def request_done(self, model: str, code: int, seconds: float) -> None:
         self._child(self._requests, model, str(code)).inc()
         self._child(self._seconds, model).observe(seconds)
+        self.traffic.request(model, code)
 
     def first_byte(self, model: str, seconds: float) -> None:
         self._child(self._ttfb, model).observe(seconds)
+        self.traffic.first_byte(model, seconds)
 
     def upstream_error(self, model: str, replica: str, kind: str) -> None:
         self._child(self._upstream_errors, model, replica, kind).inc()
+        self.traffic.failure(model, kind)
 
     def migrated(self, model: str, reason: str) -> None:
         self._child(self._migrations, model, reason).inc()
 
     def tokens(self, model: str, prompt: int, completion: int) -> None:
+        self.traffic.tokens(model, prompt, completion)
         if prompt:
             self._child(self._prompt_tokens, model).inc(prompt)
         if completion:

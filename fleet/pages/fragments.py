@@ -14,7 +14,7 @@ from typing import Any
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from fleet import history, selectors
+from fleet import history, selectors, traffic
 from fleet.models import Node
 from fleet.pages import mirror
 
@@ -37,7 +37,10 @@ def node_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None:
 
 
 def model_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None:
-    return selectors.model_detail(key)
+    detail = selectors.model_detail(key)
+    if detail is not None and "traffic" in fragments:
+        detail["traffic"] = traffic.model_traffic(key)
+    return detail
 
 
 def mirror_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None:
@@ -101,7 +104,10 @@ PAGES: dict[str, Page] = {
     "node": Page(
         "fleet/node.html", ("summary", "history"), node_context, _node_touched, slow=("history",)
     ),
-    "model": Page("fleet/model.html", ("profiles", "replicas"), model_context, _model_touched),
+    # The traffic polls (every 10 s, as the routers' buckets fill), rather than being pushed.
+    "model": Page(
+        "fleet/model.html", ("profiles", "replicas", "traffic"), model_context, _model_touched
+    ),
     "logs": Page("fleet/logs.html", ("node-state",), logs_context, _logs_touched),
     "mirror": Page("fleet/mirror.html", ("holders",), mirror_context, _mirror_touched),
 }

@@ -47,7 +47,6 @@
 
   // Charts of the node page, redrawn whenever its history fragment arrives.
   var COLORS = ["#1f5c99", "#c2410c", "#2f7d4f", "#7c3aed", "#b42318", "#0e7490"];
-  var plots = [];
   function formatValue(unit, value) {
     if (value == null) return "—";
     if (unit === "bytes") {
@@ -61,7 +60,9 @@
     if (unit === "%") return value.toFixed(0) + "%";
     return Math.abs(value) >= 10 ? value.toFixed(0) : value.toFixed(2);
   }
+  // Each chart section (the node's last hour, a model's traffic) keeps its own plots.
   function drawHistory(section) {
+    var plots = section._plots || (section._plots = []);
     plots.splice(0).forEach(function (plot) { plot.destroy(); });
     var script = section.querySelector("script[type='application/json']");
     if (!script || typeof uPlot === "undefined") return;
@@ -96,15 +97,14 @@
   window.addEventListener("resize", function () {
     clearTimeout(resizeTimer);
     resizeTimer = setTimeout(function () {
-      var section = document.getElementById("node-history");
-      if (section) drawHistory(section);
+      document.querySelectorAll("section.history").forEach(drawHistory);
     }, 200);
   });
 
   htmx.onLoad(function (elt) {
     if (!elt.querySelector) return;
-    var history = elt.id === "node-history" ? elt : elt.querySelector("#node-history");
-    if (history) drawHistory(history);
+    if (elt.matches && elt.matches("section.history")) drawHistory(elt);
+    elt.querySelectorAll("section.history").forEach(drawHistory);
     var lines = elt.id === "log-lines" ? elt : elt.querySelector("#log-lines");
     var pre = lines && lines.querySelector("pre.log");
     if (pre) pre.scrollTop = pre.scrollHeight;

@@ -70,7 +70,7 @@ def test_local_history_names_models_from_the_shards(node_id):
         {node_id: (timezone.now(), usage(shards={shard.id: {"cpu_cores": 2.0, "rss": 3}}))}
     )
     result = history.node_history(node_id)
-    assert result["source"] == "the control plane's heartbeat samples"
+    assert result["source"] == "the control plane's heartbeat samples and the routers' reports"
     cores = {c["id"]: c for c in result["charts"]}["model-cores"]
     assert cores["series"] == [{"label": "gemma", "values": [2.0]}]
 
@@ -130,6 +130,6 @@ def test_an_unreachable_prometheus_falls_back_to_local_samples(settings, node_id
     settings.PROMETHEUS_URL = f"http://127.0.0.1:{free_port()}"
     history.record_samples({node_id: (timezone.now(), usage())})
     result = history.node_history(node_id)
-    assert result["source"] == "the control plane's heartbeat samples"
+    assert result["source"] == "the control plane's heartbeat samples and the routers' reports"
     assert "did not answer" in result["note"]
     assert result["charts"][0]["series"][0]["values"] == [41.0]

@@ -13,8 +13,10 @@ from rest_framework.authtoken.models import Token
 
 from audit.models import Event
 from catalog.actions import create_key, revoke_key
+from fleet import traffic
 from fleet.models import Replica, ReplicaState, ShardState
 from fleet.transitions import transition
+from protocol.routing import TRAFFIC_BUCKET_SECONDS
 from router.models import Usage
 from tests.factories import (
     SETUP,
@@ -158,3 +160,20 @@ def test_a_model_created_through_the_rest_api_is_recorded_and_reaches_the_router
     event = Event.objects.get(subject="model/mistral")
     assert event.kind == "catalog" and event.reason == "created model mistral"
     assert event.actor == operator and event.description == "created model mistral by olga"
+
+
+def test_what_the_router_served_reaches_the_model_pages_traffic(fleet):
+    _engine, replica, key, router = fleet
+
+    def served() -> int:
+        charts = {c["id"]: c for c in traffic.model_traffic("gemma")["charts"]}
+        values = charts["requests"]["series"][0]["values"] if charts["requests"]["x"] else []
+        return round(sum(values) * TRAFFIC_BUCKET_SECONDS)
+
+    before = served()
+    transition(Replica, replica.pk, ReplicaState.READY, "rank 0 answers", actor=SETUP)
+    wait_until(lambda: chat(router, key).status_code == 200, what="routing to it")
+    for _ in range(3):
+        assert chat(router, key).status_code == 200
+    # Reported within a second or two, each request counted once (503s while it started too).
+    wait_until(lambda: served() >= before + 4, what="the router's traffic report")
