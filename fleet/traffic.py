@@ -108,7 +108,15 @@ def waiting_chart(models: list[str], now: float | None = None) -> dict[str, Any]
         "no data yet: no request waited for its models in the last hour",
     )  # fmt: skip
     per_model = {model: dict(buckets(model, now)) for model in sorted(set(models))}
-    starts = sorted({start for kept in per_model.values() for start in kept})
+    # Buckets in which a router carried or queued something for one of them.
+    starts = sorted(
+        {
+            start
+            for kept in per_model.values()
+            for start, fields in kept.items()
+            if "inflight" in fields or "waiting" in fields
+        }
+    )
     if not starts:
         return chart
     chart["x"] = starts

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import redis.asyncio as aioredis
+from django.conf import settings
 from django.utils import timezone
 
 from fleet.models import Node, ReplicaState, ShardState
+from router.traffic import add_traffic
 from tests.factories import make_model, make_node, make_profile, make_replica, make_shard
 from tests.fleet.inventories import inventory
 
@@ -80,3 +85,16 @@ def stale_replica_on(node: Node, model_name: str = "gemma"):
         reasons=["node01: needs 80 GB of GPU memory, has 68 GB free", "node02: lost"],
     )
     return profile, stale, fetching, unplaceable
+
+
+def router_reported(counts: dict, at: float) -> None:
+    """One router's report, added as inflight.py adds it every second."""
+
+    async def add() -> None:
+        client = aioredis.Redis.from_url(settings.REDIS_URL)
+        try:
+            await add_traffic(client, counts, at)
+        finally:
+            await client.aclose()
+
+    asyncio.run(add())

@@ -22,6 +22,7 @@ from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardSta
 from fleet.pki.tokens import node_token
 from fleet.transitions import transition
 from protocol.commands import EngineCheck
+from router.traffic import Traffic
 from tests.factories import SETUP, make_user
 from tests.pages.browser import (
     WAIT_MS,
@@ -32,7 +33,7 @@ from tests.pages.browser import (
     signed_in_page,
     start,
 )
-from tests.pages.rows import heartbeating_node, stale_replica_on
+from tests.pages.rows import heartbeating_node, router_reported, stale_replica_on
 from tests.processes.support import agent, control_plane, free_port, wait_for
 
 pytestmark = [
@@ -121,9 +122,16 @@ def test_pages_follow_a_live_agent(browser, processes, tmp_path, screenshot):
     expect(page.locator('[data-chart="queue"] .no-data')).to_contain_text("no data yet")
     screenshot(page, "node")
 
-    # The model page, as an operator sees it.
+    # The model page, as an operator sees it, with the traffic a router reported for it.
+    served = Traffic()
+    for ttft in (0.2, 0.3, 0.9):
+        served.first_byte("smollm", ttft)
+        served.request("smollm", 200)
+    off_loop(router_reported, served.take(), time.time())
     open_live(page, "/models/smollm/")
     expect(page.locator(f'[id="replica-{replica.id}"]')).to_have_attribute("data-state", "ready")
+    expect(page.locator('#model-traffic [data-chart="requests"] canvas')).to_have_count(1)
+    expect(page.locator('#model-traffic [data-chart="ttft"] canvas')).to_have_count(1)
     expect(page.locator("form.scale button.action")).to_have_count(1)
     screenshot(page, "model")
 

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
 
 import pytest
-import redis.asyncio as aioredis
-from django.conf import settings
 from django.test import Client
 
 from fleet import traffic
 from protocol.routing import TRAFFIC_BUCKET_SECONDS, TRAFFIC_KEY_PREFIX
-from router.traffic import Traffic, add_traffic, with_load
+from router.traffic import Traffic, with_load
 from tests.factories import make_model, make_node, make_profile, make_replica, make_shard
+from tests.pages.rows import router_reported
 
 pytestmark = pytest.mark.django_db
 
@@ -27,19 +25,6 @@ def model_name():
     client = traffic.redis_client()
     for key in client.scan_iter(match=f"{TRAFFIC_KEY_PREFIX}{name}:*"):
         client.delete(key)
-
-
-def report(counts: dict, at: float) -> None:
-    """One router's report, added as inflight.py adds it every second."""
-
-    async def add() -> None:
-        client = aioredis.Redis.from_url(settings.REDIS_URL)
-        try:
-            await add_traffic(client, counts, at)
-        finally:
-            await client.aclose()
-
-    asyncio.run(add())
 
 
 def served(model: str, answers: list[tuple[int, float]], tokens=(0, 0)) -> dict:
@@ -54,8 +39,8 @@ def served(model: str, answers: list[tuple[int, float]], tokens=(0, 0)) -> dict:
 def test_two_routers_reports_add_up_in_the_bucket_and_read_back_as_rates(model_name):
     now = time.time()
     start = now // TRAFFIC_BUCKET_SECONDS * TRAFFIC_BUCKET_SECONDS
-    report(served(model_name, [(200, 0.2)] * 8 + [(503, 0.01)], (900, 300)), start + 1)
-    report(with_load(served(model_name, [(200, 3.0)] * 2), {model_name: {"inflight": 4,
+    router_reported(served(model_name, [(200, 0.2)] * 8 + [(503, 0.01)], (900, 300)), start + 1)
+    router_reported(with_load(served(model_name, [(200, 3.0)] * 2), {model_name: {"inflight": 4,
                                                                          "queued": 2}}),
            start + 2)  # fmt: skip
     charts = {c["id"]: c for c in traffic.model_traffic(model_name, start + 5)["charts"]}
@@ -79,7 +64,7 @@ def test_a_model_without_traffic_says_so(model_name):
 
 def test_the_model_page_shows_its_traffic_and_polls_for_more(model_name, reader):
     make_profile(make_model(model_name), replicas=1)
-    report(served(model_name, [(200, 0.4)] * 3, (30, 12)), time.time())
+    router_reported(served(model_name, [(200, 0.4)] * 3, (30, 12)), time.time())
     client = Client()
     client.force_login(reader)
     html = client.get(f"/models/{model_name}/").content.decode()
@@ -96,6 +81,6 @@ def test_the_node_pages_queue_chart_reads_the_same_reports(model_name):
     node = make_node(f"n-{model_name}")
     make_shard(make_replica(make_profile(make_model(model_name))), node=node)
     now = time.time()
-    report(with_load({}, {model_name: {"inflight": 1, "queued": 5}}), now)
+    router_reported(with_load({}, {model_name: {"inflight": 1, "queued": 5}}), now)
     chart = traffic.waiting_chart([model_name], now)
     assert chart["series"] == [{"label": model_name, "values": [0.5]}]
