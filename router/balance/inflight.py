@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from protocol.routing import INFLIGHT_KEY_PREFIX, INFLIGHT_REPORT_SECONDS, INFLIGHT_REPORT_TTL
-from router.balancer import Balancer
-from router.table import RoutingTable
+from router.balance.balancer import Balancer
+from router.table.routes import RoutingTable
 
 logger = logging.getLogger(__name__)
 
