@@ -1,4 +1,5 @@
-"""The router's outbound interface (router/upstream.py) on aiohttp's client, to measure against.
+"""The router's outbound interface (router/forward/upstream.py) on aiohttp's client, to
+measure against.
 
 Not used in production: bench/router_overhead.py serves ``bench.aiohttp_upstream:application``
 (its ``+aiohttp`` variants), a router in static mode built with this client, next to
@@ -13,8 +14,8 @@ import aiohttp
 
 from router.app import Router
 from router.config import RouterConfig
-from router.sources import StaticSource
-from router.upstream import HOP_RESPONSE_HEADERS, UpstreamBroken, UpstreamUnreachable
+from router.forward.upstream import HOP_RESPONSE_HEADERS, UpstreamBroken, UpstreamUnreachable
+from router.table.sources import StaticSource
 
 
 class AiohttpResponse:

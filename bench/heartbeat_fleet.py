@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from heartbeat_floor import PROBE_FIELD_SUFFIX
 from heartbeat_servers import cpu_seconds
 
-from protocol.inventory import Cpu, Filesystem, Inventory, ShardUsage, Usage
+from protocol.inventory import Cpu, Filesystem, Inventory, NodeUsage, ShardUsage
 from protocol.messages import Heartbeat, Register
 
 PROBERS = 10
@@ -39,7 +39,7 @@ def register_text(node_id: str) -> str:
 
 def heartbeat_text(index: int) -> str:
     """About 1 KB, as DESIGN.md sizes a heartbeat: 8 GPUs, 3 filesystems, 4 shards."""
-    usage = Usage(
+    usage = NodeUsage(
         cpu_percent=round(random.uniform(5, 95), 1),
         load=(12.5, 11.25, 10.75),
         memory_total=512 << 30,

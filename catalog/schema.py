@@ -52,7 +52,10 @@ class CatalogError(Exception):
         self.problems = problems
 
 
-class _Strict(BaseModel):
+class _Entry(BaseModel):
+    """Any part of the catalog file: an unknown field is a typo, and spaces around a value
+    are not meant."""
+
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
 
@@ -105,7 +108,7 @@ def _check_engine(value: str) -> str:
     return value
 
 
-class EngineEntry(_Strict):
+class EngineEntry(_Entry):
     name: str
     version: str
     # One archive per platform and accelerator; vLLM and SGLang are pip installs, no builds.
@@ -123,14 +126,14 @@ class EngineEntry(_Strict):
         return self
 
 
-class NamedEntry(_Strict):
+class NamedEntry(_Entry):
     name: str
     description: str = ""
 
     _name = field_validator("name")(_check_name)
 
 
-class RolloutEntry(_Strict):
+class RolloutEntry(_Entry):
     """How a profile's stale replicas are replaced: new ones beside, or old ones first."""
 
     surge: int = Field(default=1, ge=0, le=INTEGER_MAX)
@@ -147,7 +150,7 @@ class RolloutEntry(_Strict):
         return self
 
 
-class AutoscaleEntry(_Strict):
+class AutoscaleEntry(_Entry):
     """Replicas that follow demand (fleet/reconcile/autoscale.py): between min and max, up as
     soon as the requests per replica pass target_inflight, down after scale_down_after below
     it."""
@@ -174,7 +177,7 @@ class AutoscaleEntry(_Strict):
         return self
 
 
-class ProfileEntry(_Strict):
+class ProfileEntry(_Entry):
     name: str
     engine: str
     engine_version: str = ""
@@ -269,7 +272,7 @@ class ProfileEntry(_Strict):
         return self
 
 
-class ModelEntry(_Strict):
+class ModelEntry(_Entry):
     name: str
     source: str
     sha256: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
@@ -307,7 +310,7 @@ class ModelEntry(_Strict):
         return self
 
 
-class CatalogFile(_Strict):
+class CatalogFile(_Entry):
     engines: list[EngineEntry] = []
     pools: list[NamedEntry] = []
     fabrics: list[NamedEntry] = []

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from audit.redis import redis_client
 from core.http import outbound_client
 from fleet import traffic
-from protocol.inventory import Usage
+from protocol.inventory import NodeUsage
 
 log = logging.getLogger("llmgw.fleet.history")
 
@@ -49,7 +49,7 @@ def _gate_key(node_id: str) -> str:
     return f"llmgw:history-gate:{node_id}"
 
 
-def compact_sample(at: float, usage: Usage) -> dict[str, Any]:
+def compact_sample(at: float, usage: NodeUsage) -> dict[str, Any]:
     """The few numbers a chart needs from one heartbeat's usage."""
     return {
         "t": round(at, 3),
@@ -82,7 +82,7 @@ def record_samples(batch: dict[str, tuple[datetime, dict]]) -> list[str]:
             at, usage = batch[node_id]
             stamp = at.timestamp()
             key = samples_key(node_id)
-            sample = compact_sample(stamp, Usage.model_validate(usage))
+            sample = compact_sample(stamp, NodeUsage.model_validate(usage))
             writes.zadd(key, {json.dumps(sample): stamp})
             writes.zremrangebyscore(key, "-inf", stamp - WINDOW)
             # A node that goes away leaves nothing behind for long.

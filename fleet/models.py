@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from core.humanize import format_bytes
 from protocol.engines import EngineInstall
-from protocol.inventory import Inventory, Usage
+from protocol.inventory import Inventory, NodeUsage
 from protocol.messages import WeightFile
 
 log = logging.getLogger("llmgw.fleet")
@@ -100,7 +100,7 @@ class Node(models.Model):
     engines_told_at = models.DateTimeField(null=True, blank=True)
     # GPU holders llmgw did not start and left alone (protocol UnexpectedGpuUser as JSON).
     unexpected_gpu_users = models.JSONField(default=list, blank=True)
-    # The latest heartbeat's measurements (protocol Usage as JSON), with its time.
+    # The latest heartbeat's measurements (protocol NodeUsage as JSON), with its time.
     usage = models.JSONField(default=dict, blank=True)
     usage_reported_at = models.DateTimeField(null=True, blank=True)
 
@@ -114,9 +114,9 @@ class Node(models.Model):
         """Return what the node said of itself in its last register; None before one."""
         return _stored(Inventory, self.inventory, self.id) if self.inventory else None
 
-    def latest_usage(self) -> Usage | None:
+    def latest_usage(self) -> NodeUsage | None:
         """Return the latest heartbeat's usage however old it is; None before the first."""
-        return _stored(Usage, self.usage, self.id) if self.usage else None
+        return _stored(NodeUsage, self.usage, self.id) if self.usage else None
 
     def engine_installs(self) -> list[EngineInstall] | None:
         """Every engine version the node reported, with its status; None if it never said."""
@@ -168,7 +168,7 @@ class Node(models.Model):
         reported = self.usage_reported_at
         return reported is not None and now - reported <= USAGE_FRESH_FOR
 
-    def usage_at(self, now: datetime) -> Usage | None:
+    def usage_at(self, now: datetime) -> NodeUsage | None:
         """Return the latest heartbeat's usage if it is fresh at ``now``, else None."""
         return self.latest_usage() if self.usage_fresh_at(now) else None
 

@@ -3,7 +3,7 @@
 The producer's half of ``protocol/routing.py``: ``routing_snapshot()`` reads the catalog
 and the replicas into the typed snapshot routers load (``audit.notices`` tells them to load
 it again), and ``read_inflight_reports()`` reads back what each router carries
-(``router/inflight.py`` writes it). Models are imported inside the functions that read
+(``router/balance/inflight.py`` writes it). Models are imported inside the functions that read
 them.
 """
 

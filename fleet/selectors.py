@@ -14,7 +14,7 @@ from core.humanize import format_bytes, format_progress
 from fleet.models import Node, Replica, ReplicaState, Shard
 from fleet.reconcile.backoff import replacement_backoff
 from protocol.engines import EngineInstall
-from protocol.inventory import Filesystem, Inventory, Usage
+from protocol.inventory import Filesystem, Inventory, NodeUsage
 from protocol.serving import DEFAULT_SERVES
 
 
@@ -159,7 +159,7 @@ def node_row(node: Node, now: datetime) -> dict[str, Any]:
     }
 
 
-def _gpu_rows(facts: Inventory | None, usage: Usage | None) -> list[dict[str, Any]]:
+def _gpu_rows(facts: Inventory | None, usage: NodeUsage | None) -> list[dict[str, Any]]:
     """Each GPU's memory in use: the latest heartbeat's, else what the register measured."""
     used_now = usage.gpu_memory_used if usage else {}
     rows = []

@@ -9,7 +9,7 @@ from catalog import api as catalog_api
 from fleet.api import views as fleet_api
 from fleet.pages import views as fleet_views
 from fleet.pages.sign_in import SignInForm
-from router import views as router_views
+from router.usage import views as usage_views
 
 router = DefaultRouter()
 router.register("engines", catalog_api.EngineViewSet)
@@ -26,7 +26,7 @@ router.register("events", audit_api.EventViewSet)
 urlpatterns = [
     path("", include("fleet.pages.urls")),
     path("metrics", fleet_views.metrics, name="metrics"),
-    path("usage/", router_views.usage, name="usage"),
+    path("usage/", usage_views.usage, name="usage"),
     path(
         "accounts/login/",
         auth_views.LoginView.as_view(authentication_form=SignInForm),

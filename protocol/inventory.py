@@ -122,7 +122,7 @@ class ShardUsage(_Strict):
     rss: int = Field(ge=0, description="summed resident memory; pages shared by forks count twice")
 
 
-class Usage(_Strict):
+class NodeUsage(_Strict):
     """A heartbeat's measurements, taken over the interval since the previous one."""
 
     cpu_percent: float = Field(ge=0, le=100, description="busy share of all cores together")

@@ -13,7 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter,
 
 from protocol.engines import EngineInstall
 from protocol.gpu_users import UnexpectedGpuUser
-from protocol.inventory import Inventory, Usage
+from protocol.inventory import Inventory, NodeUsage
 from protocol.shard import ShardSpec, ShardState
 
 PROTOCOL_VERSION = 1
@@ -83,7 +83,7 @@ class Heartbeat(_Message):
     """Every 5 s: how busy the node is."""
 
     type: Literal["heartbeat"] = "heartbeat"
-    usage: Usage
+    usage: NodeUsage
 
 
 class ShardStatus(_Message):

@@ -1,6 +1,6 @@
 """Per-key limits as routers enforce them together, and where their counters live.
 
-Routers admit and charge requests against counters in Redis (``router/limits.py``),
+Routers admit and charge requests against counters in Redis (``router/intake/limits.py``),
 shared by every router process; the control plane reads the same counters to show a
 key's usage against its limits (``llmgw_ctl keys show``). Only keys with a limit are
 counted, so a key without one costs no Redis round trip per request.

@@ -98,6 +98,7 @@ class RoutingSnapshot(_Snapshot):
 
     models: list[RoutableModel] = Field(default_factory=list)
 
+
 # What each router served, per model: every second each router adds its counts since the
 # last report into one Redis hash per model and TRAFFIC_BUCKET_SECONDS (so the hash holds
 # every router's sum), kept a little over an hour. Fields: "requests", "prompt" and

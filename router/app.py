@@ -4,8 +4,8 @@ A plain ASGI callable rather than a framework: every request passes through here
 the budget is well under a millisecond of added latency. The order of checks is fixed
 so clients get the most useful error first: 401 (key), 413 (size), 400 (JSON, model),
 404 (unknown model), 403 (key not allowed the model), 400 (a field an engine cannot use,
-body_checks.py), 503 (nothing ready). A request
-that passes them becomes a ``Call`` (call.py), which the proxy (proxy.py) forwards.
+intake/body_checks.py), 503 (nothing ready). A request that passes them becomes a ``Call``
+(intake/call.py), which the proxy (forward/proxy.py) forwards.
 """
 
 from __future__ import annotations
@@ -24,29 +24,29 @@ from protocol.serving import (
     TRANSLATED_PATHS,
 )
 from router import errors
-from router.accounting import Accounting
-from router.auth import Caller, KeyCache
-from router.balancer import Balancer
-from router.body_checks import check_body
-from router.call import CLIENT_CLOSED, Call, read_body, resolve, resolve_form
+from router.balance.balancer import Balancer
+from router.balance.inflight import report_inflight
+from router.balance.prefix import affinity_for
+from router.balance.response_ids import ResponseIds, previous_response_id
+from router.balance.waiting import WaitingRoom
 from router.config import RouterConfig
-from router.cors import Cors
 from router.errors import RouterError
-from router.health_probe import SavedTableProbe
-from router.inflight import report_inflight
-from router.limits import Admission, RateLimiter
+from router.forward.proxy import Proxy
+from router.forward.relay import rewrite_body
+from router.forward.upstream import HOP_REQUEST_HEADERS, Upstream
+from router.intake.auth import Caller, KeyCache
+from router.intake.body_checks import check_body
+from router.intake.call import CLIENT_CLOSED, Call, read_body, resolve, resolve_form
+from router.intake.cors import Cors
+from router.intake.limits import Admission, RateLimiter
+from router.intake.request_ids import log_request, request_id_for
 from router.metrics import RouterMetrics
-from router.prefix import affinity_for
-from router.proxy import Proxy
-from router.relay import rewrite_body
-from router.request_ids import log_request, request_id_for
-from router.response_ids import ResponseIds, previous_response_id
 from router.responses import header, model_entry, send_empty, send_error, send_json
-from router.sources import DatabaseSource, Loaded, Refresher, StaticSource
-from router.table import ModelRoute, RoutingTable
+from router.table.probe import SavedTableProbe
+from router.table.routes import ModelRoute, RoutingTable
+from router.table.sources import DatabaseSource, Loaded, Refresher, StaticSource
 from router.translate.plan import Translation
-from router.upstream import HOP_REQUEST_HEADERS, Upstream
-from router.waiting import WaitingRoom
+from router.usage.accounting import Accounting
 
 logger = logging.getLogger(__name__)
 

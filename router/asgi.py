@@ -25,9 +25,9 @@ from pathlib import Path
 
 from router.app import Router
 from router.config import RouterConfig
-from router.saved_table import TableFile
-from router.sources import DatabaseSource, StaticSource
-from router.table import load_static
+from router.table.routes import load_static
+from router.table.saved import TableFile
+from router.table.sources import DatabaseSource, StaticSource
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

@@ -1,4 +1,4 @@
-"""What the router writes: usage per key, model and hour (in batches, see accounting.py)."""
+"""What the router writes: usage per key, model and hour (in batches, see usage/accounting.py)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from router.errors import RouterError
-from router.table import ModelRoute
+from router.table.routes import ModelRoute
 from router.translate import messages
 
 JSON = [(b"content-type", b"application/json")]

@@ -117,8 +117,8 @@ ALLOWED_WRITERS = {
     "where a verb per heartbeat would cost the control plane the fleet",
     "fleet/leadership.py": "the epoch fence: the highest leader epoch, kept where a Redis "
     "restart cannot take it back",
-    "router/accounting.py": "the router's usage table: its own rows, upserted in batches off the "
-    "request path by a process that has no verbs (it never writes the catalog)",
+    "router/usage/accounting.py": "the router's usage table: its own rows, upserted in batches "
+    "off the request path by a process that has no verbs (it never writes the catalog)",
 }
 QUERY_WRITES = {"update", "create", "get_or_create", "update_or_create", "bulk_create",
                 "bulk_update", "delete"}  # fmt: skip
@@ -311,7 +311,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 MOST_TOP_LEVEL_MODULES = 15
 # Packages still flatter than that, each with the reason it may be, for now.
-FLAT_FOR_NOW = {"router": "router's rooms come with issue 26's endpoints"}
+FLAT_FOR_NOW: dict[str, str] = {}
 
 
 def top_level_modules(package: str) -> list[str]:
@@ -364,3 +364,45 @@ def test_no_test_module_imports_another():
                 if module.split(".")[0] == "tests" and module.split(".")[-1].startswith("test_")
             ]
     assert not found, "test modules importing test modules:\n" + "\n".join(found)
+
+
+# --- One concept, one name (issue 22) -------------------------------------------------
+
+# Top-level class names that may repeat across the packages, each with its reason.
+SHARED_CLASS_NAMES = {
+    "Command": "Django finds a management command by this name in its module "
+    "(llmgw_cli/management/commands/*.py)",
+}
+
+
+def top_level_classes() -> dict[str, list[str]]:
+    """Each class name defined at the top of a module of ours, and where (migrations aside)."""
+    found: dict[str, list[str]] = {}
+    for package in sorted(OURS):
+        for path in python_files(package):
+            for node in ast.parse(path.read_text(), str(path)).body:
+                if isinstance(node, ast.ClassDef):
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    found.setdefault(node.name, []).append(where)
+    return found
+
+
+def test_each_top_level_class_name_names_one_class():
+    """Two ``RouterConfig``s (the router's knobs, its Django app) or three ``Usage``s (a
+    node's heartbeat, the router's pending counts, its usage rows) make every import of
+    one a question; a name met in a traceback or a grep leads to one definition."""
+    repeated = [
+        f"{name}: {', '.join(places)}"
+        for name, places in sorted(top_level_classes().items())
+        if len(places) > 1 and name not in SHARED_CLASS_NAMES
+    ]
+    assert not repeated, "class names defined more than once (rename all but one):\n" + (
+        "\n".join(repeated)
+    )
+
+
+def test_the_class_names_read_are_real_and_every_shared_name_is_still_shared():
+    classes = top_level_classes()
+    assert {"Node", "RoutingTable", "NodeUsage"} <= set(classes), "the classes were not read"
+    idle = [name for name in SHARED_CLASS_NAMES if len(classes.get(name, ())) < 2]
+    assert not idle, f"shared class names no longer shared (drop them): {idle}"

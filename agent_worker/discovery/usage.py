@@ -21,7 +21,7 @@ import pynvml
 from agent_worker.discovery.memory import read_memory
 from agent_worker.discovery.nvidia import Nvml
 from agent_worker.discovery.storage import measure, resolve_mounts
-from protocol.inventory import ShardUsage, Usage
+from protocol.inventory import NodeUsage, ShardUsage
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,12 @@ class UsageSampler:
         self._process_cpu: dict[tuple[int, float], float] = {}  # (pid, created) -> CPU seconds
         self._last: tuple[float, float] | None = None  # (monotonic, wall) at the last sample
 
-    def sample(self, shard_pids: Mapping[str, int] | None = None) -> Usage:
+    def sample(self, shard_pids: Mapping[str, int] | None = None) -> NodeUsage:
         """Measure now; each shard's pid is the leader of the process group it runs in."""
         with self._lock:
             monotonic, wall = time.monotonic(), time.time()
             memory = read_memory()
-            usage = Usage(
+            usage = NodeUsage(
                 cpu_percent=self._cpu_percent(),
                 load=psutil.getloadavg(),
                 memory_total=memory.total,

@@ -5,7 +5,7 @@ any more (``args`` or the engine changed). Each reconcile pass moves every rollo
 by what its bounds allow: at most ``replicas + rollout.surge`` live replicas, at least
 ``replicas - rollout.unavailable`` ready ones. A stale replica leaves by a drain: it
 drops out of the routing table at once, keeps running while the routers still carry
-requests to it (they say so in Redis, ``router/inflight.py``), and is stopped once they
+requests to it (they say so in Redis, ``router/balance/inflight.py``), and is stopped once they
 are done or its profile's ``drain_timeout`` has passed. No pass waits for a drain; each
 looks whether it is over.
 """

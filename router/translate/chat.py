@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from router.usage import Tokens, tokens_of
+from router.forward.tokens import Tokens, tokens_of
 
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 # What a message says when an error body carries no words of its own.

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from protocol.serving import TRANSLATED_PATHS, TranslatedApi
 from router import errors
-from router.table import Endpoint
+from router.table.routes import Endpoint
 from router.translate import messages, responses
 
 CHAT_PATH = "/v1/chat/completions"

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleet.link.heartbeats import write_heartbeats
 from fleet.models import NodeState
-from protocol.inventory import Filesystem, Gpu, ShardUsage, Usage
+from protocol.inventory import Filesystem, Gpu, NodeUsage, ShardUsage
 from tests.factories import make_model, make_node, make_profile, make_replica, make_shard
 from tests.fleet.inventories import inventory
 
@@ -21,7 +21,7 @@ GiB = 1 << 30
 
 
 def usage(**fields) -> dict:
-    """A heartbeat's usage as the batcher stores it: protocol Usage dumped to JSON."""
+    """A heartbeat's usage as the batcher stores it: protocol NodeUsage dumped to JSON."""
     values = {
         "cpu_percent": 37.5,
         "load": (2.5, 1.25, 0.75),
@@ -34,7 +34,7 @@ def usage(**fields) -> dict:
         ],
     }
     values.update(fields)
-    return Usage(**values).model_dump(mode="json")
+    return NodeUsage(**values).model_dump(mode="json")
 
 
 def gpu(index: int, peers: list[int] | None = None) -> Gpu:

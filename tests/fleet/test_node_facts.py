@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fleet.models import USAGE_FRESH_FOR, Node, NodeState, ReplicaState, ShardState
-from protocol.inventory import Inventory, ShardUsage, Usage
+from protocol.inventory import Inventory, NodeUsage, ShardUsage
 from tests.factories import make_node
 from tests.fleet.inventories import inventory
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
-USAGE = Usage(
+USAGE = NodeUsage(
     cpu_percent=37.5,
     load=(2.5, 1.25, 0.75),
     memory_total=64 << 30,

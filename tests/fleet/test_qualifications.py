@@ -13,7 +13,7 @@ from fleet.actions.reports import register_node, update_engines
 from fleet.link.heartbeats import write_heartbeats
 from protocol import messages
 from protocol.engines import EngineInstall
-from protocol.inventory import Usage
+from protocol.inventory import NodeUsage
 from tests.fleet.inventories import inventory
 
 pytestmark = pytest.mark.django_db
@@ -32,7 +32,7 @@ def register(node_id: str = "node01", gpus: int = 0, memory: int = 64 * GiB, eng
 
 
 def heartbeat(node_id: str, memory_total: int) -> None:
-    usage = Usage(
+    usage = NodeUsage(
         cpu_percent=5.0, load=(0.1, 0.1, 0.1), memory_total=memory_total,
         memory_used=4 * GiB, memory_available=memory_total - 4 * GiB,
     )  # fmt: skip

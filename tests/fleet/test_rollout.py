@@ -30,9 +30,9 @@ from fleet.routing_table import routing_snapshot
 from protocol import messages
 from protocol.engines import EngineInstall
 from protocol.routing import INFLIGHT_KEY_PREFIX, RoutingSnapshot
-from router.balancer import Balancer
-from router.inflight import inflight_report
-from router.table import RoutingTable
+from router.balance.balancer import Balancer
+from router.balance.inflight import inflight_report
+from router.table.routes import RoutingTable
 from tests.factories import SETUP
 from tests.fleet.inventories import inventory
 from tests.fleet.queues import broker, queued_commands

@@ -8,7 +8,7 @@ import pytest
 
 from fleet.reconcile.snapshot import node_snapshots
 from placement import FabricSnapshot, PlacementRequest, place
-from protocol.inventory import AdapterPort, FabricAdapter, UsableFabric, Usage
+from protocol.inventory import AdapterPort, FabricAdapter, NodeUsage, UsableFabric
 from tests.factories import make_node, make_profile, make_replica, make_shard
 from tests.fleet.inventories import inventory
 
@@ -60,7 +60,7 @@ def test_each_rank_is_given_its_own_nodes_side_of_the_fabric():
 
 
 def usage(gpu_used: int) -> dict:
-    return Usage(
+    return NodeUsage(
         cpu_percent=1.0, load=(0.0, 0.0, 0.0), memory_total=64 * GiB, memory_used=48 * GiB,
         memory_available=16 * GiB, gpu_memory_used={0: gpu_used},
     ).model_dump(mode="json")  # fmt: skip

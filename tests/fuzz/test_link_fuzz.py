@@ -23,7 +23,7 @@ from fleet.models import Node, Replica, Shard
 from fleet.pki.tokens import node_token
 from fleet.websockets import websocket_urlpatterns
 from protocol import messages
-from protocol.inventory import Usage
+from protocol.inventory import NodeUsage
 from tests.factories import make_replica, make_shard
 from tests.fleet.inventories import inventory
 from tests.fuzz.hostile import dumps, mutated, raw_frames
@@ -43,7 +43,7 @@ def expand(frame: str | bytes) -> str | bytes:
 
 def valid_messages() -> list[dict]:
     """One message of every kind, as a well-behaved agent sends them."""
-    usage = Usage(cpu_percent=10, load=(1, 1, 1), memory_total=1 << 30, memory_used=1 << 20,
+    usage = NodeUsage(cpu_percent=10, load=(1, 1, 1), memory_total=1 << 30, memory_used=1 << 20,
                   memory_available=1 << 29)  # fmt: skip
     return [
         json.loads(m.model_dump_json())

@@ -25,7 +25,7 @@ import yaml
 
 from router.app import Router
 from router.config import RouterConfig
-from router.sources import StaticSource
+from router.table.sources import StaticSource
 
 TOTAL = 12  # words in a whole answer
 PROMPT_TOKENS = 10  # what a stand-in counts for a request's own prompt

@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from router.balancer import Balancer
-from router.table import Endpoint
+from router.balance.balancer import Balancer
+from router.table.routes import Endpoint
 
 
 class Clock:

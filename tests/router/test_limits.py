@@ -14,9 +14,9 @@ import pytest_asyncio
 from django.conf import settings
 
 from protocol.rate_limits import Limits, day_ends
-from router.auth import Caller
 from router.errors import RouterError
-from router.limits import RateLimiter, reset_text
+from router.intake.auth import Caller
+from router.intake.limits import RateLimiter, reset_text
 from router.metrics import RouterMetrics
 
 pytestmark = pytest.mark.asyncio

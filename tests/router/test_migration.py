@@ -1,4 +1,4 @@
-"""The continuation logic on its own (router/migration.py): what a client has, what the next
+"""The continuation logic on its own (router/forward/migration.py): what a client has, what the next
 engine is asked, and how its answer is spliced onto the first."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from router import migration
-from router.migration import (
+from router.forward import migration
+from router.forward.migration import (
     CHAT,
     COMPLETIONS,
     Progress,

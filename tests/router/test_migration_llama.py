@@ -23,7 +23,7 @@ import pytest
 
 from llmgw_cli.demo import smollm2_path
 from llmgw_cli.local_engine import wheel_llama_server
-from router.balancer import _rendezvous
+from router.balance.balancer import _rendezvous
 from tests.router.harness import Harness, Process, free_port, wait_until
 
 pytestmark = pytest.mark.process

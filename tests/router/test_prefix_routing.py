@@ -16,10 +16,10 @@ from catalog.schema import CatalogError, parse_catalog, prefix_cache_switched_of
 from fleet.models import ReplicaState
 from fleet.routing_table import routing_snapshot
 from protocol.routing import RoutableModel, RoutingSnapshot
-from router.balancer import Balancer
+from router.balance.balancer import Balancer
+from router.balance.prefix import affinity_for, prefix_key
 from router.config import RouterConfig
-from router.prefix import affinity_for, prefix_key
-from router.table import Endpoint, RoutingTable, StaticFileError, load_static
+from router.table.routes import Endpoint, RoutingTable, StaticFileError, load_static
 from tests.factories import SETUP, make_model, make_node, make_profile, make_replica, make_shard
 
 CHAT = "/v1/chat/completions"

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from protocol.serving import SERVE_KINDS
-from router.balancer import _rendezvous
+from router.balance.balancer import _rendezvous
 from tests.router.conftest import FULL_KEY, LIMITED_KEY, MAX_BODY
 from tests.router.harness import free_port, sse_events, wait_until
 

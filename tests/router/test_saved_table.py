@@ -10,7 +10,7 @@ import stat
 import pytest
 
 from protocol.routing import RoutingSnapshot
-from router.saved_table import FORMAT_VERSION, TableFile
+from router.table.saved import FORMAT_VERSION, TableFile
 
 TABLE = RoutingSnapshot.model_validate(
     {
@@ -112,7 +112,7 @@ def test_a_failed_write_warns_leaves_no_temporary_file_and_does_not_raise(tmp_pa
     target.mkdir()  # a rename cannot replace a directory
     (target / "x").write_text("")
     table_file = TableFile(target)
-    with caplog.at_level(logging.WARNING, logger="router.saved_table"):
+    with caplog.at_level(logging.WARNING, logger="router.table.saved"):
         assert not table_file.save(TABLE, KEYS, loaded_at=1_700_000_000.0)
     assert str(target) in caplog.text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["routing-table.json"]
@@ -148,13 +148,13 @@ def document(**changes) -> str:
 def test_an_unusable_file_is_ignored_with_a_warning_naming_it(table_file, caplog, content, words):
     table_file.path.parent.mkdir()
     table_file.path.write_text(content)
-    with caplog.at_level(logging.WARNING, logger="router.saved_table"):
+    with caplog.at_level(logging.WARNING, logger="router.table.saved"):
         assert table_file.read() is None
     assert str(table_file.path) in caplog.text
     assert words in caplog.text
 
 
 def test_no_file_is_no_table_and_no_warning(table_file, caplog):
-    with caplog.at_level(logging.WARNING, logger="router.saved_table"):
+    with caplog.at_level(logging.WARNING, logger="router.table.saved"):
         assert table_file.read() is None
     assert caplog.text == ""

@@ -13,7 +13,7 @@ from django.conf import settings
 
 from catalog.actions import create_key
 from fleet.models import ReplicaState, ShardState
-from router.saved_table import TableFile
+from router.table.saved import TableFile
 from tests.factories import SETUP, make_model, make_node, make_profile, make_replica, make_shard
 from tests.processes.support import child_database_url
 from tests.router.harness import free_port, wait_until

@@ -7,7 +7,7 @@ import pytest
 from fleet.models import ReplicaState, ShardState
 from fleet.routing_table import routing_snapshot
 from protocol.routing import ReplicaEndpoint, RoutingSnapshot
-from router.table import (
+from router.table.routes import (
     RETRY_PLACING,
     RETRY_STARTING,
     RETRY_STUCK,

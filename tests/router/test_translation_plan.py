@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from router.table import Endpoint
+from router.table.routes import Endpoint
 from router.translate.plan import Translation
 
 NATIVE = Endpoint("a", "http://a", b"", "llama.cpp", native=frozenset({"messages", "responses"}))

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from router.upstream import Upstream, UpstreamBroken, UpstreamUnreachable
+from router.forward.upstream import Upstream, UpstreamBroken, UpstreamUnreachable
 
 BODY = b'{"model": "m"}'
 

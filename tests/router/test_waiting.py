@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from router.balance.waiting import WaitingRoom
 from router.errors import RouterError
-from router.waiting import WaitingRoom
 
 pytestmark = pytest.mark.asyncio
 

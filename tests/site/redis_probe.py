@@ -97,8 +97,8 @@ def control(results: dict[str, str]) -> None:
 def router(results: dict[str, str]) -> None:
     from audit.redis import redis_client
     from protocol.routing import INFLIGHT_KEY_PREFIX, ROUTING_CHANNEL
-    from router.inflight import report_inflight
-    from router.sources import DatabaseSource, Refresher
+    from router.balance.inflight import report_inflight
+    from router.table.sources import DatabaseSource, Refresher
 
     source = DatabaseSource()
     source._setup()  # what the router's first load does: read settings.REDIS_URL

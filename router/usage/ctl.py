@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from core.tables import render_json, render_table
 from protocol.units import parse_duration
-from router.usage_report import daily_usage, since_days
+from router.usage.report import daily_usage, since_days
 
 
 def add_parsers(subparsers) -> None:

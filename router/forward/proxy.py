@@ -19,11 +19,9 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from router import errors
-from router.accounting import Accounting
-from router.balancer import Balancer
-from router.call import CLIENT_CLOSED, Call
-from router.metrics import RouterMetrics
-from router.migration import (
+from router.balance.balancer import Balancer
+from router.balance.response_ids import ResponseIds
+from router.forward.migration import (
     Progress,
     Splice,
     budget_spent,
@@ -32,18 +30,20 @@ from router.migration import (
     engine_continues,
     why_not_movable,
 )
-from router.relay import (
+from router.forward.relay import (
     WATCH_AFTER_SECONDS,
     StreamRelay,
     normalized_error,
     relay_body,
     start_watching,
 )
-from router.response_ids import ResponseIds
-from router.table import Endpoint, ModelRoute
+from router.forward.tokens import EventScanner, Tokens
+from router.forward.upstream import Response, Upstream, UpstreamBroken, UpstreamUnreachable
+from router.intake.call import CLIENT_CLOSED, Call
+from router.metrics import RouterMetrics
+from router.table.routes import Endpoint, ModelRoute
 from router.translate.plan import EventTranslator, Translation, stream_error_event_for
-from router.upstream import Response, Upstream, UpstreamBroken, UpstreamUnreachable
-from router.usage import EventScanner, Tokens
+from router.usage.accounting import Accounting
 
 logger = logging.getLogger(__name__)
 

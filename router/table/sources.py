@@ -6,7 +6,7 @@ the control plane, and reads happen only off the request path (start-up, a pub/s
 notification, every ``refresh_seconds``), where the ORM's cost does not matter. One
 thread keeps one persistent connection and keeps the sync-only ORM off the event loop.
 
-After each load ``DatabaseSource`` keeps the table on disk (saved_table.py), on the same
+After each load ``DatabaseSource`` keeps the table on disk (saved.py), on the same
 thread, so a router started while the database is down has something to serve.
 
 ``StaticSource`` reads a YAML file (router-only mode) and needs no database or Redis;
@@ -26,9 +26,9 @@ from typing import Any
 
 from core.redis_urls import parse_redis_url
 from protocol.routing import ROUTING_CHANNEL, RoutingSnapshot
-from router.accounting import Usage
-from router.saved_table import TableFile
-from router.table import load_static
+from router.table.routes import load_static
+from router.table.saved import TableFile
+from router.usage.accounting import PendingUsage
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class StaticSource:
     async def load(self) -> Loaded:
         return load_static(self.path)
 
-    async def write_usage(self, rows: list[Usage]) -> None:
+    async def write_usage(self, rows: list[PendingUsage]) -> None:
         """Router-only mode keeps no accounting table; /metrics still counts tokens."""
 
     def close(self) -> None:
@@ -99,19 +99,19 @@ class DatabaseSource:
     async def load(self) -> Loaded:
         return await self._run(self._load)
 
-    def _write(self, rows: list[Usage]) -> None:
+    def _write(self, rows: list[PendingUsage]) -> None:
         self._setup()
         from django.db import close_old_connections
 
-        from router.accounting import write_usage
+        from router.usage.accounting import write_usage
 
         close_old_connections()
         write_usage(rows)
 
-    async def write_usage(self, rows: list[Usage]) -> None:
+    async def write_usage(self, rows: list[PendingUsage]) -> None:
         await self._run(self._write, rows)
 
-    def write_usage_now(self, rows: list[Usage]) -> None:
+    def write_usage_now(self, rows: list[PendingUsage]) -> None:
         """Write from the calling thread, which runs no event loop (at process exit, when
         the executor already refuses work)."""
         self._write(rows)

@@ -13,7 +13,7 @@ embeddings (no cache to meet), give no key: such requests go by least outstandin
 
 The balancer turns a key into a replica as it does an ``x-session-id``: rendezvous
 hashing, passing over a replica above ``load_factor`` times the mean load
-(router/balancer.py). A client's own session id wins over the prefix.
+(balancer.py). A client's own session id wins over the prefix.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 from protocol.routing import PREFIX
 from router.config import RouterConfig
-from router.table import ModelRoute
+from router.table.routes import ModelRoute
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router import errors
-from router.auth import Caller
-from router.table import Endpoint, ModelRoute, RoutingTable
+from router.intake.auth import Caller
+from router.table.routes import Endpoint, ModelRoute, RoutingTable
 from router.translate.plan import Translation
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from protocol.routing import INFLIGHT_KEY_PREFIX, INFLIGHT_REPORT_SECONDS, INFLIGHT_REPORT_TTL
-from router.balancer import Balancer
+from router.balance.balancer import Balancer
 from router.metrics import RouterMetrics
-from router.table import RoutingTable
+from router.table.routes import RoutingTable
 from router.traffic import add_traffic, with_load
 
 logger = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ class Endpoint:
     url: str
     authorization: bytes  # b"Bearer <secret>", or b"" when the engine wants none
     # The engine's name as its adapter gives it ("llama.cpp", "vllm"): whether and how a
-    # broken stream can be continued there (migration.py). "" while snapshots carry none.
+    # broken stream can be continued there (forward/migration.py). "" while snapshots carry none.
     engine: str = ""
     # What its profile serves (protocol.serving kinds), and the chat APIs (messages,
     # responses) its engine serves itself; the router translates the others.
@@ -63,9 +63,10 @@ class ModelRoute:
     # answer a health check, each as a sentence.
     unanswered: tuple[str, ...] = ()
     # "least_outstanding", or "prefix": requests that share a prompt prefix keep to one
-    # replica (router/prefix.py), so its engine's prefix cache serves them.
+    # replica (router/balance/prefix.py), so its engine's prefix cache serves them.
     routing: RoutingPolicy = LEAST_OUTSTANDING
-    # Requests one replica serves at once; more wait in the router (waiting.py). 0: no limit.
+    # Requests one replica serves at once; more wait in the router (balance/waiting.py).
+    # 0: no limit.
     concurrency: int = 0
     # Replicas follow demand: with none ready, a request waits for one to start.
     autoscaled: bool = False

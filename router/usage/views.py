@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from router.usage_report import daily_usage, since_days
+from router.usage.report import daily_usage, since_days
 
 DAYS_SHOWN = (1, 7, 30, 90)
 

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.usage import Tokens, tokens_of
+from router.forward.tokens import Tokens, tokens_of
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -13,8 +13,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from router.table import Endpoint, RoutingTable
-from router.upstream import Upstream, UpstreamBroken, UpstreamUnreachable
+from router.forward.upstream import Upstream, UpstreamBroken, UpstreamUnreachable
+from router.table.routes import Endpoint, RoutingTable
 
 logger = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from protocol.rate_limits import (
     day_ends,
     month_ends,
 )  # fmt: skip
-from router.auth import Caller
 from router.errors import RouterError
+from router.intake.auth import Caller
 from router.metrics import RouterMetrics
 
 logger = logging.getLogger(__name__)

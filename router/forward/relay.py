@@ -18,13 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 from router import errors
-from router.call import Call, Exchange, Receive
+from router.forward.migration import Relayed
+from router.forward.tokens import Tokens, usage_of_body
+from router.forward.upstream import Response, UpstreamBroken
+from router.intake.call import Call, Exchange, Receive
 from router.metrics import RouterMetrics
-from router.migration import Relayed
-from router.table import ModelRoute
+from router.table.routes import ModelRoute
 from router.translate import messages
-from router.upstream import Response, UpstreamBroken
-from router.usage import Tokens, usage_of_body
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from protocol.routing import RoutingSnapshot
-from router.auth import KeyCache
+from router.intake.auth import KeyCache
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ HOP_REQUEST_HEADERS = frozenset(
     }
 )  # fmt: skip
 # Response headers the ASGI server sets itself, that describe the engine's hop, or that
-# the router decides (CORS: llama-server answers every request with its own, router/cors.py).
+# the router decides (CORS: llama-server answers every request with its own, router/intake/cors.py).
 HOP_RESPONSE_HEADERS = frozenset(
     {
         b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date",

@@ -17,8 +17,9 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Usage:
-    """What one key spent on one model in one hour."""
+class PendingUsage:
+    """What one key spent on one model in one hour, counted here and not yet added to
+    its ``router.models.Usage`` row."""
 
     hour: int  # hours since the epoch
     key_prefix: str
@@ -29,7 +30,7 @@ class Usage:
     completion_tokens: int = 0
 
 
-UsageWriter = Callable[[list[Usage]], None]
+UsageWriter = Callable[[list[PendingUsage]], None]
 
 
 class Accounting:
@@ -37,7 +38,7 @@ class Accounting:
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
-        self._pending: dict[tuple[int, str, str], Usage] = {}
+        self._pending: dict[tuple[int, str, str], PendingUsage] = {}
 
     def record(
         self, key_prefix: str, key_name: str, model: str, prompt: int, completion: int
@@ -46,17 +47,17 @@ class Accounting:
         slot = (hour, key_prefix, model)
         usage = self._pending.get(slot)
         if usage is None:
-            usage = self._pending[slot] = Usage(hour, key_prefix, key_name, model)
+            usage = self._pending[slot] = PendingUsage(hour, key_prefix, key_name, model)
         usage.requests += 1
         usage.prompt_tokens += prompt
         usage.completion_tokens += completion
 
-    def take(self) -> list[Usage]:
+    def take(self) -> list[PendingUsage]:
         """Everything pending, leaving nothing; give it back with ``restore`` if unwritten."""
         pending, self._pending = self._pending, {}
         return list(pending.values())
 
-    def restore(self, rows: list[Usage]) -> None:
+    def restore(self, rows: list[PendingUsage]) -> None:
         for row in rows:
             slot = (row.hour, row.key_prefix, row.model)
             usage = self._pending.get(slot)
@@ -80,7 +81,7 @@ ON CONFLICT (hour, key_prefix, model) DO UPDATE SET
 """
 
 
-def write_usage(rows: list[Usage]) -> None:
+def write_usage(rows: list[PendingUsage]) -> None:
     """Add ``rows`` to router_usage in one statement batch (Django's connection, sync)."""
     from datetime import UTC, datetime
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from router.table import Endpoint
+from router.table.routes import Endpoint
 
 
 @dataclass
