@@ -76,11 +76,15 @@ async def test_every_page_socket_pushes_its_whole_page_on_connect(reader):
     session = await session_cookie(reader)
     expected = {
         "/ws/pages/cluster/": ['<section id="nodes">', '<section id="models">'],
-        "/ws/pages/nodes/node01/": ['<section id="node-summary">', '<section id="node-history">'],
+        "/ws/pages/nodes/node01/": [
+            '<section id="node-summary">',
+            '<section id="node-history" class="history">',
+        ],
         "/ws/pages/nodes/node01/logs/": ['<p id="node-state">'],
         "/ws/pages/models/gemma/": [
             '<section id="model-profiles">',
             '<section id="model-replicas">',
+            '<section id="model-traffic" class="history"',
         ],
     }
     for path, fragments in expected.items():
