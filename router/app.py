@@ -11,6 +11,7 @@ intake/body_checks.py), 503 (nothing ready). A request that passes them becomes 
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import time
@@ -117,7 +118,7 @@ class Router:
     def _use(self, table: RoutingTable) -> None:
         self.table = table
         for name, room in self.rooms.items():  # a replica may have become ready
-            room.notify(lambda name=name: self._can_take(name))
+            room.notify(functools.partial(self._can_take, name))
         self.balancer.forget_except(
             {e.replica for route in table.routes.values() for e in route.endpoints}
         )
@@ -134,7 +135,9 @@ class Router:
         """The database did not answer at start: serve the table it gave last, to the
         engines that still answer, until a reload from the database replaces it."""
         table_file = self.source.table_file
-        saved = await asyncio.to_thread(table_file.read) if table_file is not None else None
+        if table_file is None:
+            return
+        saved = await asyncio.to_thread(table_file.read)
         if saved is None:
             return
         table = RoutingTable.from_snapshot(saved.table, loaded_at=saved.loaded_at, source="saved")

@@ -208,7 +208,8 @@ class Proxy:
         stream = StreamRelay(call, self.metrics)
         await stream.begin(response)
         scanner = EventScanner(drop_usage_only=call.drop_usage_only and translation is None)
-        edit, flush = scanner.feed, scanner.flush
+        edit: Callable[[bytes], bytes] = scanner.feed
+        flush: Callable[[], bytes] = scanner.flush
         error_event = stream_error_event_for(call.path)
         if translation is not None:
             events = translation.events()

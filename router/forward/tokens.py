@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import TypeGuard
 
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
@@ -37,7 +38,7 @@ def tokens_of(usage: object) -> Tokens | None:
     return Tokens(prompt, completion)
 
 
-def _is_count(value: object) -> bool:
+def _is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -234,22 +234,27 @@ class _Connection(asyncio.Protocol):
         pass
 
     # -- httptools callbacks ---------------------------------------------------------------
+    # The parser calls these only while a request is out, so a response and a parser exist.
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        assert self.response is not None
         name = name.lower()
         if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value):
             self.framed = True
         self.response.raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        assert self.response is not None and self.parser is not None
         self.response.status = self.parser.get_status_code()
         if self.headers_done is not None and not self.headers_done.done():
             self.headers_done.set_result(None)
 
     def on_body(self, body: bytes) -> None:
+        assert self.response is not None
         self.response._feed(body)
 
     def on_message_complete(self) -> None:
+        assert self.response is not None and self.parser is not None
         self.keep_alive = self.parser.should_keep_alive()
         self._cancel_timer()
         self.response._end()
@@ -266,6 +271,7 @@ class _Connection(asyncio.Protocol):
         head = b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s\r\n" % (
             method, path, target.host_header, len(body), headers,
         )  # fmt: skip
+        assert self.transport is not None, "request() on a connection not yet made"
         self.transport.writelines((head, body))
         self.last_read = self.loop.time()
         self.timer = self.loop.call_at(self.last_read + self.pool.read_timeout, self._on_timer)
@@ -308,6 +314,7 @@ class _Connection(asyncio.Protocol):
     def finished(self, response: Response, *, whole: bool) -> None:
         if response is not self.response:
             return
+        assert self.pool._slots is not None
         self.pool._slots.release()
         self._cancel_timer()
         self.response = None

@@ -153,8 +153,8 @@ class LocalCounters:
             del requests[old]
         second = int(now)
         buckets = self.tokens.setdefault(keys.tokens, {})
-        for old in [s for s in buckets if s <= second - 60]:
-            del buckets[old]
+        for past in [s for s in buckets if s <= second - 60]:
+            del buckets[past]
         tokens = sum(buckets.values())
         inflight = self.inflight.setdefault(keys.inflight, {})
         for old in [r for r, until in inflight.items() if until <= now]:

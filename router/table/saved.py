@@ -111,7 +111,8 @@ class TableFile:
             return self._unusable(f"not a saved routing table ({type(exc).__name__}: {exc})")
         return saved
 
-    def _unusable(self, why: str) -> None:
+    def _unusable(self, why: str) -> SavedTable | None:
+        """None, having said why the saved table is not used."""
         logger.warning(
             "ignoring the saved routing table %s: %s; the next load from the database "
             "replaces it", self.path, why,
