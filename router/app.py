@@ -80,7 +80,7 @@ class Router:
         self.rooms: dict[str, WaitingRoom] = {}  # by model: requests waiting for a replica
         self.accounting = Accounting()
         self.cors = Cors(config.cors_origins)
-        self.response_ids = ResponseIds()
+        self.response_ids = ResponseIds(redis_url=lambda: getattr(self.source, "redis_url", ""))
         self.upstream = upstream or Upstream(
             connect_timeout=config.connect_timeout,
             read_timeout=config.read_timeout,
@@ -175,6 +175,7 @@ class Router:
         await self._flush_accounting()
         await self.upstream.close()
         await self.limiter.close()
+        await self.response_ids.close()
         self._started = False
 
     async def _write_accounting(self) -> None:
@@ -308,7 +309,7 @@ class Router:
                 translation = Translation.of(
                     path, payload, route.name, always=self.config.translate == "always"
                 )
-            route = self._pinned(route.serving(kind), payload, path)
+            route = await self._pinned(route.serving(kind), payload, path)
             if translation is not None and all(translation.applies_to(e) for e in route.endpoints):
                 translation.check()  # refused now, if it must be translated and cannot be
             if not route.endpoints and not route.autoscaled:
@@ -320,7 +321,7 @@ class Router:
                 code = CLIENT_CLOSED
                 return
             if waited is not route:  # the table's route as it is now
-                route = self._pinned(waited.serving(kind), payload, path)
+                route = await self._pinned(waited.serving(kind), payload, path)
             session = affinity_for(route, payload, path, session, self.config)
             stream = payload.get("stream") is True and path in STREAMING_PATHS
             if path in MULTIPART_PATHS:
@@ -361,7 +362,7 @@ class Router:
             header(scope, b"authorization"), header(scope, b"x-api-key")
         )
         response_id = path.removeprefix(RESPONSES_PREFIX).split("/", 1)[0]
-        made_by = self.response_ids.made_by(response_id)
+        made_by = await self.response_ids.made_by(response_id)
         route = self.table.routes.get(made_by.model) if made_by else None
         # A response of a model the key may not use is as unknown as one never made.
         if made_by is None or route is None or not caller.may_use(route.names):
@@ -375,13 +376,13 @@ class Router:
             scope["method"], endpoint, target, [(b"x-request-id", request_id)], send
         )
         if scope["method"] == "DELETE" and status < 300:
-            self.response_ids.forget(response_id)
+            await self.response_ids.forget(response_id)
 
     def _serving(self, kind: str) -> list[str]:
         """The models that serve ``kind``, for a refusal that says where to go instead."""
         return sorted(name for name, route in self.table.routes.items() if kind in route.serves)
 
-    def _pinned(self, route: ModelRoute, payload: dict, path: str) -> ModelRoute:
+    async def _pinned(self, route: ModelRoute, payload: dict, path: str) -> ModelRoute:
         """The route, narrowed to the replica that made the response a Responses request
         continues (``previous_response_id``); 400 when that replica is unknown or gone."""
         if path != "/v1/responses":
@@ -389,7 +390,7 @@ class Router:
         wanted = previous_response_id(payload)
         if wanted is None:
             return route
-        made_by = self.response_ids.made_by(wanted)
+        made_by = await self.response_ids.made_by(wanted)
         if made_by is None:
             raise errors.unknown_response(wanted)
         endpoint = next((e for e in route.endpoints if e.replica == made_by.replica), None)
