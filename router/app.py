@@ -37,10 +37,11 @@ from router.forward.relay import rewrite_body
 from router.forward.upstream import HOP_REQUEST_HEADERS, Upstream
 from router.intake.auth import Caller, KeyCache
 from router.intake.body_checks import check_body
-from router.intake.call import CLIENT_CLOSED, Call, read_body, resolve, resolve_form
+from router.intake.call import CLIENT_CLOSED, Call, read_body, resolve
 from router.intake.cors import Cors
 from router.intake.limits import Admission, RateLimiter
 from router.intake.request_ids import log_request, request_id_for
+from router.intake.uploads import read_upload, resolve_upload
 from router.metrics import RouterMetrics
 from router.responses import header, model_entry, send_empty, send_error, send_json
 from router.table.probe import SavedTableProbe
@@ -291,13 +292,23 @@ class Router:
                     forward.append((name, value))
             self._require_table()
             caller = self.keys.authenticate(authorization, api_key)
-            body = await read_body(receive, content_length, self.config.max_body)
-            if body is None:
-                code = CLIENT_CLOSED
-                return
+            upload = None
             if path in MULTIPART_PATHS:
-                route, payload = resolve_form(self.table, body, content_type, caller)
+                upload = await read_upload(
+                    receive, content_length, content_type, self.config.max_body,
+                    self.config.max_upload,
+                )  # fmt: skip
+                if upload is None:
+                    code = CLIENT_CLOSED
+                    return
+                body = upload.head
+                route, payload = resolve_upload(self.table, upload, content_type, caller)
             else:
+                read = await read_body(receive, content_length, self.config.max_body)
+                if read is None:
+                    code = CLIENT_CLOSED
+                    return
+                body = read
                 route, payload = resolve(self.table, body, caller)
             model_label = route.name
             kind = KIND_OF_PATH.get(path)  # None: /tokenize, which every kind serves
@@ -316,7 +327,8 @@ class Router:
                 message, retry_after = route.unavailable()
                 raise errors.unavailable(message, retry_after)
             admission = await self.limiter.admit(caller)
-            waited = await self._wait_for_replica(route, caller, receive)
+            # An upload's rest is still to be read: nothing else may read the client meanwhile.
+            waited = await self._wait_for_replica(route, caller, None if upload else receive)
             if waited is None:
                 code = CLIENT_CLOSED
                 return
@@ -334,7 +346,7 @@ class Router:
                 receive=receive, send=send, path=path, route=route, body=body, headers=forward,
                 caller=caller, session=session, drop_usage_only=drop_usage_only, started=started,
                 limit_headers=admission.headers if admission else [], kind=kind,
-                translation=translation, query=scope.get("query_string", b""),
+                translation=translation, query=scope.get("query_string", b""), upload=upload,
             )  # fmt: skip
             code = await self.proxy.forward(call)
         except RouterError as exc:
@@ -419,7 +431,9 @@ class Router:
             room = self.rooms[route.name] = WaitingRoom(route.name, self.config.queue_size)
         deadline = time.monotonic() + self.config.cold_start_timeout
         # A client that leaves gives up its place, and no replica is started or used for it.
-        leaving = asyncio.ensure_future(_disconnect(receive))
+        leaving = asyncio.ensure_future(
+            _disconnect(receive) if receive is not None else asyncio.Event().wait()
+        )
         try:
             while True:
                 patience = max(deadline - time.monotonic(), 0.0)

@@ -13,6 +13,9 @@ class RouterConfig:
     static_path: str = ""
     # 16 MiB holds a long chat with images as data URLs; larger is almost surely a mistake.
     max_body: int = 16 * 1024 * 1024
+    # Uploads (audio to transcribe) stream through to the engine and are never held whole;
+    # this bounds what one may send.
+    max_upload: int = 1024 * 1024 * 1024
     # How long a request waits for a replica: one starting from zero (a cold start loads a
     # model, minutes on a big one), or a free place when all are at their concurrency.
     cold_start_timeout: float = 600.0
@@ -71,6 +74,7 @@ class RouterConfig:
         return cls(
             static_path=env_str("LLMGW_ROUTER_STATIC"),
             max_body=env_int("LLMGW_ROUTER_MAX_BODY", cls.max_body),
+            max_upload=env_int("LLMGW_ROUTER_MAX_UPLOAD", cls.max_upload),
             max_choices=env_int("LLMGW_ROUTER_MAX_N", cls.max_choices),
             cold_start_timeout=env_float("LLMGW_ROUTER_COLD_START_TIMEOUT", cls.cold_start_timeout),
             queue_size=env_int("LLMGW_ROUTER_QUEUE_SIZE", cls.queue_size),

@@ -38,8 +38,14 @@ from router.forward.relay import (
     start_watching,
 )
 from router.forward.tokens import EventScanner, Tokens
-from router.forward.upstream import Response, Upstream, UpstreamBroken, UpstreamUnreachable
-from router.intake.call import CLIENT_CLOSED, Call
+from router.forward.upstream import (
+    Response,
+    Rest,
+    Upstream,
+    UpstreamBroken,
+    UpstreamUnreachable,
+)
+from router.intake.call import CLIENT_CLOSED, Call, ClientLeft, Upload
 from router.metrics import RouterMetrics
 from router.table.routes import Endpoint, ModelRoute
 from router.translate.plan import EventTranslator, Translation, stream_error_event_for
@@ -86,13 +92,16 @@ class Proxy:
         task = asyncio.current_task()
         assert task is not None
         # Most answers take milliseconds; a watcher task for each would cost more than the
-        # rest of the router's work. Watch only requests still running after a moment.
+        # rest of the router's work. Watch only requests still running after a moment, and
+        # never an upload, whose rest the relay itself reads from the client.
         timer = asyncio.get_running_loop().call_later(
-            WATCH_AFTER_SECONDS, start_watching, call, task
+            WATCH_AFTER_SECONDS if call.upload is None else 1e9, start_watching, call, task
         )
         exchange = call.exchange
         try:
             return await self._attempts(call)
+        except ClientLeft:
+            return CLIENT_CLOSED
         except asyncio.CancelledError:
             if not exchange.client_gone:
                 raise
@@ -123,13 +132,14 @@ class Proxy:
             path, body, translation = call.request_for(endpoint)
             try:
                 try:
-                    response = await self._post(endpoint, path, body, call.headers)
+                    response = await self._post(endpoint, path, body, call.headers, call.upload)
                 except UpstreamUnreachable as exc:
                     ok = False
                     self.metrics.upstream_error(model, replica, exc.kind)
                     last_problem = str(exc)
                     tried.append(endpoint)
                     failures += 1
+                    _not_again(call, exc)
                     endpoint = self._next(call, tried, exc.kind)
                     continue
                 try:
@@ -139,7 +149,7 @@ class Proxy:
                         tried.append(endpoint)
                         failures += 1
                         following = None
-                        if failures < MAX_ATTEMPTS:
+                        if failures < MAX_ATTEMPTS and not _sent_upload(call):
                             following = self._next(call, tried, "http")
                         if following is not None:
                             endpoint = following
@@ -176,11 +186,13 @@ class Proxy:
         )
 
     async def _post(
-        self, endpoint: Endpoint, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
-    ) -> Response:
+        self, endpoint: Endpoint, path: str, body: bytes, headers: list[tuple[bytes, bytes]],
+        upload: Upload | None = None,
+    ) -> Response:  # fmt: skip
         if endpoint.authorization:
             headers = [*headers, (b"authorization", endpoint.authorization)]
-        return await self.upstream.post(endpoint.url, path, body, headers)
+        rest = Rest(upload.rest(), upload.length) if upload is not None else None
+        return await self.upstream.post(endpoint.url, path, body, headers, rest)
 
     def _ask_again(
         self, call: Call, broken: UpstreamBroken, tried: list[Endpoint], moves: int
@@ -436,3 +448,18 @@ def _translated(
         return events.feed(scanner.flush()) + events.flush()
 
     return edit, flush
+
+
+def _sent_upload(call: Call) -> bool:
+    """Whether an upload's rest went to a replica already: it cannot be sent again."""
+    return call.upload is not None and call.upload.started
+
+
+def _not_again(call: Call, failure: UpstreamUnreachable) -> None:
+    """Refuse to ask another replica for an upload whose rest went to the one that failed."""
+    if _sent_upload(call):
+        raise errors.bad_gateway(
+            f"The replica of {call.model} that was sent the upload failed ({failure}); an "
+            "upload streams through the router and cannot be sent to another replica: send "
+            "it again."
+        )

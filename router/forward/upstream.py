@@ -24,6 +24,7 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import httptools
@@ -64,6 +65,14 @@ KEEPALIVE_OPTIONS = (
     (socket.IPPROTO_TCP, "TCP_KEEPCNT", 3),
     (socket.IPPROTO_TCP, "TCP_USER_TIMEOUT", 10_000),  # milliseconds
 )
+
+
+class Rest(NamedTuple):
+    """An upload's rest, sent after its head as the client sends it: ``length`` is the
+    whole body's (head included)."""
+
+    chunks: AsyncIterator[bytes]
+    length: int
 
 
 class UpstreamUnreachable(Exception):
@@ -196,6 +205,8 @@ class _Connection(asyncio.Protocol):
         self.framed = False  # the answer has a length or chunks (not ended by closing)
         self.keep_alive = False
         self.timer: asyncio.TimerHandle | None = None
+        # Set while the transport's buffer is full (an upload faster than the engine reads).
+        self.writable: asyncio.Future | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -227,11 +238,14 @@ class _Connection(asyncio.Protocol):
             return
         self._fail(None)
 
-    def pause_writing(self) -> None:  # a 16 MiB body into a slow engine: nothing to do
-        pass
+    def pause_writing(self) -> None:
+        # A whole body is already written; only an upload's rest waits for room.
+        self.writable = self.loop.create_future()
 
     def resume_writing(self) -> None:
-        pass
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+        self.writable = None
 
     # -- httptools callbacks ---------------------------------------------------------------
     # The parser calls these only while a request is out, so a response and a parser exist.
@@ -262,17 +276,25 @@ class _Connection(asyncio.Protocol):
     # -- requests ------------------------------------------------------------------------
 
     async def request(
-        self, method: bytes, target: _Target, path: bytes, body: bytes, headers: bytes
-    ) -> Response:
+        self, method: bytes, target: _Target, path: bytes, body: bytes, headers: bytes,
+        rest: Rest | None = None,
+    ) -> Response:  # fmt: skip
         response = self.response = Response(self)
         self.parser = httptools.HttpResponseParser(self)
         self.framed = self.keep_alive = False
         self.headers_done = self.loop.create_future()
+        length = len(body) if rest is None else rest.length
         head = b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s\r\n" % (
-            method, path, target.host_header, len(body), headers,
+            method, path, target.host_header, length, headers,
         )  # fmt: skip
         assert self.transport is not None, "request() on a connection not yet made"
         self.transport.writelines((head, body))
+        if rest is not None:
+            try:
+                await self._send_rest(rest.chunks)
+            except BaseException:
+                self.finished(response, whole=False)
+                raise
         self.last_read = self.loop.time()
         self.timer = self.loop.call_at(self.last_read + self.pool.read_timeout, self._on_timer)
         try:
@@ -281,6 +303,16 @@ class _Connection(asyncio.Protocol):
             self.finished(response, whole=False)
             raise
         return response
+
+    async def _send_rest(self, chunks: AsyncIterator[bytes]) -> None:
+        """Write an upload's rest as the client sends it, as fast as the engine reads it."""
+        assert self.transport is not None
+        async for chunk in chunks:
+            if self.closed:
+                raise UpstreamBroken("the engine closed the connection during the upload")
+            self.transport.write(chunk)
+            if self.writable is not None:
+                await self.writable
 
     def _on_timer(self) -> None:
         silent_until = self.last_read + self.pool.read_timeout
@@ -383,16 +415,18 @@ class Upstream:
         return target
 
     async def post(
-        self, base_url: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
-    ) -> Response:
-        return await self.request(b"POST", base_url, path, body, headers)
+        self, base_url: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]],
+        rest: Rest | None = None,
+    ) -> Response:  # fmt: skip
+        """POST ``body``, followed by ``rest`` when the body is an upload's head."""
+        return await self.request(b"POST", base_url, path, body, headers, rest)
 
     async def get(self, base_url: str, path: str, headers: list[tuple[bytes, bytes]]) -> Response:
         return await self.request(b"GET", base_url, path, b"", headers)
 
     async def request(
         self, method: bytes, base_url: str, path: str, body: bytes,
-        headers: list[tuple[bytes, bytes]],
+        headers: list[tuple[bytes, bytes]], rest: Rest | None = None,
     ) -> Response:  # fmt: skip
         """Send and return once the status and headers are in; the body is still to read.
 
@@ -410,7 +444,9 @@ class Upstream:
             if b"\r" not in value and b"\n" not in value
         )
         assert self._slots is not None, "Upstream.start() was not called"
-        for fresh in (False, True):
+        # An upload's rest can be sent once: never on a kept-alive connection that may have
+        # been closed under it.
+        for fresh in (True,) if rest is not None else (False, True):
             # A slot per request, held until its response is closed (see _Connection.finished).
             await self._slots.acquire()
             try:
@@ -420,7 +456,7 @@ class Upstream:
                 raise
             try:
                 return await connection.request(
-                    method, target, (target.prefix + path).encode(), body, encoded
+                    method, target, (target.prefix + path).encode(), body, encoded, rest
                 )
             except ConnectionError:
                 if reused and not fresh:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,35 @@ class Exchange:
     watcher: asyncio.Task | None = None
 
 
+class ClientLeft(Exception):
+    """The client hung up while its upload was going through (not an engine's fault)."""
+
+
+@dataclass
+class Upload:
+    """What was read of an upload to route it, and the way to the rest of it."""
+
+    head: bytes
+    receive: Receive
+    length: int  # the whole body, as its Content-Length said
+    started: bool = False  # the rest began to go out: no other replica can be asked
+
+    async def rest(self) -> AsyncIterator[bytes]:
+        """The body after ``head``, as the client sends it."""
+        self.started = True
+        remaining = self.length - len(self.head)
+        while remaining > 0:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise ClientLeft("the client hung up during its upload")
+            chunk = message.get("body", b"")
+            remaining -= len(chunk)
+            if chunk:
+                yield chunk
+            if not message.get("more_body"):
+                break
+
+
 @dataclass(slots=True)
 class Call:
     """A request that passed every check, on its way to a replica of ``route``."""
@@ -56,6 +85,7 @@ class Call:
     # A Messages or Responses request, served on chat completions where the engine lacks it.
     translation: Translation | None = None
     query: bytes = b""  # the client's query string, passed on (Claude Code sends ?beta=true)
+    upload: Upload | None = None  # an upload's rest, streamed to the engine (body: its head)
 
     @property
     def model(self) -> str:
@@ -126,54 +156,6 @@ def resolve(table: RoutingTable, body: bytes, caller: Caller) -> tuple[ModelRout
     if not caller.may_use(route.names):
         raise errors.model_not_allowed(model, caller.name, sorted(caller.models))
     return route, payload
-
-
-def resolve_form(
-    table: RoutingTable, body: bytes, content_type: bytes | None, caller: Caller
-) -> tuple[ModelRoute, dict[str, Any]]:
-    """Like ``resolve``, for an upload (multipart/form-data): the model is a form field."""
-    model = form_field(body, content_type, b"model")
-    if model is None:
-        raise errors.malformed(
-            "The upload has no `model` form field; send the model's name as a field of the "
-            "multipart/form-data body, beside the file.",
-            "missing_model",
-        )
-    return resolve(table, json.dumps({"model": model}).encode(), caller)
-
-
-def form_field(body: bytes, content_type: bytes | None, name: bytes) -> str | None:
-    """The value of the text field ``name`` of a multipart/form-data body, or None."""
-    if content_type is None or not content_type.lower().startswith(b"multipart/form-data"):
-        raise errors.malformed(
-            "This endpoint takes an upload: send multipart/form-data with the file and a "
-            "`model` field.",
-            "invalid_content_type",
-        )
-    boundary = _boundary(content_type)
-    if boundary is None:
-        raise errors.malformed(
-            "The multipart/form-data content type names no boundary.", "invalid_content_type"
-        )
-    wanted = b'name="' + name + b'"'
-    for part in body.split(b"--" + boundary):
-        head, separator, value = part.partition(b"\r\n\r\n")
-        if not separator:
-            continue
-        for line in head.split(b"\r\n"):
-            if line.lower().startswith(b"content-disposition:") and wanted in line:
-                if b"filename=" in line:
-                    break  # a file named "model" is not the field
-                return value.removesuffix(b"\r\n").decode("utf-8", "replace")
-    return None
-
-
-def _boundary(content_type: bytes) -> bytes | None:
-    for parameter in content_type.split(b";")[1:]:
-        key, _, value = parameter.strip().partition(b"=")
-        if key.lower() == b"boundary" and value:
-            return value.strip(b'"')
-    return None
 
 
 def visible_models(table: RoutingTable, caller: Caller) -> list[str]:

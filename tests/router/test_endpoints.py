@@ -34,6 +34,8 @@ BODIES = {
     "/detokenize": {"tokens": [1, 2]},
 }
 UPLOADS = ("/v1/audio/transcriptions", "/v1/audio/translations")
+# Bodies the router reads whole are refused past this; an upload streams through.
+MAX_BODY = 64 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +56,9 @@ def fleet(tmp_path_factory):
             keys=[{"name": "full", "sha256": key_sha256(FULL_KEY)}],
         )  # fmt: skip
         router = harness.router(
-            {"LLMGW_ROUTER_STATIC": str(static), "LLMGW_ROUTER_CORS_ORIGINS": ALLOWED_ORIGIN}
-        )
+            {"LLMGW_ROUTER_STATIC": str(static), "LLMGW_ROUTER_CORS_ORIGINS": ALLOWED_ORIGIN,
+             "LLMGW_ROUTER_MAX_BODY": str(MAX_BODY)}
+        )  # fmt: skip
         yield router.url, engines
     finally:
         harness.cleanup()
@@ -74,10 +77,12 @@ def url(fleet):
     return fleet[0]
 
 
-def upload(url: str, path: str, model: str | None = "omni", **headers) -> httpx.Response:
+def upload(
+    url: str, path: str, model: str | None = "omni", size: int = 4096, **headers
+) -> httpx.Response:
     data = {"model": model} if model else {}
     return httpx.post(
-        f"{url}{path}", data=data, files={"file": ("a.wav", b"RIFF" + b"\0" * 4096)},
+        f"{url}{path}", data=data, files={"file": ("a.wav", b"RIFF" + b"\0" * size)},
         headers={**AUTH, **headers}, timeout=30,
     )  # fmt: skip
 
@@ -101,6 +106,29 @@ def test_uploads_take_the_model_from_the_form_and_reach_the_engine_whole(url, en
     assert [r["path"] for r in seen] == [path]
     assert seen[0]["body"]["upload_bytes"] > 4096
     assert seen[0]["body"]["content_type"].startswith("multipart/form-data; boundary=")
+
+
+def test_an_upload_streams_through_past_the_body_limit(url, engines):
+    response = upload(url, "/v1/audio/transcriptions", size=16 * MAX_BODY)
+    assert response.status_code == 200, response.text
+    (seen,) = engines["all"].requests()
+    assert seen["body"]["upload_bytes"] > 16 * MAX_BODY  # whole, though never held whole
+
+
+def test_an_upload_naming_its_model_after_a_large_file_is_told_to_send_it_first(url, engines):
+    boundary = "b0undary"
+    body = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+        f"\r\n{'x' * 2 * MAX_BODY}\r\n--{boundary}\r\nContent-Disposition: form-data; "
+        f'name="model"\r\n\r\nomni\r\n--{boundary}--\r\n'
+    ).encode()
+    response = httpx.post(
+        f"{url}/v1/audio/transcriptions", content=body, timeout=30,
+        headers={**AUTH, "Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )  # fmt: skip
+    assert response.status_code == 400
+    assert "send the `model` field before the file" in response.json()["error"]["message"]
+    assert engines["all"].requests() == []
 
 
 def test_an_upload_without_a_model_field_is_refused_naming_it(url, engines):
