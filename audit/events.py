@@ -6,6 +6,10 @@ that transaction commits (``audit.notices``).
 
 from __future__ import annotations
 
+from typing import cast
+
+from django.contrib.auth.models import User
+
 from audit import notices
 from audit.actors import Actor, recorded_as
 from audit.models import Event, EventKind
@@ -28,7 +32,7 @@ def record_event(
         from_state=from_state,
         to_state=to_state,
         reason=reason,
-        actor=user,
+        actor=cast("User | None", user),  # AUTH_USER_MODEL is Django's own User
         actor_name=name,
     )
     notices.pages_changed_on_commit(kind, subject)

@@ -103,7 +103,9 @@ class ProfileSerializer(serializers.ModelSerializer):
 
 
 class ModelSerializer(serializers.ModelSerializer):
-    profiles = serializers.SlugRelatedField(slug_field="name", many=True, read_only=True)
+    profiles: serializers.SlugRelatedField = serializers.SlugRelatedField(
+        slug_field="name", many=True, read_only=True
+    )
 
     class Meta:
         model = Model

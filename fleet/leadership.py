@@ -78,7 +78,8 @@ def acquire_or_renew(me: str | None = None, conn: redis.Redis | None = None) -> 
     lease_key, epoch_key = _keys()
     floor = _highest_granted(lease_key)
     raw, fresh = conn.eval(_ACQUIRE, 2, lease_key, epoch_key, me, LEASE_SECONDS * 1000, floor)
-    holder, _, epoch = raw.decode().rpartition("|")
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    holder, _, epoch = text.rpartition("|")
     lease = Lease(holder=holder, epoch=int(epoch), acquired_now=bool(fresh))
     if lease.holder == me and lease.epoch > floor:
         _record_granted(lease_key, lease.epoch)
@@ -107,7 +108,8 @@ def current(conn: redis.Redis | None = None) -> Lease | None:
     raw = (conn or client()).get(_keys()[0])
     if raw is None:
         return None
-    holder, _, epoch = raw.decode().rpartition("|")
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    holder, _, epoch = text.rpartition("|")
     return Lease(holder=holder, epoch=int(epoch))
 
 
@@ -174,7 +176,7 @@ def _deaf_key(holder: str) -> str:
     return f"{_keys()[0]}:deaf-at:{holder}"
 
 
-def _float(raw: bytes | None) -> float | None:
+def _float(raw: bytes | str | None) -> float | None:
     return float(raw) if raw else None
 
 

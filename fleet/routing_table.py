@@ -116,7 +116,9 @@ def routing_snapshot() -> RoutingSnapshot:
             )
             continue
         # One whose profile left the catalog serves what every engine does by default.
-        served = replica.profile.served_kinds if replica.profile else list(DEFAULT_SERVES)
+        served: list[str] = (
+            replica.profile.served_kinds if replica.profile else list[str](DEFAULT_SERVES)
+        )
         entry.endpoints.append(
             ReplicaEndpoint(
                 replica=str(replica.id),

@@ -112,10 +112,10 @@ def model_weights(mapped: WeightsMap | None = None) -> list[ModelWeights]:
     """Per catalog model: who holds it, on which fabrics, and who is fetching it."""
     mapped = mapped or weights_map()
     fetching: dict[str, dict[str, dict]] = defaultdict(dict)
-    for model, node_id, progress in Shard.objects.filter(
+    for model_name, node_id, progress in Shard.objects.filter(
         state=ShardState.FETCHING, node__isnull=False
     ).values_list("replica__model_name", "node_id", "progress"):
-        fetching[model][node_id] = progress or {}
+        fetching[model_name][node_id] = progress or {}
     rows = []
     for model in Model.objects.order_by("name"):
         nodes = mapped.holders(model.source)

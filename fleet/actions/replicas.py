@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from functools import partial
 
 from django.db import transaction
 from django.utils import timezone
@@ -93,7 +94,7 @@ def start_replica(replica: Replica, decision: Decision, *, actor: Actor, epoch: 
         for shard, rank in zip(shards, decision.ranks, strict=True):
             spec = shard_spec(replica, shard, nodes[rank.node], len(shards), meeting,
                               rank.fabric, epoch)  # fmt: skip
-            transaction.on_commit(lambda n=shard.node_id, s=spec: commands.send_start_shard(n, s))
+            transaction.on_commit(partial(commands.send_start_shard, rank.node, spec))
     return True
 
 
@@ -153,9 +154,7 @@ def stop_replica(replica: Replica, reason: str, *, actor: Actor, epoch: int | No
             return False
         live = replica.shards.exclude(state__in=ShardState.FINAL).exclude(node=None)
         for node_id, shard_id in live.values_list("node_id", "id"):
-            transaction.on_commit(
-                lambda n=node_id, s=shard_id: commands.send_stop_shard(n, s, epoch)
-            )
+            transaction.on_commit(partial(commands.send_stop_shard, node_id, shard_id, epoch))
     return True
 
 

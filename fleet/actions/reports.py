@@ -406,6 +406,7 @@ def refresh_replica_state(replica_id, *, actor: Actor) -> str | None:
         return None
     if any(state == ShardState.FAILED for state in states):
         failed = replica.shards.filter(state=ShardState.FAILED).first()
+        assert failed is not None  # one of the states just read
         reason = f"rank {failed.rank} failed: {failed.reason or 'no reason given'}"
         return transition(Replica, replica.id, ReplicaState.FAILED, reason, actor=actor,
                           reasons=[reason])  # fmt: skip

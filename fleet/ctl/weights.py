@@ -3,6 +3,8 @@ fetching a model ahead of need, and deleting fetched weights nothing uses."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.management.base import CommandError
 
 from catalog.models import Model
@@ -81,7 +83,7 @@ def weights_command(options, out) -> None:
 
 def by_fabric_command(options, out) -> None:
     mapped = weights_map()
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "model": row.model,
             "fabrics": row.fabrics,

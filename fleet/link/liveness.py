@@ -66,7 +66,8 @@ def check_liveness(
             node = Node.objects.select_for_update().only(*_HEARD).filter(id=node_id).first()
             if node is None or (liveness := node.liveness_at(now)) == NodeState.CONNECTED:
                 continue
-            reason = f"no heartbeat for {int(node.silence(now).total_seconds())}s"
+            silence = node.silence(now)
+            reason = f"no heartbeat for {int(silence.total_seconds()) if silence else 0}s"
             if liveness == NodeState.LOST and not in_grace:
                 if transition(Node, node_id, NodeState.LOST, reason, actor=LIVENESS):
                     report.lost.append(node_id)

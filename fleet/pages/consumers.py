@@ -61,8 +61,9 @@ class PageConsumer(AsyncWebsocketConsumer):
         self._schedule(set(fragments.PAGES[self.page].fragments), at_once=True)
 
     async def disconnect(self, code) -> None:
-        if getattr(self, "flusher", None) is not None:
-            self.flusher.cancel()
+        flusher = getattr(self, "flusher", None)
+        if flusher is not None:
+            flusher.cancel()
         if hasattr(self, "key"):
             await self.channel_layer.group_discard(notices.PAGES_GROUP, self.channel_name)
 

@@ -24,7 +24,7 @@ def mirror_detail(name: str) -> dict[str, Any] | None:
     mapped = weights_map()
     holders = set(mapped.holders(model.source))
     nodes = {node.id: node for node in Node.objects.all()}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for node_id in sorted(holders):
         own = [w for w in nodes[node_id].weight_files() if w.source == model.source]
         runs_from_path = not own and model.source in mapped.runs_from.get(node_id, ())

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
+from django_htmx.middleware import HtmxDetails
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from catalog.permissions import is_operator
@@ -28,7 +29,13 @@ LOG_LINES_DEFAULT = 200
 LOG_SOURCE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-def _page(request: HttpRequest, page: str, key: str = "") -> HttpResponse:
+class HtmxRequest(HttpRequest):
+    """A request as django-htmx's middleware leaves it."""
+
+    htmx: HtmxDetails
+
+
+def _page(request: HtmxRequest, page: str, key: str = "") -> HttpResponse:
     spec = fragments.PAGES[page]
     context = spec.context(key, spec.fragments)
     if context is None:
@@ -41,28 +48,28 @@ def _page(request: HttpRequest, page: str, key: str = "") -> HttpResponse:
 
 
 @login_required
-def cluster(request: HttpRequest) -> HttpResponse:
+def cluster(request: HtmxRequest) -> HttpResponse:
     return _page(request, "cluster")
 
 
 @login_required
-def node(request: HttpRequest, node_id: str) -> HttpResponse:
+def node(request: HtmxRequest, node_id: str) -> HttpResponse:
     return _page(request, "node", node_id)
 
 
 @login_required
-def model(request: HttpRequest, name: str) -> HttpResponse:
+def model(request: HtmxRequest, name: str) -> HttpResponse:
     return _page(request, "model", name)
 
 
 @login_required
-def weights(request: HttpRequest, name: str) -> HttpResponse:
+def weights(request: HtmxRequest, name: str) -> HttpResponse:
     """Where a model's weights are: the mirror page."""
     return _page(request, "mirror", name)
 
 
 @login_required
-def node_logs(request: HttpRequest, node_id: str) -> HttpResponse:
+def node_logs(request: HtmxRequest, node_id: str) -> HttpResponse:
     """The node's recent log lines for one source, read from its agent's memory."""
     node = Node.objects.filter(id=node_id).first()
     if node is None:

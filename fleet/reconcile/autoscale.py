@@ -110,7 +110,7 @@ def autoscale_profiles(
     changed = []
     for profile in profiles:
         step = next_step(
-            AutoscalePolicy.from_dict(profile.autoscale), profile.replicas,
+            AutoscalePolicy.from_dict(profile.autoscale or {}), profile.replicas,
             demand.get(profile.model.name, 0.0), profile.autoscale_low_since, now,
         )  # fmt: skip
         if step.wanted != profile.replicas:

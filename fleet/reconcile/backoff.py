@@ -106,6 +106,8 @@ def _engines_changed_under(subjects: set[str]) -> dict[str, datetime]:
     for replica_id, at in Shard.objects.filter(
         replica_id__in=list(subjects), node__engines_changed_at__isnull=False
     ).values_list("replica_id", "node__engines_changed_at"):
+        if at is None:
+            continue  # filtered out above; the column is nullable
         key = str(replica_id)
         changed[key] = max(at, changed.get(key, at))
     return changed

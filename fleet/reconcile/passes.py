@@ -147,7 +147,7 @@ def retire_from_bad_nodes(
             moving.append((replica, node_id))
     lost = [(r, n) for r, n in moving if bad[n] == "lost" and r.profile is not None]
     decisions = place_batch(
-        [placement_request(str(r.id), r.profile, r.version_to_run()) for r, _n in lost],
+        [placement_request(str(r.id), _profile(r), r.version_to_run()) for r, _n in lost],
         node_snapshots(now),
     ) if lost else []  # fmt: skip
     nowhere = {
@@ -244,8 +244,10 @@ def scale(report: ReconcileReport, epoch: int | None = None) -> None:
             ]
             if len(up_to_date) < len(live):
                 live, missing = up_to_date, profile.replicas - len(up_to_date)
-            rank = {ReplicaState.FAILED: 0, ReplicaState.UNPLACEABLE: 1, ReplicaState.PLACING: 2,
-                    ReplicaState.STARTING: 3, ReplicaState.READY: 4}  # fmt: skip
+            rank: dict[str, int] = {
+                ReplicaState.FAILED: 0, ReplicaState.UNPLACEABLE: 1, ReplicaState.PLACING: 2,
+                ReplicaState.STARTING: 3, ReplicaState.READY: 4,
+            }  # fmt: skip
             surplus = sorted(live, key=lambda r: rank[r.state])[: max(0, -missing)]
             for replica in surplus:
                 reason = f"scaled down: {profile} wants {profile.replicas}"
@@ -261,7 +263,7 @@ def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:
     )
     if not waiting:
         return
-    requests = [placement_request(str(r.id), r.profile, r.version_to_run()) for r in waiting]
+    requests = [placement_request(str(r.id), _profile(r), r.version_to_run()) for r in waiting]
     decisions = place_batch(requests, node_snapshots(now))
     for replica, decision in zip(waiting, decisions, strict=True):
         # Counted as decided, as before: a start that loses a race still counts as placed.
@@ -291,3 +293,9 @@ def finish_stops(report: ReconcileReport) -> None:
         if transition(Replica, replica.id, ReplicaState.STOPPED, "every shard has stopped",
                       actor=RECONCILER):  # fmt: skip
             report.stopped.append(str(replica.id))
+
+
+def _profile(replica: Replica) -> Profile:
+    """The profile of a replica the query kept only if it has one."""
+    assert replica.profile is not None
+    return replica.profile

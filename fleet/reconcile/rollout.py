@@ -92,7 +92,7 @@ def rollouts(model_name: str | None = None) -> list[Rollout]:
     newest = newest_engine_versions()
     result = {p.id: Rollout(p, p.fingerprint(newest), p.model.rollout_paused) for p in profiles}
     for replica in replicas.order_by("created_at"):
-        rollout = result.get(replica.profile_id)
+        rollout = result.get(replica.profile_id) if replica.profile_id is not None else None
         if rollout is None:
             continue
         if replica.draining_since is not None:

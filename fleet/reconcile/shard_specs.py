@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from django.conf import settings
 from django.db.models import Q
@@ -11,7 +12,7 @@ from django.db.models import Q
 from fleet.models import Node, Replica, Shard, ShardState
 from placement import FabricSnapshot
 from protocol.engines import newest_version
-from protocol.shard import FabricAssignment, ShardSpec
+from protocol.shard import FabricAssignment, LaunchMode, ShardSpec
 
 
 def allocate_port(node_id: str) -> int:
@@ -58,10 +59,13 @@ def meeting_points(shards: Sequence[Shard], nodes: Mapping[str, Node]) -> Meetin
     """The meeting points of a replica's shards, listed in rank order."""
     if len(shards) < 2:
         return MeetingPoints()
-    first = shards[0]
+
+    def at(shard: Shard, offset: int = 0) -> str:
+        assert shard.node_id is not None and shard.port is not None, "a placed shard"
+        return f"{nodes[shard.node_id].address}:{shard.port + offset}"
+
     return MeetingPoints(
-        rendezvous=f"{nodes[first.node_id].address}:{first.port + 1}",
-        workers=tuple(f"{nodes[shard.node_id].address}:{shard.port}" for shard in shards[1:]),
+        rendezvous=at(shards[0], 1), workers=tuple(at(shard) for shard in shards[1:])
     )
 
 
@@ -94,12 +98,12 @@ def shard_spec(
         tensor_parallel=profile.tensor_parallel,
         # Bind where the router reaches it; the per-replica secret keeps others out.
         host=node.address or "127.0.0.1",
-        port=shard.port,
+        port=shard.port or 0,  # a placed shard always has one
         rendezvous=meeting.rendezvous,
         workers=list(meeting.workers),
         fabric=_assignment(fabric) if world_size > 1 else None,
         context=profile.context,
-        launch_mode=profile.launch_mode,
+        launch_mode=cast(LaunchMode, profile.launch_mode),  # the catalog checked it
         serves=list(profile.serves),
         args=list(profile.args),
         env=dict(profile.env),
