@@ -1,5 +1,5 @@
-"""Verbs that change the catalog: apply a file, create, update or delete one entry, scale a
-profile, pause a model's rollout, create and revoke API keys.
+"""Verbs that change the catalog: apply a file or one model from a page, create, update or
+delete one entry, scale a profile, pause a model's rollout, create and revoke API keys.
 
 Each verb is one transaction that records its Event (naming the operator who asked) and
 tells routers and open pages once it commits. The REST API, `llmgw_ctl` and the pages call
@@ -11,15 +11,19 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable
 from datetime import datetime
+from functools import partial
 from typing import Any
 
+from celery import current_app
 from django.db import IntegrityError, models, transaction
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from audit import notices
-from audit.actors import Actor
+from audit.actors import Actor, SystemActor
 from audit.events import record_event
 from audit.models import EventKind
+from catalog.fit.model_files import is_remote, shape_facts
 from catalog.keys import (
     KEY_START,
     ApiKeyRefused,
@@ -39,7 +43,7 @@ from catalog.plan import (
     plan_changes,
     profile_values,
 )
-from catalog.schema import CatalogError, CatalogFile, parse_catalog
+from catalog.schema import CatalogError, CatalogFile, ModelEntry, parse_catalog
 
 ENTRY_KINDS: dict[type[models.Model], str] = {
     Engine: "engine",
@@ -49,6 +53,9 @@ ENTRY_KINDS: dict[type[models.Model], str] = {
     Profile: "profile",
 }
 DELETABLE_BY_NAME = {"model": Model, "pool": Pool, "fabric": Fabric}
+# Reads a model's file for its shape, in a task (catalog/fit/tasks.py) or at apply.
+MODEL_FILE_READER = SystemActor("model file reader")
+READ_MODEL_FILE_TASK = "catalog.read_model_file"
 
 
 def _catalog_changed(subject: str, reason: str, actor: Actor) -> None:
@@ -78,6 +85,10 @@ def apply_catalog(
                 _catalog_changed(
                     filename, f"applied {len(changes)} change(s) from {filename}", actor
                 )
+            # Every model the file names, changed or not: one applied before llmgw read
+            # model files, or a local file replaced in place, gets its estimate now.
+            for model in Model.objects.filter(name__in=[m.name for m in catalog.models]):
+                learn_model_shape(model, actor=actor)
     return changes
 
 
@@ -109,9 +120,10 @@ def _make_change(change: Change, catalog: CatalogFile) -> None:
             Model.objects.filter(name=change.name).delete()
             return
         entry = next(m for m in catalog.models if m.name == change.name)
-        Model.objects.update_or_create(
+        model, _created = Model.objects.update_or_create(
             name=entry.name, defaults={name: getattr(entry, name) for name in MODEL_FIELDS}
         )
+        learn_model_shape(model, actor=MODEL_FILE_READER)
     elif change.kind == "profile":
         model_name, profile_name = change.name.rsplit("/", 1)
         if change.action == "delete":
@@ -135,6 +147,8 @@ def save_entry(row: models.Model, *, changed: Iterable[str] = (), actor: Actor):
     changed = sorted(changed)
     with transaction.atomic():
         row.save()
+        if isinstance(row, Model):
+            learn_model_shape(row, actor=actor)
         if creating:
             _catalog_changed(f"{kind}/{row}", f"created {kind} {row}", actor)
         elif changed:
@@ -357,3 +371,95 @@ def revoke_key(prefix: str, *, actor: Actor) -> ApiKey:
             record_event(EventKind.KEY, row.prefix, f"revoked (it was {row.name}'s)", actor=actor)
             notices.routers_reload_on_commit("keys")
     return row
+
+
+def apply_model(
+    entry: ModelEntry, *, creating: bool, dry_run: bool = False, actor: Actor
+) -> list[Change]:
+    """Create one model (``creating``) or make an existing one match ``entry``, as a page's
+    form describes it; return the changes (made, or only planned if dry_run).
+
+    The same plan as a catalog file's, so the form and the file cannot disagree: a model's
+    profiles are its whole description, and a profile ``entry`` omits is deleted. Creating
+    refuses a name or alias the catalog already serves, so a form never overwrites a model
+    it did not show.
+    """
+    catalog = CatalogFile(models=[entry])
+    with transaction.atomic():
+        if creating:
+            _refuse_names_taken(entry)
+        elif not Model.objects.filter(name=entry.name).exists():
+            raise CatalogError([f"name: no model is named {entry.name!r} any more"])
+        check_references(catalog, entry.name, prune=False)
+        changes = plan_changes(catalog, prune=False)
+        if not dry_run and changes:
+            for change in changes:
+                _make_change(change, catalog)
+            done = "created" if creating else "changed"
+            described = ", ".join(change.describe() for change in changes)
+            _catalog_changed(entry.name, f"{done} from the pages: {described}", actor)
+    return changes
+
+
+def _refuse_names_taken(entry: ModelEntry) -> None:
+    served_by: dict[str, str] = {}
+    for name, aliases in Model.objects.values_list("name", "aliases"):
+        served_by.update(dict.fromkeys([name, *aliases], name))
+    problems = [
+        f"{field}: {name!r} is already served by model {served_by[name]!r}; pick another "
+        f"name, or change {served_by[name]!r} from its page"
+        for field, names in (("name", [entry.name]), ("aliases", entry.aliases))
+        for name in names
+        if name in served_by
+    ]
+    if problems:
+        raise CatalogError(problems)
+
+
+def learn_model_shape(model: Model, *, actor: Actor) -> None:
+    """Find out what the model's file says about the memory it needs (``Model.shape``).
+
+    A local file is read now: its header takes milliseconds, and may have been replaced in
+    place, so it is read at every apply. A URL or hub id is read by a task once this
+    transaction commits (a download never holds up a request), and only until it is known.
+    """
+    source = model.source
+    if not is_remote(source):
+        record_model_shape(model.id, source, shape_facts(source), actor=actor)
+        return
+    if model.shape() is not None or model.shape_note("reading"):
+        return
+    reading = {"source": source, "reading": f"its header at {source} is being read"}
+    Model.objects.filter(id=model.id).update(file_shape=reading)
+    model.file_shape = reading
+    transaction.on_commit(partial(_ask_to_read, model.id, source))
+
+
+def _ask_to_read(model_id: int, source: str) -> None:
+    try:
+        current_app.send_task(READ_MODEL_FILE_TASK, args=[model_id, source], queue="control")
+    except OperationalError as err:
+        # No broker: say so instead of waiting for a read nobody will do; apply retries.
+        facts = {"source": source, "unreadable": f"no worker could be asked to read it: {err}"}
+        record_model_shape(model_id, source, facts, actor=MODEL_FILE_READER)
+
+
+def record_model_shape(model_id: int, source: str, facts: dict[str, Any], *, actor: Actor) -> bool:
+    """Keep what was read of a model's file (``shape_facts``), unless its source changed
+    meanwhile; record an Event when the estimate appears, or a download could not make it."""
+    with transaction.atomic():
+        model = Model.objects.select_for_update().filter(id=model_id, source=source).first()
+        if model is None or model.file_shape == facts:
+            return False
+        Model.objects.filter(id=model.id).update(file_shape=facts)
+        model.file_shape = facts
+        shape = model.shape()
+        if shape is not None:
+            reason = f"read its file: {shape.describe()}"
+        elif model.shape_note("unreadable") and is_remote(source):
+            # A local path unreadable here is the rule (the nodes hold the files), not news.
+            reason = f"cannot estimate its memory: {model.shape_note('unreadable')}"
+        else:
+            return True
+        record_event(EventKind.CATALOG, model.name, reason, actor=actor)
+    return True

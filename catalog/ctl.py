@@ -11,8 +11,8 @@ from django.core.management.base import CommandError
 from audit.actors import shell_operator
 from catalog.actions import apply_catalog, delete_entry
 from catalog.models import Fabric, Model, Pool
-from catalog.plan import export_catalog
-from catalog.schema import CatalogError
+from catalog.plan import export_catalog, fit_lines
+from catalog.schema import CatalogError, parse_catalog
 from core.humanize import no_such
 
 
@@ -55,6 +55,11 @@ def apply_command(options, out) -> None:
         out.write(change.describe())
     verb = "would change" if options["dry_run"] else "changed"
     out.write(f"{verb} {len(changes)} entr{'y' if len(changes) == 1 else 'ies'}")
+    lines = fit_lines(parse_catalog(text, path))
+    if lines:
+        out.write("memory each rank needs, from the model files:")
+        for line in lines:
+            out.write(line)
 
 
 def export_command(options, out) -> None:

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
+from catalog.fit.estimate import MemoryEstimate, ModelShape, Needs, estimate, needs
+from core.humanize import format_bytes
 from protocol.engine_serves import effective_serves
 from protocol.engines import WantedEngine, newest_version
 from protocol.serving import DEFAULT_SERVES
@@ -76,12 +78,29 @@ class Model(models.Model):
     # An operator's hold on replacing stale replicas (llmgw_ctl rollout pause); never in
     # the catalog file, so applying the file cannot lift it.
     rollout_paused = models.BooleanField(default=False)
+    # What its file says about the memory it needs, for the source it was read from:
+    # {"source", "shape"} once read, {"source", "reading"} while a task downloads a URL's
+    # header, {"source", "unreadable"} with the reason. A changed source is read again.
+    file_shape = models.JSONField(default=dict, blank=True, editable=False)
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    def shape(self) -> ModelShape | None:
+        """What the file of its current source says (catalog/fit/); None until read."""
+        if self.file_shape.get("source") != self.source:
+            return None
+        return ModelShape.from_dict(self.file_shape.get("shape"))
+
+    def shape_note(self, key: str) -> str:
+        """Why its current source has no shape yet: ``reading`` (it is coming) or
+        ``unreadable`` (it will not); "" when the other holds, or nothing was tried."""
+        if self.file_shape.get("source") != self.source:
+            return ""
+        return str(self.file_shape.get(key, ""))
 
     @property
     def served_kinds(self) -> list[str]:
@@ -151,6 +170,57 @@ class Profile(models.Model):
     def served_kinds(self) -> list[str]:
         """What its replicas serve: its ``serves:``, else its engine's default (chat)."""
         return effective_serves(self.engine, self.serves)
+
+    def fit(self) -> MemoryEstimate | None:
+        """The memory each device of a rank needs, estimated from the model's file; None
+        while its file has not been read (or cannot be)."""
+        shape = self.model.shape()
+        if shape is None:
+            return None
+        return estimate(
+            shape,
+            engine=self.engine,
+            context=self.context,
+            concurrency=self.concurrency,
+            gpus_per_rank=self.gpus_per_rank,
+            nodes=self.nodes,
+            serves=self.served_kinds,
+        )
+
+    def needs(self, fit: MemoryEstimate | None = None) -> Needs:
+        """What a rank asks of a node: the declared sizes, else the estimate."""
+        return needs(
+            fit or self.fit(),
+            memory=self.memory,
+            gpu_memory=self.gpu_memory,
+            gpus_per_rank=self.gpus_per_rank,
+            pending=self.model.shape_note("reading"),
+        )
+
+    @property
+    def fit_line(self) -> str:
+        """The estimate and whether it is used, in one line for pages and ``llmgw_ctl``."""
+        fit = self.fit()
+        key = "gpu_memory" if self.gpus_per_rank else "memory"
+        declared = self.gpu_memory if self.gpus_per_rank else self.memory
+        if fit is None and not declared:
+            # Said only where it matters: nothing declared stands in for the estimate.
+            reading, unreadable = (
+                self.model.shape_note("reading"),
+                self.model.shape_note("unreadable"),
+            )
+            if reading:
+                return f"no estimate yet ({reading}); placement waits for it, or set {key}:"
+            if unreadable:
+                return f"no estimate ({unreadable}); {key}: not set, so placement checks none"
+            return ""
+        if fit is None:
+            return ""
+        if not declared:
+            return f"{fit.describe()} (the estimate: {key}: not set)"
+        if declared < fit.total:
+            return f"{fit.describe()}; {key}: {format_bytes(declared)} declared is less"
+        return f"{fit.describe()} ({key}: {format_bytes(declared)} declared)"
 
     def resolved_engine_version(self, newest: Mapping[str, str] | None = None) -> str:
         """The engine version this profile's replicas run: the pinned one, else the

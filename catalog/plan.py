@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from catalog.fit.model_files import is_remote, shape_facts
 from catalog.models import Engine, Fabric, Model, Pool, Profile, newest_engine_versions
 from catalog.schema import (
     CatalogError,
@@ -163,6 +164,31 @@ def plan_changes(catalog: CatalogFile, *, prune: bool) -> list[Change]:
     if prune:
         changes += [Change("delete", "model", name) for name in existing_models]
     return changes
+
+
+def fit_lines(catalog: CatalogFile) -> list[str]:
+    """Each profile's memory estimate from its model's file, or why there is none, and a
+    warning for each declared size below it. Reads local files' headers; writes nothing."""
+    rows = {
+        row.name: row for row in Model.objects.filter(name__in=[m.name for m in catalog.models])
+    }
+    lines = []
+    for entry in catalog.models:
+        row = rows.get(entry.name)
+        if not is_remote(entry.source):
+            facts = shape_facts(entry.source)  # what apply will store
+        elif row is not None and row.file_shape.get("source") == entry.source:
+            facts = row.file_shape
+        else:
+            facts = {"source": entry.source, "reading": "its header is read once applied"}
+        model = Model(name=entry.name, source=entry.source, file_shape=facts)
+        for profile_entry in entry.profiles:
+            profile = Profile(model=model, name=profile_entry.name, **profile_values(profile_entry))
+            name = f"{entry.name}/{profile.name}"
+            if profile.fit_line:
+                lines.append(f"  {name}: {profile.fit_line}")
+            lines += [f"warning: {name}: {warning}" for warning in profile.needs().warnings]
+    return lines
 
 
 def _newest_after(catalog: CatalogFile, *, prune: bool) -> dict[str, str]:

@@ -46,6 +46,7 @@ def model_rows() -> list[dict[str, Any]]:
                     replica_item(r, stale=not r.runs_settings(fingerprints.get(r.profile_name, "")))
                     for r in replicas
                 ],
+                "profiles": list(model.profiles.all()),
             }
         )
     # Replicas whose model left the catalog still show until they are stopped.
@@ -58,6 +59,7 @@ def model_rows() -> list[dict[str, Any]]:
                 "wanted": 0,
                 "ready": sum(1 for r in replicas if r.state == ReplicaState.READY),
                 "replicas": [replica_item(r, stale=True) for r in replicas],
+                "profiles": [],
             }
         )
     return rows

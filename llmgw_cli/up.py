@@ -75,7 +75,17 @@ def prepare_environment(home: Path) -> dict[str, str]:
     env.setdefault("LLMGW_AGENT_BROKER", env["REDIS_URL"])
     # The demo's engine: the llama-server wheel in this environment, named for the agent.
     env.setdefault("LLMGW_ENGINES", local_engines())
+    browser_settings(env, env_int("LLMGW_PORT", 8000), env_int("LLMGW_ROUTER_PORT", 8080))
     return env
+
+
+def browser_settings(env: dict[str, str], control_port: int, router_port: int) -> None:
+    """Let the pages' playground reach this router from a browser: the router's address for
+    the control plane, and CORS on the router for the control plane's own origins (both
+    names of loopback); what the operator set is kept."""
+    env.setdefault("LLMGW_ROUTER_URL", f"http://127.0.0.1:{router_port}")
+    origins = [f"http://{host}:{control_port}" for host in ("127.0.0.1", "localhost")]
+    env.setdefault("LLMGW_ROUTER_CORS_ORIGINS", ",".join(origins))
 
 
 def ensure_local_certificate(python: str, env: dict[str, str], home: Path) -> None:

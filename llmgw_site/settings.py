@@ -235,3 +235,14 @@ CSRF_COOKIE_SECURE = SECURE_COOKIES
 LEADER_LEASE_KEY = env_str("LLMGW_LEADER_LEASE_KEY", "llmgw:leader")
 # Node history for the charts comes from Prometheus when set, else from recent heartbeats.
 PROMETHEUS_URL = env_str("PROMETHEUS_URL")
+# The routers' address as a browser reaches it (the playground asks them directly, never
+# through the control plane); `llmgw up` sets it to its own router. Unset: no playground.
+ROUTER_URL = env_str("LLMGW_ROUTER_URL")
+# Seconds a playground key lives: long enough for a session of trying, short enough that
+# a key left in a browser soon stops working.
+PLAYGROUND_KEY_LIFETIME = max(60, env_int("LLMGW_PLAYGROUND_KEY_LIFETIME", 3600))
+# Where a model given as a hub id (org/repo) has its config.json and file list read, to
+# estimate the memory it needs; Hugging Face's own names for them, so a mirror set for the
+# engines serves here too.
+MODEL_HUB_URL = env_str("HF_ENDPOINT", "https://huggingface.co")
+MODEL_HUB_TOKEN = env_str("HF_TOKEN")

@@ -52,6 +52,14 @@ def node_connected(node: NodeSnapshot, request: PlacementRequest) -> Refusal | N
     return Refusal(f"{node.state}: only connected nodes take replicas", f"are {node.state}")
 
 
+def need_known(node: NodeSnapshot, request: PlacementRequest) -> Refusal | None:
+    """Refuse every node while the memory a replica needs is not known yet: placed on a
+    guess, it could take a node it cannot run on, and the estimate is on its way."""
+    if not request.waiting_for:
+        return None
+    return Refusal(request.waiting_for, "wait for the model's memory estimate")
+
+
 def engine_installed(node: NodeSnapshot, request: PlacementRequest) -> Refusal | None:
     """Refuse a node that reported its engines and lacks this one (or this version).
 
@@ -102,7 +110,8 @@ def gpus_free(node: NodeSnapshot, request: PlacementRequest) -> Refusal | None:
     shortfall = "lack free GPUs" if len(node.gpus) < wanted else "lack free GPU memory"
     if request.gpu_memory:
         memory = format_bytes(request.gpu_memory)
-        sentence = f"needs {count_of(wanted, 'GPU')} with {memory} free, has {fitting}"
+        basis = _basis(request.gpu_memory_basis)
+        sentence = f"needs {count_of(wanted, 'GPU')} with {memory} free{basis}, has {fitting}"
         return Refusal(sentence, shortfall)
     return Refusal(f"needs {wanted} free {plural(wanted, 'GPU')}, has {fitting}", shortfall)
 
@@ -112,7 +121,12 @@ def ram_free(node: NodeSnapshot, request: PlacementRequest) -> Refusal | None:
     if node.ram_free >= request.memory:
         return None
     need, have = format_need_and_have(request.memory, node.ram_free)
-    return Refusal(f"needs {need} RAM free, has {have}", "lack free RAM")
+    basis = _basis(request.memory_basis)
+    return Refusal(f"needs {need} RAM free{basis}, has {have}", "lack free RAM")
+
+
+def _basis(words: str) -> str:
+    return f" ({words})" if words else ""
 
 
 def disk_free(node: NodeSnapshot, request: PlacementRequest) -> Refusal | None:
@@ -154,6 +168,7 @@ def holds_or_fetches(node: NodeSnapshot, weights_key: str) -> bool:
 
 
 FILTERS: tuple[Filter, ...] = (
+    need_known,
     node_connected,
     engine_installed,
     in_pool,

@@ -61,6 +61,9 @@ def _shape(request: PlacementRequest) -> Hashable:
         request.memory,
         request.strategy,
         request.ranks > 1,
+        request.memory_basis,
+        request.gpu_memory_basis,
+        request.waiting_for,
     )
 
 

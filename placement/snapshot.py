@@ -92,6 +92,13 @@ class PlacementRequest:
     pool: str = ""  # "" places in any pool
     weights_key: str = ""
     strategy: Strategy = "pack"
+    # Where memory and gpu_memory came from when the catalog did not declare them: the
+    # estimate from the model's file, in words its refusals repeat. "" for declared sizes.
+    memory_basis: str = ""
+    gpu_memory_basis: str = ""
+    # Why the replica must wait before any node is asked (the estimate is on its way and
+    # nothing was declared in its stead); "" when it need not.
+    waiting_for: str = ""
 
     @property
     def spread_key(self) -> str:

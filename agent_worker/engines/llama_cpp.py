@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from agent_worker.engines.base import COMMON_OWNED_FLAGS, EngineAdapter, engine_env
 from agent_worker.engines.command import LaunchCommand
-from agent_worker.weights.gguf import GgufError, block_count
+from core.gguf import GgufError, block_count
 from protocol.engine_serves import serve_owned_env, serve_owned_flags
 from protocol.shard import ShardSpec
 

@@ -56,6 +56,7 @@ def models_command(options, out) -> None:
                         "wanted": r["wanted"],
                         "ready": r["ready"],
                         "replicas": [str(i["replica"].id) for i in r["replicas"]],
+                        "profiles": [_profile_needs(profile) for profile in r["profiles"]],
                     }
                     for r in rows
                 ]
@@ -72,6 +73,22 @@ def models_command(options, out) -> None:
         )  # fmt: skip
     header = ["MODEL", "ALIASES", "SERVES", "WANTED", "READY", "STARTING"]
     out.write(render_table(header, table))
+    # What each profile needs, from its model's file: a line each, too long for a column.
+    for row in rows:
+        for profile in row["profiles"]:
+            if profile.fit_line:
+                out.write(f"{row['name']}/{profile.name}: {profile.fit_line}")
+
+
+def _profile_needs(profile) -> dict:
+    """A profile's sizes as placement asks for them, and the estimate behind them."""
+    need = profile.needs()
+    return {
+        "name": profile.name,
+        "memory": need.memory,
+        "gpu_memory": need.gpu_memory,
+        "estimate": profile.fit_line,
+    }
 
 
 def _replica_dicts() -> list[dict]:

@@ -1,4 +1,5 @@
-"""The buttons on the pages: operators drain nodes, restart replicas and scale profiles.
+"""The buttons on the pages: operators drain nodes, restart replicas, scale profiles and
+delete models.
 
 Every action is a POST that calls a verb; read-only users get 403, whatever URL they
 try. An htmx request gets 204 and a message to show: the change itself reaches the
@@ -23,12 +24,12 @@ from django.shortcuts import redirect
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from catalog.actions import scale_profile
-from catalog.models import Profile
+from catalog.actions import delete_entry, scale_profile
+from catalog.models import Model, Profile
 from catalog.permissions import is_operator
 from fleet.actions.nodes import drain_node, undrain_node
 from fleet.actions.replicas import restart_replica
-from fleet.models import Node, Replica
+from fleet.models import Node, Replica, ReplicaState
 
 NOT_AN_OPERATOR = "Changing this needs the operator role; ask an admin to add you to 'operators'.\n"
 
@@ -105,3 +106,14 @@ def scale(request: HttpRequest, profile_id: int) -> HttpResponse:
         )
     scale_profile(profile.id, replicas, actor=request.user)
     return _done(request, f"{profile.model.name}/{profile.name} wants {replicas} replica(s)")
+
+
+@operator_action
+def delete_model(request: HttpRequest, model_id: int) -> HttpResponse:
+    model = Model.objects.filter(id=model_id).first()
+    if model is None:
+        raise Http404(f"no model {model_id}")
+    running = Replica.objects.filter(model_name=model.name, state__in=ReplicaState.COUNTED).count()
+    delete_entry("model", model.name, actor=request.user)
+    stopping = f"; its {running} replica(s) stop" if running else ""
+    return _done(request, f"deleted {model.name}{stopping}")

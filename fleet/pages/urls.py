@@ -1,8 +1,8 @@
-"""The fleet's pages and the operators' actions on them."""
+"""The fleet's pages and the operators' actions on them, deploying and the playground."""
 
 from django.urls import path
 
-from fleet.pages import action_views, views
+from fleet.pages import action_views, deploy_views, playground, views
 
 urlpatterns = [
     path("", views.cluster, name="cluster"),
@@ -13,6 +13,11 @@ urlpatterns = [
     path("replicas/<uuid:replica_id>/restart/", action_views.restart, name="replica-restart"),
     path("profiles/<int:profile_id>/scale/", action_views.scale, name="profile-scale"),
     path("weights/<path:name>/", views.weights, name="model-weights"),
+    path("deploy/", deploy_views.new_model, name="model-new"),
+    path("profiles/<int:profile_id>/edit/", deploy_views.edit_profile, name="profile-edit"),
+    path("catalog/models/<int:model_id>/delete/", action_views.delete_model, name="model-delete"),
+    path("playground/", playground.playground, name="playground"),
+    path("playground/key/", playground.key, name="playground-key"),
     # Last: a model's name may hold slashes (org/model), so it takes the rest of the path.
     path("models/<path:name>/", views.model, name="model"),
 ]

@@ -23,19 +23,28 @@ from protocol.inventory import FabricAdapter, UsableFabric
 def node_snapshots(now: datetime) -> list[NodeSnapshot]:
     """Every node with what is free on it: GPUs held by live shards are taken."""
     held_gpus: dict[str, set[int]] = defaultdict(set)
-    loading_memory: dict[str, int] = defaultdict(int)
+    loading: dict[str, list[int]] = defaultdict(list)  # profiles of engines still loading
     replicas: dict[str, Counter[str]] = defaultdict(Counter)
-    for node_id, gpus, state, memory, model, profile in Shard.objects.filter(
+    for node_id, gpus, state, profile_id, model, profile in Shard.objects.filter(
         state__in=ShardState.LIVE, node__isnull=False
     ).values_list(
-        "node_id", "gpus", "state", "replica__profile__memory", "replica__model_name",
+        "node_id", "gpus", "state", "replica__profile_id", "replica__model_name",
         "replica__profile_name",
     ):  # fmt: skip
         held_gpus[node_id].update(gpus or [])
         replicas[node_id][f"{model}/{profile}"] += 1
-        if state in ShardState.LOADING:
-            # An engine still loading has not taken its memory yet; count it as taken.
-            loading_memory[node_id] += memory or 0
+        if state in ShardState.LOADING and profile_id is not None:
+            loading[node_id].append(profile_id)
+    # An engine still loading has not taken its memory yet; count it as taken, declared or
+    # estimated from its model's file.
+    profile_ids = {profile_id for ids in loading.values() for profile_id in ids}
+    memory_of = {
+        row.id: row.needs().memory
+        for row in Profile.objects.filter(id__in=profile_ids).select_related("model")
+    }
+    loading_memory = {
+        node_id: sum(memory_of.get(i, 0) for i in ids) for node_id, ids in loading.items()
+    }
     nodes = list(Node.objects.all())
     # What each node holds, its own and what it sees on shared stores.
     weights = weights_map(nodes).held
@@ -43,7 +52,7 @@ def node_snapshots(now: datetime) -> list[NodeSnapshot]:
         snapshot_of(
             node,
             held_gpus[node.id],
-            loading_memory[node.id],
+            loading_memory.get(node.id, 0),
             now,
             weights[node.id],
             replicas[node.id],
@@ -126,6 +135,7 @@ def placement_request(
     installed version, and the chosen node's newest is then the one it runs."""
     if engine_version is None:
         engine_version = profile.resolved_engine_version()
+    need = profile.needs()  # the declared sizes, else the estimate from the model's file
     return PlacementRequest(
         replica_key=replica_key,
         model=profile.model.name,
@@ -133,11 +143,14 @@ def placement_request(
         engine=profile.engine,
         engine_version=engine_version,
         gpus_per_rank=profile.gpus_per_rank,
-        gpu_memory=profile.gpu_memory,
+        gpu_memory=need.gpu_memory,
         ranks=profile.nodes,
-        memory=profile.memory,
+        memory=need.memory,
         disk=profile.disk,
         pool=profile.pool,
         weights_key=profile.model.source,
         strategy="spread" if profile.strategy == "spread" else "pack",
+        memory_basis=need.memory_basis,
+        gpu_memory_basis=need.gpu_memory_basis,
+        waiting_for=need.unknown,
     )

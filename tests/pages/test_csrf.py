@@ -36,6 +36,7 @@ def samples(fleet) -> dict[str, tuple[str, ...]]:
         "node_id": ("node01",),
         "replica_id": (str(fleet["stale"].id),),
         "profile_id": (str(fleet["profile"].id),),
+        "model_id": (str(fleet["profile"].model_id),),
         "name": ("gemma",),
         "pk": ("1",),
         # DRF's suffix patterns: a regex group after the dot, or a converter with the dot.
@@ -99,6 +100,10 @@ def test_the_walk_reaches_the_actions_sign_in_api_and_admin(fleet):
         "/nodes/node01/undrain/",
         f"/replicas/{fleet['stale'].id}/restart/",
         f"/profiles/{fleet['profile'].id}/scale/",
+        f"/profiles/{fleet['profile'].id}/edit/",
+        f"/catalog/models/{fleet['profile'].model_id}/delete/",
+        "/deploy/",
+        "/playground/key/",
         "/accounts/login/",
         "/accounts/logout/",
         "/api/v1/keys/",
@@ -157,14 +162,16 @@ def test_the_api_with_a_session_refuses_writes_without_the_token(operator):
         ("/nodes/node01/undrain/", "node01", "returned to service"),
         ("/replicas/{stale}/restart/", "{stale}", "restart requested"),
         ("/profiles/{profile}/scale/", "gemma/cpu", "scaled from 2 to 3 replicas"),
+        ("/catalog/models/{model}/delete/", "model/gemma", "deleted model gemma"),
     ],
-    ids=["drain", "undrain", "restart", "scale"],
+    ids=["drain", "undrain", "restart", "scale", "delete"],
 )
 def test_each_operator_action_records_an_event_with_who_acted(
     fleet, operator, action, subject, reason
 ):
     Node.objects.filter(id="node01").update(draining=action.endswith("undrain/"))
-    ids = {"stale": fleet["stale"].id, "profile": fleet["profile"].id}
+    ids = {"stale": fleet["stale"].id, "profile": fleet["profile"].id,
+           "model": fleet["profile"].model_id}  # fmt: skip
     client = strict_client(operator)
     token = csrf_token(client)
     before = set(Event.objects.values_list("id", flat=True))

@@ -65,6 +65,44 @@ REFUSALS: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
     ("no-gpus", {"gpus": ()}, {}, ["node01: needs 1 GPU with 40 GiB free, has 0"]),
     ("ram", {"ram_free": 12 * GIB}, {}, ["node01: needs 64 GiB RAM free, has 12 GiB"]),
     (
+        "ram-estimated-from-the-model-file",
+        {"ram_free": 12 * GIB},
+        {
+            "memory_basis": "estimated from its file: weights 40, KV cache at 8192 tokens 20, "
+            "buffers 4"
+        },
+        [
+            "node01: needs 64 GiB RAM free (estimated from its file: weights 40, KV cache at 8192 "
+            "tokens 20, buffers 4), has 12 GiB"
+        ],
+    ),
+    (
+        "gpu-memory-estimated-from-the-model-file",
+        {"gpus": gpus(4, free=30 * GIB)},
+        {
+            "gpu_memory_basis": "estimated from its file: weights 30, KV cache at 8192 tokens 8, "
+            "buffers 2"
+        },
+        [
+            "node01: needs 1 GPU with 40 GiB free (estimated from its file: weights 30, KV cache "
+            "at 8192 tokens 8, buffers 2), has 0"
+        ],
+    ),
+    (
+        "memory-need-not-known-yet",
+        {},
+        {
+            "waiting_for": "the memory it needs is not known yet (its header at "
+            "https://example.com/m.gguf is being read); set gpu_memory: to place it before the "
+            "estimate comes"
+        },
+        [
+            "node01: the memory it needs is not known yet (its header at "
+            "https://example.com/m.gguf is being read); set gpu_memory: to place it before the "
+            "estimate comes"
+        ],
+    ),
+    (
         "disk",
         {"disk_free": 80 * GIB},
         {},

@@ -237,13 +237,18 @@ class OneNodeCluster:
     router_url: str
     agent: Process  # the node's agent, as first started
     start_agent: Callable[[], Process]  # another agent for the same node (after a kill)
+    base: str = ""  # the pages' address
 
 
-def one_node_cluster(processes: list, tmp_path: Path, name: str) -> OneNodeCluster:
+def one_node_cluster(
+    processes: list, tmp_path: Path, name: str, browser: bool = False
+) -> OneNodeCluster:
     """Start the whole system on loopback with one agent, wait until it has linked; every
-    process goes into ``processes`` to be stopped after the test."""
+    process goes into ``processes`` to be stopped after the test. ``browser``: the pages
+    know the router's address and the router answers their origin, as `llmgw up` sets."""
     from fleet.models import Node
     from fleet.pki.tokens import node_token
+    from llmgw_cli.up import browser_settings
 
     node_id = f"{name}-{uuid.uuid4().hex[:6]}"
     lease = f"llmgw:test-leader:{uuid.uuid4().hex[:8]}"
@@ -251,9 +256,12 @@ def one_node_cluster(processes: list, tmp_path: Path, name: str) -> OneNodeClust
     url = f"ws://127.0.0.1:{port}"
     env = {"LLMGW_LEADER_LEASE_KEY": lease, "LLMGW_CONTROL_PLANE_ID": url,
            "LLMGW_ENGINE_PORT_BASE": str(free_port())}  # fmt: skip
-    processes.append(control_plane(port, tmp_path, **env).start())
+    pages: dict[str, str] = {}
+    if browser:
+        browser_settings(pages, port, router_port)
+    processes.append(control_plane(port, tmp_path, **env, **pages).start())
     processes.append(reconciler(f"reconciler-{name}", tmp_path, **env).start())
-    processes.append(router(router_port, tmp_path).start())
+    processes.append(router(router_port, tmp_path, **pages).start())
     wait_for(lambda: listening(port), 60, "the control plane")
 
     def start_agent() -> Process:
@@ -265,7 +273,10 @@ def one_node_cluster(processes: list, tmp_path: Path, name: str) -> OneNodeClust
     wait_for(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
              "the agent to register")  # fmt: skip
     wait_for(lambda: listening(router_port), 60, "the router")
-    return OneNodeCluster(node_id, url, f"http://127.0.0.1:{router_port}", first, start_agent)
+    return OneNodeCluster(
+        node_id, url, f"http://127.0.0.1:{router_port}", first, start_agent,
+        f"http://127.0.0.1:{port}",
+    )  # fmt: skip
 
 
 def chat(router_url: str, key: str, stream: bool = False, model: str = DEMO_MODEL):

@@ -38,6 +38,13 @@ def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_p
                            timeout=5)  # fmt: skip
         assert models.status_code == 200
         assert models.json()["data"] == []
+        # The pages' playground asks this router from the control plane's origin.
+        preflight = httpx.options(
+            f"{router_url}/v1/chat/completions", timeout=5,
+            headers={"Origin": base, "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization, content-type"},
+        )  # fmt: skip
+        assert preflight.headers.get("access-control-allow-origin") == base, preflight.headers
         # The local agent registers, and /metrics shows it.
         metrics = wait_for(
             lambda: (r := answers(f"{base}/metrics")) and b"llmgw_node_up{" in r.content and r,
