@@ -111,17 +111,18 @@ def _make_change(change: Change, catalog: CatalogFile) -> None:
             model_class.objects.filter(name=change.name).delete()
             return
         entries = catalog.pools if change.kind == "pool" else catalog.fabrics
-        entry = next(e for e in entries if e.name == change.name)
+        named = next(e for e in entries if e.name == change.name)
         model_class.objects.update_or_create(
-            name=entry.name, defaults={"description": entry.description}
+            name=named.name, defaults={"description": named.description}
         )
     elif change.kind == "model":
         if change.action == "delete":
             Model.objects.filter(name=change.name).delete()
             return
-        entry = next(m for m in catalog.models if m.name == change.name)
+        described = next(m for m in catalog.models if m.name == change.name)
         model, _created = Model.objects.update_or_create(
-            name=entry.name, defaults={name: getattr(entry, name) for name in MODEL_FIELDS}
+            name=described.name,
+            defaults={name: getattr(described, name) for name in MODEL_FIELDS},
         )
         learn_model_shape(model, actor=MODEL_FILE_READER)
     elif change.kind == "profile":
@@ -130,9 +131,9 @@ def _make_change(change: Change, catalog: CatalogFile) -> None:
             Profile.objects.filter(model__name=model_name, name=profile_name).delete()
             return
         model_entry = next(m for m in catalog.models if m.name == model_name)
-        entry = next(p for p in model_entry.profiles if p.name == profile_name)
-        defaults = profile_values(entry)
-        if change.action == "update" and entry.autoscale is not None:
+        profile_entry = next(p for p in model_entry.profiles if p.name == profile_name)
+        defaults = profile_values(profile_entry)
+        if change.action == "update" and profile_entry.autoscale is not None:
             defaults.pop("replicas")  # the reconciler's to set; an edit of args keeps it
         Profile.objects.update_or_create(
             model=Model.objects.get(name=model_name), name=profile_name, defaults=defaults
@@ -196,8 +197,8 @@ def scale_profile(profile_id: int, replicas: int, *, why: str = "", actor: Actor
     if replicas < 0:
         raise ValueError(f"a profile cannot want {replicas} replicas; use 0 or more")
     with transaction.atomic():
-        profile = Profile.objects.select_for_update().select_related("model")
-        profile = profile.filter(id=profile_id).first()
+        locked = Profile.objects.select_for_update().select_related("model")
+        profile = locked.filter(id=profile_id).first()
         if profile is None:
             return None
         previous = profile.replicas
@@ -314,7 +315,7 @@ def update_key(
                 f"key {row.prefix}… ({row.name}) is revoked; limits on it would never apply. "
                 "Create a new key instead."
             )
-        changes = {**checked}
+        changes: dict[str, Any] = {**checked}
         if allowed is not None:
             changes["allowed_models"] = allowed
         if expires_at is not UNCHANGED:

@@ -110,17 +110,17 @@ def plan_changes(catalog: CatalogFile, *, prune: bool) -> list[Change]:
         ("fabric", Fabric, catalog.fabrics),
     ):
         existing = {row.name: row for row in model_class.objects.all()}
-        for entry in entries:
-            row = existing.pop(entry.name, None)
+        for named in entries:
+            row = existing.pop(named.name, None)
             if row is None:
-                changes.append(Change("create", kind, entry.name))
-            elif row.description != entry.description:
+                changes.append(Change("create", kind, named.name))
+            elif row.description != named.description:
                 changes.append(
                     Change(
                         "update",
                         kind,
-                        entry.name,
-                        {"description": (row.description, entry.description)},
+                        named.name,
+                        {"description": (row.description, named.description)},
                     )
                 )
         if prune:
@@ -128,23 +128,23 @@ def plan_changes(catalog: CatalogFile, *, prune: bool) -> list[Change]:
 
     newest = (newest_engine_versions(), _newest_after(catalog, prune=prune))
     existing_models = {m.name: m for m in Model.objects.prefetch_related("profiles")}
-    for entry in catalog.models:
-        model = existing_models.pop(entry.name, None)
-        wanted = {name: getattr(entry, name) for name in MODEL_FIELDS}
+    for model_entry in catalog.models:
+        model = existing_models.pop(model_entry.name, None)
+        wanted = {name: getattr(model_entry, name) for name in MODEL_FIELDS}
         if model is None:
-            changes.append(Change("create", "model", entry.name))
+            changes.append(Change("create", "model", model_entry.name))
             changes += [
-                Change("create", "profile", f"{entry.name}/{profile.name}")
-                for profile in entry.profiles
+                Change("create", "profile", f"{model_entry.name}/{profile.name}")
+                for profile in model_entry.profiles
             ]
             continue
         differ = _differences(model, wanted)
         if differ:
-            changes.append(Change("update", "model", entry.name, differ))
+            changes.append(Change("update", "model", model_entry.name, differ))
         profiles = {profile.name: profile for profile in model.profiles.all()}
-        for profile_entry in entry.profiles:
+        for profile_entry in model_entry.profiles:
             profile = profiles.pop(profile_entry.name, None)
-            name = f"{entry.name}/{profile_entry.name}"
+            name = f"{model_entry.name}/{profile_entry.name}"
             if profile is None:
                 changes.append(Change("create", "profile", name))
                 continue
@@ -160,7 +160,7 @@ def plan_changes(catalog: CatalogFile, *, prune: bool) -> list[Change]:
             if differ:
                 changes.append(Change("update", "profile", name, differ))
         # A model's profiles are its whole description: a profile the file drops is gone.
-        changes += [Change("delete", "profile", f"{entry.name}/{name}") for name in profiles]
+        changes += [Change("delete", "profile", f"{model_entry.name}/{name}") for name in profiles]
     if prune:
         changes += [Change("delete", "model", name) for name in existing_models]
     return changes

@@ -30,6 +30,7 @@ from catalog.permissions import is_operator
 from fleet.actions.nodes import drain_node, undrain_node
 from fleet.actions.replicas import restart_replica
 from fleet.models import Node, Replica, ReplicaState
+from fleet.pages.views import HtmxRequest
 
 NOT_AN_OPERATOR = "Changing this needs the operator role; ask an admin to add you to 'operators'.\n"
 
@@ -48,7 +49,7 @@ def operator_action(view: Callable) -> Callable:
     return wrapper
 
 
-def _done(request: HttpRequest, message: str) -> HttpResponse:
+def _done(request: HtmxRequest, message: str) -> HttpResponse:
     if request.htmx:
         response = HttpResponse(status=204)
         response["HX-Trigger"] = json.dumps({"llmgw-done": message})
@@ -60,7 +61,7 @@ def _done(request: HttpRequest, message: str) -> HttpResponse:
 
 
 @operator_action
-def drain(request: HttpRequest, node_id: str) -> HttpResponse:
+def drain(request: HtmxRequest, node_id: str) -> HttpResponse:
     if not Node.objects.filter(id=node_id).exists():
         raise Http404(f"no node named {node_id!r}")
     changed = drain_node(node_id, actor=request.user)
@@ -68,7 +69,7 @@ def drain(request: HttpRequest, node_id: str) -> HttpResponse:
 
 
 @operator_action
-def undrain(request: HttpRequest, node_id: str) -> HttpResponse:
+def undrain(request: HtmxRequest, node_id: str) -> HttpResponse:
     if not Node.objects.filter(id=node_id).exists():
         raise Http404(f"no node named {node_id!r}")
     changed = undrain_node(node_id, actor=request.user)
@@ -77,7 +78,7 @@ def undrain(request: HttpRequest, node_id: str) -> HttpResponse:
 
 
 @operator_action
-def restart(request: HttpRequest, replica_id) -> HttpResponse:
+def restart(request: HtmxRequest, replica_id) -> HttpResponse:
     replica = Replica.objects.filter(id=replica_id).first()
     if replica is None:
         raise Http404(f"no replica {replica_id}")
@@ -92,7 +93,7 @@ def restart(request: HttpRequest, replica_id) -> HttpResponse:
 
 
 @operator_action
-def scale(request: HttpRequest, profile_id: int) -> HttpResponse:
+def scale(request: HtmxRequest, profile_id: int) -> HttpResponse:
     profile = Profile.objects.select_related("model").filter(id=profile_id).first()
     if profile is None:
         raise Http404(f"no profile {profile_id}")
@@ -109,7 +110,7 @@ def scale(request: HttpRequest, profile_id: int) -> HttpResponse:
 
 
 @operator_action
-def delete_model(request: HttpRequest, model_id: int) -> HttpResponse:
+def delete_model(request: HtmxRequest, model_id: int) -> HttpResponse:
     model = Model.objects.filter(id=model_id).first()
     if model is None:
         raise Http404(f"no model {model_id}")
