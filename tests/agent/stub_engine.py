@@ -24,15 +24,16 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from tests.support.polling import wait_until
+from tests.support.ports import free_port
 
 STUB = Path(__file__).resolve()
 
@@ -114,24 +115,6 @@ def main(argv: list[str] | None = None) -> None:
 
 # Generous: a loaded 2-core machine can take seconds to start a Python process.
 PATIENCE = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(condition: Callable[[], Any], timeout: float = PATIENCE, what: str = "") -> Any:
-    """Poll ``condition`` until it returns something truthy; fail the test after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what or condition}")
-        time.sleep(0.05)
 
 
 def gone(pid: int) -> bool:

@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from agent_worker.engines.install.apt import dpkg_has
 from protocol.engines import EngineBuild, WantedEngine
 from tests.agent.engine_archives import Clock, make_installer, release, tar_gz, wanted
 from tests.agent.weights_server import WeightsServer
+from tests.support.polling import wait_until
 
 HOLD_LOCK = """
 import fcntl, sys
@@ -94,13 +94,6 @@ def apt_calls(tmp_path: Path) -> list[str]:
     return calls.read_text().splitlines() if calls.exists() else []
 
 
-def wait_for(condition, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-
-
 def test_a_held_apt_lock_is_waited_for_then_the_install_goes_on(archive_server, tmp_path):
     lock = tmp_path / "lock-frontend"
     lock.touch()
@@ -114,7 +107,7 @@ def test_a_held_apt_lock_is_waited_for_then_the_install_goes_on(archive_server, 
         installer.want([wanted(archive_server.url, archive_server.sha256, packages=["libgomp1"])])
         passing = threading.Thread(target=installer.converge_once)
         passing.start()
-        wait_for(lambda: installer.statuses()[0].words == "waiting: another apt-get is running")
+        wait_until(lambda: installer.statuses()[0].words == "waiting: another apt-get is running")
         assert not (tmp_path / "apt-calls").exists()  # not run while the lock is held
     finally:
         holder.stdin.close()  # the other apt-get finishes

@@ -18,6 +18,7 @@ from agent_worker.supervisor import Supervisor
 from agent_worker.weights import WeightStore
 from llmgw_cli.local_engine import wheel_llama_server
 from protocol.shard import ShardSpec
+from tests.support.ports import free_port
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -62,14 +63,6 @@ def spec_for(source: str, port: int, **fields) -> ShardSpec:
     return ShardSpec(shard_id=uuid.uuid4().hex, replica_id=str(uuid.uuid4()), model="smollm2",
                      source=source, engine="llama.cpp", port=port, context=512,
                      args=["--threads", "1", "--no-warmup"], **fields)  # fmt: skip
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for_state(transitions, shard_id, state, timeout=60.0):

@@ -12,6 +12,7 @@ import pytest
 from agent_worker import link as link_module
 from agent_worker.link import AgentLink, LinkCallbacks, agent_url, backoff_delay
 from tests.agent.fake_control_plane import FakeControlPlane
+from tests.support.polling import wait_until_async
 
 
 class Canned:
@@ -33,14 +34,6 @@ def make_link(servers, heartbeat_interval=0.05) -> AgentLink:
     )  # fmt: skip
 
 
-async def wait_until(condition, timeout=10.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
-
-
 @pytest.fixture
 def no_backoff(monkeypatch):
     """Record backoff requests instead of sleeping through them."""
@@ -60,7 +53,7 @@ async def link_until_status_arrives(link, plane, shard_id: str = "s1"):
     await plane.start()
     link.servers = [plane.url]
     task = asyncio.create_task(link.run())
-    await wait_until(lambda: any(m.get("shard_id") == shard_id for m in plane.received))
+    await wait_until_async(lambda: any(m.get("shard_id") == shard_id for m in plane.received))
     link.stop()
     await asyncio.wait_for(task, 5)
     await plane.stop()
@@ -73,7 +66,7 @@ def test_a_refusing_first_address_fails_over_to_the_second_without_backoff(no_ba
         leader = await FakeControlPlane().start()
         link = make_link([standby.url, leader.url])
         task = asyncio.create_task(link.run())
-        await wait_until(lambda: leader.links == 1)
+        await wait_until_async(lambda: leader.links == 1)
         link.stop()
         await asyncio.wait_for(task, 5)
         await standby.stop()
@@ -92,7 +85,7 @@ def test_backoff_only_after_every_address_failed(no_backoff):
         refusing = await FakeControlPlane(refuse="no").start()
         link = make_link([refusing.url, "ws://127.0.0.1:9"])
         task = asyncio.create_task(link.run())
-        await wait_until(lambda: len(no_backoff) >= 2)
+        await wait_until_async(lambda: len(no_backoff) >= 2)
         link.stop()
         await asyncio.wait_for(task, 5)
         await refusing.stop()
@@ -109,12 +102,12 @@ def test_a_control_plane_that_restarts_is_rejoined(no_backoff):
         first = await FakeControlPlane().start()
         link = make_link([first.url])
         task = asyncio.create_task(link.run())
-        await wait_until(lambda: first.links == 1)
+        await wait_until_async(lambda: first.links == 1)
         port = first.port
         await first.stop()
         second = await FakeControlPlane().start(port)
-        await wait_until(lambda: second.links == 1)
-        await wait_until(lambda: any(m["type"] == "heartbeat" for m in second.received))
+        await wait_until_async(lambda: second.links == 1)
+        await wait_until_async(lambda: any(m["type"] == "heartbeat" for m in second.received))
         link.stop()
         await asyncio.wait_for(task, 5)
         await second.stop()
@@ -129,7 +122,7 @@ def test_a_control_plane_that_links_then_drops_is_relinked_with_growing_backoff(
         dropping = await FakeControlPlane(drop=True).start()
         link = make_link([dropping.url])
         task = asyncio.create_task(link.run())
-        await wait_until(lambda: dropping.links >= 4)
+        await wait_until_async(lambda: dropping.links >= 4)
         link.stop()
         await asyncio.wait_for(task, 5)
         await dropping.stop()
@@ -144,7 +137,7 @@ def test_stop_ends_a_linked_session_promptly():
         plane = await FakeControlPlane().start()
         link = make_link([plane.url], heartbeat_interval=60)
         task = asyncio.create_task(link.run())
-        await wait_until(lambda: plane.links == 1)
+        await wait_until_async(lambda: plane.links == 1)
         link.stop()
         # Bounded: a hung read would make this time out rather than return.
         await asyncio.wait_for(task, 5)
@@ -159,9 +152,9 @@ def test_messages_queued_while_linked_reach_the_control_plane(no_backoff):
         plane = await FakeControlPlane().start()
         link = make_link([plane.url], heartbeat_interval=60)
         task = asyncio.create_task(link.run())
-        await wait_until(lambda: plane.links == 1)
+        await wait_until_async(lambda: plane.links == 1)
         await asyncio.to_thread(link.send, Canned(type="shard_status", shard_id="s1"))
-        await wait_until(lambda: any(m.get("shard_id") == "s1" for m in plane.received))
+        await wait_until_async(lambda: any(m.get("shard_id") == "s1" for m in plane.received))
         link.stop()
         await asyncio.wait_for(task, 5)
         await plane.stop()
@@ -253,9 +246,9 @@ def test_a_register_asked_for_while_linked_goes_on_the_same_link(no_backoff):
             register=register, heartbeat=lambda: Canned(type="heartbeat")),
             heartbeat_interval=60)  # fmt: skip
         task = asyncio.create_task(link.run())
-        await wait_until(lambda: plane.links == 1)
+        await wait_until_async(lambda: plane.links == 1)
         await asyncio.to_thread(link.request_register)
-        await wait_until(lambda: len(plane.received) == 2)
+        await wait_until_async(lambda: len(plane.received) == 2)
         link.stop()
         await asyncio.wait_for(task, 5)
         await plane.stop()
@@ -276,7 +269,7 @@ def test_the_epoch_a_control_plane_names_on_linking_reaches_the_agent(no_backoff
                                   epoch=told.append)  # fmt: skip
         link = AgentLink([plane.url], "node01", "token", callbacks, heartbeat_interval=60)
         task = asyncio.create_task(link.run())
-        await wait_until(lambda: told)
+        await wait_until_async(lambda: told)
         link.stop()
         await asyncio.wait_for(task, 5)
         await plane.stop()

@@ -12,7 +12,6 @@ import os
 import re
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from agent_worker.weights import (
 )
 from agent_worker.weights.fetch import Flight
 from tests.agent.weights_server import WeightsServer
+from tests.support.polling import wait_until
 
 SIZE = 256 * 1024
 FAST = FetchSettings(progress_interval=0.0, attempts=3, backoff=0.01)
@@ -42,13 +42,6 @@ def server():
 @pytest.fixture
 def store(tmp_path):
     return WeightStore(tmp_path / "weights", FAST)
-
-
-def wait_until(condition, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 # -- fetching ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from llmgw_cli.demo import demo_catalog, smollm2_path
 from router.models import Usage
 from tests.factories import SETUP, make_user
 from tests.pages.browser import WAIT_MS, assert_not_reloaded, off_loop, signed_in_page
-from tests.processes.support import one_node_cluster, wait_for
+from tests.processes.support import one_node_cluster, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -105,7 +105,7 @@ def test_deploy_a_model_chat_with_it_and_delete_it_from_the_browser(
     # Counted under the user's own key, by the router.
     key = ApiKey.objects.get(name="playground: olga")
     assert key.expires_at is not None
-    wait_for(
+    wait_until(
         lambda: Usage.objects.filter(key_prefix=key.prefix, model=COPY).exists(), 60,
         "the router to count the playground's request",
     )  # fmt: skip
@@ -117,7 +117,7 @@ def test_deploy_a_model_chat_with_it_and_delete_it_from_the_browser(
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("text=Delete model")
     expect(page.locator("main")).to_contain_text("no longer in the catalog", timeout=WAIT_MS)
-    wait_for(
+    wait_until(
         lambda: not Replica.objects.filter(model_name=COPY).exclude(
             state=ReplicaState.STOPPED
         ).exists(),

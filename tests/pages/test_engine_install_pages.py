@@ -21,7 +21,7 @@ from tests.pages.browser import (
     start,
 )
 from tests.pages.rows import heartbeating_node
-from tests.processes.support import control_plane, free_port, wait_for
+from tests.processes.support import control_plane, free_port, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -41,7 +41,7 @@ def test_an_install_in_progress_then_failed_shows_live(browser, processes, tmp_p
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     start(processes, control_plane(port, tmp_path))
-    wait_for(lambda: answers(base), 60, "the control plane to answer")
+    wait_until(lambda: answers(base), 60, "the control plane to answer")
     page = signed_in_page(browser, base, "olga")
 
     open_live(page, "/")

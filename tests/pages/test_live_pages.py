@@ -34,7 +34,7 @@ from tests.pages.browser import (
     start,
 )
 from tests.pages.rows import heartbeating_node, router_reported, stale_replica_on
-from tests.processes.support import agent, control_plane, free_port, wait_for
+from tests.processes.support import agent, control_plane, free_port, wait_until
 
 pytestmark = [
     pytest.mark.process,
@@ -69,7 +69,7 @@ def test_pages_follow_a_live_agent(browser, processes, tmp_path, screenshot):
     worker = start(
         processes, agent(node_id, f"ws://127.0.0.1:{port}", node_token(node_id), tmp_path, tmp_path)
     )
-    wait_for(lambda: Node.objects.filter(id=node_id).exists(), 90, f"node {node_id} to register")
+    wait_until(lambda: Node.objects.filter(id=node_id).exists(), 90, f"node {node_id} to register")
     page = signed_in_page(browser, base, "olga")
 
     # The cluster page: the node connected, with CPU and RAM as bars.
@@ -150,7 +150,7 @@ def test_pages_follow_a_live_agent(browser, processes, tmp_path, screenshot):
     open_live(page, "/")
     expect(row).to_have_attribute("data-state", "connected", timeout=WAIT_MS)
     worker.signal(signal.SIGSTOP)
-    silent_since = wait_for(lambda: heartbeats_stopped(node_id), 60, "heartbeats to stop")
+    silent_since = wait_until(lambda: heartbeats_stopped(node_id), 60, "heartbeats to stop")
     report = off_loop(check_liveness, now=silent_since + timedelta(seconds=20))
     assert report.unreachable == [node_id]
     expect(row).to_have_attribute("data-state", "unreachable", timeout=WAIT_MS)
@@ -167,7 +167,7 @@ def test_a_reader_sees_no_action_buttons(browser, processes, tmp_path, screensho
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     start(processes, control_plane(port, tmp_path))
-    wait_for(lambda: answers(base), 60, "the control plane to answer")
+    wait_until(lambda: answers(base), 60, "the control plane to answer")
 
     reader = signed_in_page(browser, base, "rita")
     for path, name, shows in (
@@ -201,7 +201,7 @@ def test_a_dropped_socket_reconnects_and_resyncs(browser, processes, tmp_path, s
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     daphne = start(processes, control_plane(port, tmp_path))
-    wait_for(lambda: answers(base), 60, "the control plane to answer")
+    wait_until(lambda: answers(base), 60, "the control plane to answer")
     page = signed_in_page(browser, base, "rita")
     open_live(page, "/")
     row = page.locator('tr[id="node-node01"]')

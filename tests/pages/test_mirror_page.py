@@ -21,7 +21,7 @@ from tests.pages.browser import (
     start,
 )
 from tests.pages.rows import heartbeating_node, stale_replica_on
-from tests.processes.support import control_plane, free_port, wait_for
+from tests.processes.support import control_plane, free_port, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -40,7 +40,7 @@ def test_the_mirror_page_follows_a_download_and_warns_of_no_holder(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     start(processes, control_plane(port, tmp_path))
-    wait_for(lambda: answers(base), 60, "the control plane to answer")
+    wait_until(lambda: answers(base), 60, "the control plane to answer")
     page = signed_in_page(browser, base, "rita")  # a reader sees it
 
     open_live(page, "/")

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,26 +21,10 @@ from django.conf import settings
 
 from llmgw_cli.demo import DEMO_MODEL
 from llmgw_cli.local_engine import local_engines
+from tests.support.polling import wait_until
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.1):
-    """Poll until condition() is truthy; fail naming what was awaited."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def kill_engines_under(root: Path) -> list[int]:
@@ -262,7 +245,7 @@ def one_node_cluster(
     processes.append(control_plane(port, tmp_path, **env, **pages).start())
     processes.append(reconciler(f"reconciler-{name}", tmp_path, **env).start())
     processes.append(router(router_port, tmp_path, **pages).start())
-    wait_for(lambda: listening(port), 60, "the control plane")
+    wait_until(lambda: listening(port), 60, "the control plane")
 
     def start_agent() -> Process:
         started = agent(node_id, url, node_token(node_id), tmp_path, tmp_path).start()
@@ -270,9 +253,9 @@ def one_node_cluster(
         return started
 
     first = start_agent()
-    wait_for(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
+    wait_until(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
              "the agent to register")  # fmt: skip
-    wait_for(lambda: listening(router_port), 60, "the router")
+    wait_until(lambda: listening(router_port), 60, "the router")
     return OneNodeCluster(
         node_id, url, f"http://127.0.0.1:{router_port}", first, start_agent,
         f"http://127.0.0.1:{port}",

@@ -12,7 +12,7 @@ from audit.models import Event
 from fleet.link.liveness import check_liveness
 from fleet.models import Node
 from fleet.pki.tokens import node_token
-from tests.processes.support import agent, control_plane, free_port, wait_for
+from tests.processes.support import agent, control_plane, free_port, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -28,20 +28,20 @@ def test_agent_registers_heartbeats_goes_silent_and_comes_back(processes, tmp_pa
     worker = agent(node_id, f"ws://127.0.0.1:{port}", node_token(node_id), tmp_path, tmp_path)
     processes.append(worker.start())
 
-    node = wait_for(lambda: node_row(node_id), 60, f"node {node_id} to register")
+    node = wait_until(lambda: node_row(node_id), 60, f"node {node_id} to register")
     assert node.state == "connected"
     assert node.inventory["hostname"] == node_id
     assert node.inventory["cpu"]["cores"] >= 1
     assert node.engines is not None  # the agent probed, so a list (maybe empty) is meant
 
-    first = wait_for(lambda: node_row(node_id).usage_reported_at, 30, "a heartbeat to be written")
-    wait_for(lambda: node_row(node_id).usage_reported_at > first, 30, "a second heartbeat")
+    first = wait_until(lambda: node_row(node_id).usage_reported_at, 30, "a heartbeat to be written")
+    wait_until(lambda: node_row(node_id).usage_reported_at > first, 30, "a second heartbeat")
     usage = node_row(node_id).usage
     assert usage["memory_total"] > 0 and 0 <= usage["cpu_percent"] <= 100
 
     worker.signal(signal.SIGSTOP)
     # Heartbeats stop: the row's time stops moving.
-    silent_since = wait_for(
+    silent_since = wait_until(
         lambda: _stable(node_id), 30, "heartbeats to stop while the agent is stopped"
     )
     report = check_liveness(now=silent_since + timedelta(seconds=20))
@@ -54,7 +54,7 @@ def test_agent_registers_heartbeats_goes_silent_and_comes_back(processes, tmp_pa
     worker.kill()
     restarted = agent(node_id, f"ws://127.0.0.1:{port}", node_token(node_id), tmp_path, tmp_path)
     processes.append(restarted.start())
-    wait_for(lambda: node_row(node_id).state == "connected", 60, "the node to be connected again")
+    wait_until(lambda: node_row(node_id).state == "connected", 60, "the node to be connected again")
     assert Node.objects.filter(id=node_id).count() == 1
     reasons = list(
         Event.objects.filter(subject=node_id)
@@ -82,7 +82,7 @@ def test_a_node_with_another_nodes_token_is_refused_naming_both(processes, tmp_p
     impostor = agent(node_id, f"ws://127.0.0.1:{port}", node_token("someone-else"), tmp_path,
                      tmp_path)  # fmt: skip
     processes.append(impostor.start())
-    wait_for(
+    wait_until(
         lambda: "but its token was issued to 'someone-else'" in impostor.output(),
         60,
         "the agent to log the refusal",

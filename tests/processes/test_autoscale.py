@@ -21,7 +21,7 @@ from catalog.models import Profile
 from fleet.models import Replica
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog
 from tests.factories import SETUP
-from tests.processes.support import one_node_cluster, wait_for
+from tests.processes.support import one_node_cluster, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -69,7 +69,7 @@ def test_replicas_follow_demand_from_zero_to_two_and_back(processes, tmp_path):
     answers: list[httpx.Response] = []
     waiting = threading.Thread(target=ask, args=(router_url, key, answers))
     waiting.start()
-    wait_for(lambda: wanted() == 1, 60, "the waiting request to ask for a replica")
+    wait_until(lambda: wanted() == 1, 60, "the waiting request to ask for a replica")
     waiting.join(timeout=300)
     [answer] = answers
     assert answer.status_code == 200, answer.text
@@ -80,7 +80,7 @@ def test_replicas_follow_demand_from_zero_to_two_and_back(processes, tmp_path):
     burst = [threading.Thread(target=ask, args=(router_url, key, answers, 96)) for _ in range(6)]
     for thread in burst:
         thread.start()
-    wait_for(lambda: wanted() == 2, 120, "the burst to ask for a second replica")
+    wait_until(lambda: wanted() == 2, 120, "the burst to ask for a second replica")
     for thread in burst:
         thread.join(timeout=300)
     assert [a.status_code for a in answers] == [200] * 7
@@ -88,12 +88,12 @@ def test_replicas_follow_demand_from_zero_to_two_and_back(processes, tmp_path):
     assert "in flight per replica, target 1" in scaling_events()[1]
 
     # Idle: one step down, then the next after another quiet scale_down_after.
-    wait_for(lambda: wanted() == 0, 120, "idleness to scale the model to zero")
+    wait_until(lambda: wanted() == 0, 120, "idleness to scale the model to zero")
     down = scaling_events()[2:]
     # The step to one may come while the burst's last answer is still being written.
     assert len(down) == 2 and down[0].startswith("scaled 2 → 1: ") and "for 5s" in down[0]
     assert down[1] == "scaled 1 → 0: idle for 5s"
-    wait_for(lambda: not Replica.objects.exclude(state="stopped").exists(), 120,
+    wait_until(lambda: not Replica.objects.exclude(state="stopped").exists(), 120,
              "the replicas to stop")  # fmt: skip
 
     # And from zero once more: the next request waits for its replica and is answered.

@@ -19,7 +19,7 @@ from fleet.actions.certificates import issue_node_certificate
 from fleet.models import Node
 from fleet.pki.authority import init_ca
 from tests.factories import SETUP
-from tests.processes.support import Process, agent, control_plane, free_port, listening, wait_for
+from tests.processes.support import Process, agent, control_plane, free_port, listening, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -58,7 +58,7 @@ def test_agents_link_by_certificate_and_wrong_ones_are_refused_by_name(
     tls = (tmp_path / "server" / "server.pem", tmp_path / "server" / "server-key.pem")
     cp_env = {"LLMGW_CA_DIR": str(ca_dir), "LLMGW_NODE_AUTH": "certificate"}
     processes.append(control_plane(port, tmp_path, tls=tls, **cp_env).start())
-    wait_for(lambda: listening(port), 60, "the control plane on TLS")
+    wait_until(lambda: listening(port), 60, "the control plane on TLS")
     ca = ca_dir / "ca.pem"
     suffix = uuid.uuid4().hex[:6]
     good, thief, stale, stranger, revoked, wary = (
@@ -87,7 +87,7 @@ def test_agents_link_by_certificate_and_wrong_ones_are_refused_by_name(
     workers = {node: start_agent(processes, tmp_path, node, config)
                for node, config in configs.items() if node != revoked}  # fmt: skip
 
-    wait_for(lambda: Node.objects.filter(id=good, state="connected").exists(), 60,
+    wait_until(lambda: Node.objects.filter(id=good, state="connected").exists(), 60,
              "the good node to link over TLS")  # fmt: skip
     # Its commands are signed with the key the proven link gave it.
     assert commands.engine_check(good, "nothing")["output"].startswith("nothing is not installed")
@@ -99,13 +99,13 @@ def test_agents_link_by_certificate_and_wrong_ones_are_refused_by_name(
         wary: "certificate verify failed",
     }
     for node, words in said.items():
-        wait_for(lambda w=workers[node], t=words: t in w.output(), 60, f"{node} to be refused")
+        wait_until(lambda w=workers[node], t=words: t in w.output(), 60, f"{node} to be refused")
         assert not Node.objects.filter(id=node).exists()
     for node in (thief, stale, stranger):  # the control plane says so too
-        wait_for(lambda t=said[node]: t in processes[0].output(), 10, "the control plane's log")
+        wait_until(lambda t=said[node]: t in processes[0].output(), 10, "the control plane's log")
 
     # Revoked: refused from then on, without restarting the control plane.
     ctl("ca", "revoke", revoked)
     workers[revoked] = start_agent(processes, tmp_path, revoked, configs[revoked])
-    wait_for(lambda: "was revoked on" in workers[revoked].output(), 30, "the revoked refusal")
+    wait_until(lambda: "was revoked on" in workers[revoked].output(), 30, "the revoked refusal")
     assert not Node.objects.filter(id=revoked).exists()

@@ -16,7 +16,7 @@ from fleet import commands
 from fleet.models import Node, Replica, Shard
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog
 from tests.factories import SETUP
-from tests.processes.support import chat, one_node_cluster, wait_for
+from tests.processes.support import chat, one_node_cluster, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -32,7 +32,7 @@ def test_a_model_is_served_end_to_end_and_survives_an_agent_restart(processes, t
     _row, key = create_key("e2e", actor=SETUP)
     engine_pid = None
     try:
-        wait_for(lambda: Replica.objects.filter(state="ready").exists(), 180,
+        wait_until(lambda: Replica.objects.filter(state="ready").exists(), 180,
                  "the replica to be ready")  # fmt: skip
         shard = Shard.objects.get(replica__state="ready")
         engine_pid = shard.pid
@@ -44,7 +44,7 @@ def test_a_model_is_served_end_to_end_and_survives_an_agent_restart(processes, t
                            timeout=10)  # fmt: skip
         assert direct.status_code == 401
 
-        answer = wait_for(lambda: (r := chat(router_url, key)).status_code == 200 and r, 60,
+        answer = wait_until(lambda: (r := chat(router_url, key)).status_code == 200 and r, 60,
                           "the router to route to the ready replica")  # fmt: skip
         text = answer.json()["choices"][0]["message"]["content"]
         assert text.strip(), answer.json()
@@ -68,9 +68,9 @@ def test_a_model_is_served_end_to_end_and_survives_an_agent_restart(processes, t
         assert psutil.pid_exists(engine_pid)
         assert chat(router_url, key).status_code == 200
         restarted = cluster.start_agent()
-        wait_for(lambda: "adopted 1 running shard" in restarted.output(), 60,
+        wait_until(lambda: "adopted 1 running shard" in restarted.output(), 60,
                  "the new agent to adopt the engine")  # fmt: skip
-        wait_for(lambda: Shard.objects.get(id=shard.id).state == "ready", 60,
+        wait_until(lambda: Shard.objects.get(id=shard.id).state == "ready", 60,
                  "the adopted shard to be ready again")  # fmt: skip
         assert Shard.objects.get(id=shard.id).pid == engine_pid
         assert Replica.objects.filter(state__in=["ready"]).count() == 1

@@ -31,7 +31,7 @@ from tests.processes.support import (
     listening,
     reconciler,
     router,
-    wait_for,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -92,14 +92,14 @@ def test_a_node_installs_the_catalogs_llama_cpp_and_serves_on_it(processes, tmp_
     processes.append(control_plane(port, tmp_path, **env).start())
     processes.append(reconciler("reconciler-install", tmp_path, **env).start())
     processes.append(router(router_port, tmp_path).start())
-    wait_for(lambda: listening(port), 60, "the control plane")
+    wait_until(lambda: listening(port), 60, "the control plane")
     home = tmp_path / node_id
     # The agent file names no engine: whatever it runs, llmgw installed.
     processes.append(
         agent(node_id, f"ws://127.0.0.1:{port}", node_token(node_id), home, tmp_path,
               LLMGW_ENGINES="").start()
     )  # fmt: skip
-    wait_for(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
+    wait_until(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
              "the agent to register")  # fmt: skip
     assert Node.objects.get(id=node_id).engine_installs() == []
 
@@ -107,7 +107,7 @@ def test_a_node_installs_the_catalogs_llama_cpp_and_serves_on_it(processes, tmp_
     _row, key = create_key("install", actor=SETUP)
     engine_pid = None
     try:
-        installed = wait_for(
+        installed = wait_until(
             lambda: Node.objects.get(id=node_id).installed_engines().get("llama.cpp"), 120,
             "the agent to install llama.cpp",
         )  # fmt: skip
@@ -115,15 +115,15 @@ def test_a_node_installs_the_catalogs_llama_cpp_and_serves_on_it(processes, tmp_
         [install] = Node.objects.get(id=node_id).engine_installs()
         root = home / "agent" / "engines" / "llama.cpp" / VERSION
         assert install.managed and install.path.startswith(str(root))
-        wait_for(lambda: Replica.objects.filter(state="ready").exists(), 180,
+        wait_until(lambda: Replica.objects.filter(state="ready").exists(), 180,
                  "the replica to be ready on the installed engine")  # fmt: skip
         shard = Shard.objects.get(replica__state="ready")
         engine_pid = shard.pid
         assert psutil.Process(engine_pid).cmdline()[0] == install.path
 
         router_url = f"http://127.0.0.1:{router_port}"
-        wait_for(lambda: listening(router_port), 60, "the router")
-        answer = wait_for(lambda: (r := chat(router_url, key)).status_code == 200 and r, 60,
+        wait_until(lambda: listening(router_port), 60, "the router")
+        answer = wait_until(lambda: (r := chat(router_url, key)).status_code == 200 and r, 60,
                           "the router to route to the replica")  # fmt: skip
         assert answer.json()["choices"][0]["message"]["content"].strip()
         # Nothing of the install is left lying about beside it.

@@ -32,7 +32,7 @@ from tests.processes.support import (
     listening,
     reconciler,
     router,
-    wait_for,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -61,8 +61,8 @@ class TwoNodes:
         processes.append(control_plane(port, tmp_path, **env).start())
         processes.append(reconciler("reconciler-mn", tmp_path, **env).start())
         processes.append(router(router_port, tmp_path).start())
-        wait_for(lambda: listening(port), 60, "the control plane")
-        wait_for(lambda: listening(router_port), 60, "the router")
+        wait_until(lambda: listening(port), 60, "the control plane")
+        wait_until(lambda: listening(router_port), 60, "the router")
         self.router_url = f"http://127.0.0.1:{router_port}"
         suffix = uuid.uuid4().hex[:6]
         self.nodes = [f"mn-a-{suffix}", f"mn-b-{suffix}"]
@@ -141,14 +141,14 @@ def test_a_replica_across_two_nodes_serves_keeps_its_ranks_through_agent_restart
     two_nodes,
 ):
     c = two_nodes
-    wait_for(lambda: Node.objects.filter(id__in=c.nodes, state="connected").count() == 2, 60,
+    wait_until(lambda: Node.objects.filter(id__in=c.nodes, state="connected").count() == 2, 60,
              "both agents to register")  # fmt: skip
     apply_catalog(demo_catalog(threads=1, nodes=2), actor=SETUP)
     _row, key = create_key("multinode", actor=SETUP)
     # max_retries=0: a failed request must show, not be hidden by the SDK's own retries.
     client = openai.OpenAI(base_url=f"{c.router_url}/v1", api_key=key, max_retries=0, timeout=60)
 
-    wait_for(lambda: Replica.objects.filter(state="ready").exists(), 180,
+    wait_until(lambda: Replica.objects.filter(state="ready").exists(), 180,
              "the 2-node replica to be ready")  # fmt: skip
     replica = Replica.objects.get(state="ready")
     rank0, rank1 = ranks(replica)
@@ -160,7 +160,7 @@ def test_a_replica_across_two_nodes_serves_keeps_its_ranks_through_agent_restart
     rank1_argv = psutil.Process(rank1.pid).cmdline()
     assert rank1_argv[rank1_argv.index("--host") + 1] == "127.0.0.1"  # never every interface
 
-    stream = wait_for(
+    stream = wait_until(
         lambda: _stream_or_none(client), 60, "the router to stream from the 2-node replica"
     )
     assert "".join(stream).strip()
@@ -170,11 +170,11 @@ def test_a_replica_across_two_nodes_serves_keeps_its_ranks_through_agent_restart
     with SteadyClient(client) as steady:
         for node_id in c.nodes:
             restarted = c.restart_agent(node_id)
-            wait_for(lambda r=restarted: "adopted 1 running shard" in r.output(), 60,
+            wait_until(lambda r=restarted: "adopted 1 running shard" in r.output(), 60,
                      f"{node_id}'s new agent to adopt its rank")  # fmt: skip
-            wait_for(lambda: all(s.state == "ready" for s in ranks(replica)), 60,
+            wait_until(lambda: all(s.state == "ready" for s in ranks(replica)), 60,
                      "both ranks ready again")  # fmt: skip
-        wait_for(lambda: steady.sent >= 3, 60, "requests to flow after the restarts")
+        wait_until(lambda: steady.sent >= 3, 60, "requests to flow after the restarts")
     assert steady.failures == [], steady.failures
     assert {shard.id: shard.pid for shard in ranks(replica)} == pids
     left_ready = Event.objects.filter(subject=str(replica.id), from_state="ready")
@@ -182,16 +182,16 @@ def test_a_replica_across_two_nodes_serves_keeps_its_ranks_through_agent_restart
 
     # The worker's rpc-server dies: the replica fails as a whole and another takes its place.
     os.killpg(rank1.pid, signal.SIGKILL)
-    wait_for(lambda: Replica.objects.filter(state="ready").exclude(id=replica.id).exists(), 180,
+    wait_until(lambda: Replica.objects.filter(state="ready").exclude(id=replica.id).exists(), 180,
              "a replacement replica to be ready")  # fmt: skip
     old = Replica.objects.get(id=replica.id)
     assert old.state in ("failed", "stopping", "stopped"), old.state
     failed = Shard.objects.get(id=rank1.id)
     assert failed.state == "failed" and failed.reason.startswith("rpc-server (pid"), failed.reason
-    wait_for(lambda: not psutil.pid_exists(rank0.pid), 30, "the old rank 0 to be stopped")
+    wait_until(lambda: not psutil.pid_exists(rank0.pid), 30, "the old rank 0 to be stopped")
     replacement = Replica.objects.get(state="ready")
     assert len(ranks(replacement)) == 2
-    assert "".join(wait_for(lambda: _stream_or_none(client), 60, "the replacement to serve"))
+    assert "".join(wait_until(lambda: _stream_or_none(client), 60, "the replacement to serve"))
 
 
 def _stream_or_none(client: openai.OpenAI) -> list[str] | None:

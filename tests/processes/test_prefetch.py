@@ -24,7 +24,7 @@ from tests.processes.support import (
     free_port,
     listening,
     reconciler,
-    wait_for,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -44,7 +44,7 @@ def test_a_model_fetched_ahead_of_need_draws_its_replica_to_that_node(processes,
            "LLMGW_ENGINE_PORT_BASE": str(free_port()), "LLMGW_DEMO": "0"}  # fmt: skip
     processes.append(control_plane(port, tmp_path, **env).start())
     processes.append(reconciler("reconciler-prefetch", tmp_path, **env).start())
-    wait_for(lambda: listening(port), 60, "the control plane")
+    wait_until(lambda: listening(port), 60, "the control plane")
     engines = fake_engines(tmp_path)
     suffix = uuid.uuid4().hex[:6]
     # Named so that, holding nothing, placement would pick the first.
@@ -54,7 +54,7 @@ def test_a_model_fetched_ahead_of_need_draws_its_replica_to_that_node(processes,
             agent(node_id, f"ws://127.0.0.1:{port}", node_token(node_id), tmp_path / node_id,
                   tmp_path, LLMGW_ENGINES=engines).start()
         )  # fmt: skip
-    wait_for(lambda: Node.objects.filter(state="connected").count() == 2, 60,
+    wait_until(lambda: Node.objects.filter(state="connected").count() == 2, 60,
              "both agents to register")  # fmt: skip
     apply_catalog(
         f"""
@@ -69,14 +69,14 @@ models:
         out = StringIO()
         call_command("llmgw_ctl", "weights", "fetch", "tiny", "--node", second, stdout=out)
         assert f"{second}: fetching {url}" in out.getvalue()
-        wait_for(
+        wait_until(
             lambda: any(w["source"] == url for w in Node.objects.get(id=second).weights), 60,
             "the weights to be on the node asked",
         )  # fmt: skip
         assert not any(w["source"] == url for w in Node.objects.get(id=first).weights)
 
         scale_profile(Profile.objects.get(model__name="tiny").id, 1, actor=SETUP)
-        shard = wait_for(lambda: Shard.objects.filter(node__isnull=False).first(), 60,
+        shard = wait_until(lambda: Shard.objects.filter(node__isnull=False).first(), 60,
                          "the replica to be placed")  # fmt: skip
         assert shard.node_id == second
     finally:

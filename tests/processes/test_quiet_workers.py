@@ -14,7 +14,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from tests.processes.support import agent, free_port, reconciler, wait_for
+from tests.processes.support import agent, free_port, reconciler, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -59,7 +59,7 @@ def test_agent_and_reconciler_workers_neither_gossip_nor_take_remote_control(pro
     processes.append(worker)
     processes.append(reconciler("reconciler-quiet", tmp_path).start())
     for process in processes:
-        wait_for(lambda p=process: " ready." in p.output(), 90, f"{process.name} to be ready")
+        wait_until(lambda p=process: " ready." in p.output(), 90, f"{process.name} to be ready")
 
     assert subscriptions(client) == 0
     assert published_chatter(client, WATCHED_SECONDS) == []

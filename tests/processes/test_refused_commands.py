@@ -16,7 +16,7 @@ from fleet.models import Node
 from fleet.pki.tokens import node_token
 from protocol.commands import ENGINE_CHECK
 from protocol.signing import sign
-from tests.processes.support import agent, control_plane, free_port, listening, wait_for
+from tests.processes.support import agent, control_plane, free_port, listening, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -25,10 +25,10 @@ def test_commands_not_signed_for_the_node_are_dropped_and_reported(processes, tm
     node_id = f"rc-{uuid.uuid4().hex[:6]}"
     port = free_port()
     processes.append(control_plane(port, tmp_path).start())
-    wait_for(lambda: listening(port), 60, "the control plane")
+    wait_until(lambda: listening(port), 60, "the control plane")
     worker = agent(node_id, f"ws://127.0.0.1:{port}", node_token(node_id), tmp_path, tmp_path)
     processes.append(worker.start())
-    wait_for(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
+    wait_until(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
              "the agent to register")  # fmt: skip
     deadline = time.time() + 60
     signed = sign(node_token(node_id), ENGINE_CHECK, ["llama.cpp"], deadline)
@@ -51,7 +51,7 @@ def test_commands_not_signed_for_the_node_are_dropped_and_reported(processes, tm
     for kwargs, args in cases.values():
         current_app.send_task(ENGINE_CHECK, args=args, kwargs=kwargs, queue=node_queue(node_id))
 
-    refused = wait_for(
+    refused = wait_until(
         lambda: (found := list(Event.objects.filter(
             subject=node_id, reason__startswith="agent refused a command"
         ).values_list("reason", flat=True))) and len(found) >= 4 and found,

@@ -37,7 +37,7 @@ from tests.processes.support import (
     kill_engines_under,
     listening,
     reconciler,
-    wait_for,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -63,7 +63,7 @@ class Cluster:
     def start_control_plane(self) -> Process:
         web = control_plane(self.port, self.tmp_path, **self.env).start()
         self.processes.append(web)
-        wait_for(lambda: listening(self.port), 60, "the control plane")
+        wait_until(lambda: listening(self.port), 60, "the control plane")
         return web
 
     def start_reconciler(self) -> Process:
@@ -138,9 +138,9 @@ def serving_one_replica(c: Cluster, tmp_path: Path) -> tuple[Process, str, Proce
     web = c.start_control_plane()
     c.start_reconciler()
     node_id, worker = c.new_node()
-    wait_for(lambda: connected(node_id), 60, "the agent")
+    wait_until(lambda: connected(node_id), 60, "the agent")
     apply_catalog(one_gpu_catalog("tiny", "llama.cpp", str(model)), actor=SETUP)
-    wait_for(lambda: Replica.objects.filter(model_name="tiny", state="ready").exists(), 60,
+    wait_until(lambda: Replica.objects.filter(model_name="tiny", state="ready").exists(), 60,
              "the replica to be ready")  # fmt: skip
     replica = Replica.objects.get(model_name="tiny")
     return web, node_id, worker, replica, replica.shards.get()
@@ -189,9 +189,9 @@ def test_control_plane_restarted_as_both_agents_of_a_two_rank_replica_adopt_it(c
     web = c.start_control_plane()
     c.start_reconciler()
     (node_a, agent_a), (node_b, agent_b) = c.new_node(), c.new_node()
-    wait_for(lambda: connected(node_a) and connected(node_b), 60, "both agents")
+    wait_until(lambda: connected(node_a) and connected(node_b), 60, "both agents")
     replica = place_two_rank_replica([node_a, node_b])
-    wait_for(lambda: Replica.objects.get(id=replica.id).state == "ready", 60,
+    wait_until(lambda: Replica.objects.get(id=replica.id).state == "ready", 60,
              "the two-rank replica to be ready (the worker settles 10 s)")  # fmt: skip
     engines = {shard.id: shard.pid for shard in Shard.objects.filter(replica=replica)}
     assert all(engines.values())
@@ -202,13 +202,13 @@ def test_control_plane_restarted_as_both_agents_of_a_two_rank_replica_adopt_it(c
     agent_b.kill()
     c.start_agent(node_a)
     c.start_agent(node_b)
-    wait_for(lambda: registered_after(node_a, since) and registered_after(node_b, since), 60,
+    wait_until(lambda: registered_after(node_a, since) and registered_after(node_b, since), 60,
              "both new agents to register")  # fmt: skip
     # The control plane restarts while the new agents' reports are landing.
     again = timezone.now()
     web.kill()
     web = c.start_control_plane()
-    wait_for(lambda: registered_after(node_a, again) and registered_after(node_b, again), 60,
+    wait_until(lambda: registered_after(node_a, again) and registered_after(node_b, again), 60,
              "both agents to register with the new control plane")  # fmt: skip
     assert Replica.objects.get(id=replica.id).state == "ready"
     left = Event.objects.filter(at__gt=since, from_state="ready")
@@ -238,14 +238,14 @@ def test_agent_restarted_during_an_outage_does_not_take_a_ready_replica_back(clu
     ready_line = f"shard {shard.id} ready"
     before = worker.output().count(ready_line)  # agents of one node share a log file
     worker = c.start_agent(node_id)
-    wait_for(lambda: worker.output().count(ready_line) > before, 60,
+    wait_until(lambda: worker.output().count(ready_line) > before, 60,
              "the new agent to adopt the engine and find it healthy, unlinked")  # fmt: skip
     since = timezone.now()
     c.start_control_plane()
-    wait_for(lambda: registered_after(node_id, since), 60, "the agent to register again")
+    wait_until(lambda: registered_after(node_id, since), 60, "the agent to register again")
     # The statuses it queued go out right after the register: let them all land.
     heard = Node.objects.get(id=node_id).last_heartbeat
-    wait_for(lambda: Node.objects.get(id=node_id).last_heartbeat > heard, 30, "a heartbeat")
+    wait_until(lambda: Node.objects.get(id=node_id).last_heartbeat > heard, 30, "a heartbeat")
     assert Replica.objects.get(id=replica.id).state == "ready"
     went_back = Event.objects.filter(at__gt=since, from_state="ready")
     assert not went_back.filter(subject__in=[str(replica.id), shard.id]).exists(), list(
@@ -259,17 +259,17 @@ def test_a_lost_node_returning_with_shards_of_stopped_replicas_stops_them(cluste
     _web, node_id, worker, replica, shard = serving_one_replica(c, tmp_path)
     assert psutil.pid_exists(shard.pid)
     other, _other_agent = c.new_node()  # somewhere for the replica to go
-    wait_for(lambda: connected(other), 60, "the second agent")
+    wait_until(lambda: connected(other), 60, "the second agent")
 
     worker.kill()  # the node goes silent; its engine keeps running
-    wait_for(lambda: Node.objects.get(id=node_id).state == "lost", 60, "the node to be lost")
-    wait_for(lambda: Replica.objects.get(id=replica.id).state == "stopped", 60,
+    wait_until(lambda: Node.objects.get(id=node_id).state == "lost", 60, "the node to be lost")
+    wait_until(lambda: Replica.objects.get(id=replica.id).state == "stopped", 60,
              "its replica to be moved off it")  # fmt: skip
-    wait_for(lambda: Shard.objects.filter(node_id=other, replica__model_name="tiny").exists(),
+    wait_until(lambda: Shard.objects.filter(node_id=other, replica__model_name="tiny").exists(),
              60, "its replacement to be placed on the other node")  # fmt: skip
     clear_queue(node_id)  # the node stays away until its stop command has expired
     c.start_agent(node_id)
-    wait_for(lambda: not psutil.pid_exists(shard.pid), 60,
+    wait_until(lambda: not psutil.pid_exists(shard.pid), 60,
              "the returning node's orphan engine to be stopped")  # fmt: skip
     assert Replica.objects.get(id=replica.id).state == "stopped"
     assert Shard.objects.get(id=shard.id).state == "stopped"
@@ -280,9 +280,9 @@ def test_a_node_reporting_another_nodes_shard_is_refused_and_changes_nothing(clu
     c.start_control_plane()
     c.start_reconciler()
     node_a, _agent = c.new_node()
-    wait_for(lambda: connected(node_a), 60, "the agent")
+    wait_until(lambda: connected(node_a), 60, "the agent")
     replica = place_two_rank_replica([node_a, node_a])
-    wait_for(lambda: Shard.objects.filter(replica=replica, rank=0, state="ready").exists(), 60,
+    wait_until(lambda: Shard.objects.filter(replica=replica, rank=0, state="ready").exists(), 60,
              "rank 0 to be ready")  # fmt: skip
     rank0 = Shard.objects.get(replica=replica, rank=0)
 
@@ -298,7 +298,7 @@ def test_a_node_reporting_another_nodes_shard_is_refused_and_changes_nothing(clu
     with connect(f"ws://127.0.0.1:{c.port}/agent/", additional_headers=headers) as ws:
         ws.send(register.model_dump_json())
         assert json.loads(ws.recv(timeout=10))["type"] == "linked"
-    refusal = wait_for(
+    refusal = wait_until(
         lambda: Event.objects.filter(subject=intruder, reason__startswith="refused").first(),
         10, "the refusal to be recorded",
     )  # fmt: skip

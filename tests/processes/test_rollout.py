@@ -38,7 +38,7 @@ from tests.processes.support import (
     listening,
     reconciler,
     router,
-    wait_for,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -213,12 +213,12 @@ def test_a_two_replica_profile_rolls_with_no_failed_request_under_a_streaming_lo
     processes.append(control_plane(port, tmp_path, **env).start())
     processes.append(reconciler("reconciler-rollout", tmp_path, **env).start())
     processes.append(router(router_port, tmp_path).start())
-    wait_for(lambda: listening(port), 60, "the control plane")
+    wait_until(lambda: listening(port), 60, "the control plane")
     processes.append(
         agent(node_id, f"ws://127.0.0.1:{port}", node_token(node_id), tmp_path / node_id,
               tmp_path, LLMGW_ENGINES=streaming_engines(tmp_path)).start()
     )  # fmt: skip
-    wait_for(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
+    wait_until(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
              "the agent to register")  # fmt: skip
 
     model = tmp_path / "tiny.gguf"
@@ -228,15 +228,15 @@ def test_a_two_replica_profile_rolls_with_no_failed_request_under_a_streaming_lo
     engines: list[int] = []
     load = Load(f"http://127.0.0.1:{router_port}", key)
     try:
-        wait_for(lambda: Replica.objects.filter(state="ready").count() == 2, 60,
+        wait_until(lambda: Replica.objects.filter(state="ready").count() == 2, 60,
                  "both replicas to be ready")  # fmt: skip
         old = {r.id: r.shards.get().pid for r in Replica.objects.filter(state="ready")}
         engines += old.values()
-        wait_for(lambda: listening(router_port), 60, "the router")
-        wait_for(lambda: httpx.get(f"{load.url}/health").json().get("routable_models"), 30,
+        wait_until(lambda: listening(router_port), 60, "the router")
+        wait_until(lambda: httpx.get(f"{load.url}/health").json().get("routable_models"), 30,
                  "the router to route the model")  # fmt: skip
         load.start()
-        wait_for(lambda: len(load.done) >= CLIENTS, 30, "the load to get going")
+        wait_until(lambda: len(load.done) >= CLIENTS, 30, "the load to get going")
 
         applied = time.monotonic()
         apply_catalog(catalog(model, threads=2), actor=SETUP)
@@ -251,11 +251,11 @@ def test_a_two_replica_profile_rolls_with_no_failed_request_under_a_streaming_lo
                 replicas.filter(state="ready").count() == 2
             )
 
-        wait_for(rolled, 90, "the rollout to replace both replicas", interval=0.5)
+        wait_until(rolled, 90, "the rollout to replace both replicas", interval=0.5)
         finished = time.monotonic()
         new = list(Replica.objects.filter(state="ready"))
         engines += [r.shards.get().pid for r in new]
-        wait_for(lambda: sum(1 for _s, end in load.done if end > finished) >= CLIENTS, 30,
+        wait_until(lambda: sum(1 for _s, end in load.done if end > finished) >= CLIENTS, 30,
                  "requests after the rollout")  # fmt: skip
     finally:
         load.finish()

@@ -17,7 +17,7 @@ from llmgw_cli.demo import DEMO_MODEL, demo_catalog, smollm2_path
 from llmgw_cli.local_engine import wheel_llama_server
 from llmgw_cli.sim import cleanup, network
 from llmgw_cli.sim.fleet import Fleet, leader, node_fabrics
-from tests.processes.support import REPO, wait_for
+from tests.processes.support import REPO, wait_until
 from tests.processes.up_support import fresh_home, remove_home
 
 pytestmark = pytest.mark.process
@@ -101,7 +101,7 @@ def test_two_node_fleet_serves_through_its_router_and_down_leaves_nothing(home):
 
     # A completion sent from the services host to the router's address is answered...
     key = (home / "sim" / "api-key").read_text().strip()
-    answer = wait_for(
+    answer = wait_until(
         lambda: network.in_host("services", lambda: chat(fleet.router_url, key)),
         120, "a completion through the router",
     )  # fmt: skip
@@ -154,7 +154,7 @@ def split_over_both_nodes(home: Path, fleet: Fleet, key: str) -> None:
     applied = sim(home, "exec", "cp1", "--", sys.executable, "manage.py", "llmgw_ctl", "apply",
                   "-f", str(catalog))  # fmt: skip
     assert applied.returncode == 0, applied.stderr[-2000:]
-    answer = wait_for(
+    answer = wait_until(
         lambda: network.in_host("services", lambda: chat(fleet.router_url, key, SPLIT_MODEL)),
         120, "a completion from the split replica",
     )  # fmt: skip

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from tests.processes.support import wait_for
+from tests.processes.support import wait_until
 from tests.processes.up_support import Up, answers, fresh_home, remove_home
 
 pytestmark = pytest.mark.process
@@ -24,14 +24,14 @@ def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_p
     up = Up(home, tmp_path / "up.log", LLMGW_DEMO="0").start()
     try:
         base = up.base
-        login = wait_for(lambda: answers(f"{base}/accounts/login/"), 120, "the login page")
+        login = wait_until(lambda: answers(f"{base}/accounts/login/"), 120, "the login page")
         assert login.status_code == 200 and b"Sign in" in login.content
         assert httpx.get(f"{base}/", timeout=5).status_code == 302  # pages need login
         schema = httpx.get(f"{base}/api/schema/", timeout=5)
         assert schema.status_code == 200 and b"openapi" in schema.content
         assert httpx.get(f"{base}/api/v1/models/", timeout=5).status_code in (401, 403)
         router_url = up.router_url
-        refused = wait_for(lambda: answers(f"{router_url}/v1/models"), 60, "the router")
+        refused = wait_until(lambda: answers(f"{router_url}/v1/models"), 60, "the router")
         assert refused.status_code == 401  # /v1 needs an API key
         key = up.manage("llmgw_ctl", "keys", "create", "smoke").stdout.splitlines()[0]
         models = httpx.get(f"{router_url}/v1/models", headers={"Authorization": f"Bearer {key}"},
@@ -46,7 +46,7 @@ def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_p
         )  # fmt: skip
         assert preflight.headers.get("access-control-allow-origin") == base, preflight.headers
         # The local agent registers, and /metrics shows it.
-        metrics = wait_for(
+        metrics = wait_until(
             lambda: (r := answers(f"{base}/metrics")) and b"llmgw_node_up{" in r.content and r,
             60,
             "the local node in /metrics",

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from llmgw_cli.demo import DEMO_EMBEDDINGS_MODEL, DEMO_MODEL, smollm2_path
-from tests.processes.support import wait_for
+from tests.processes.support import wait_until
 from tests.processes.up_support import Up, fresh_home, remove_home
 
 pytestmark = pytest.mark.process
@@ -75,7 +75,7 @@ def every_client_answers_and_is_counted(up: Up, key: str) -> None:
         requests = counted()
         return requests.get(DEMO_MODEL, 0) >= 5 and requests.get(DEMO_EMBEDDINGS_MODEL) == 1
 
-    wait_for(all_counted, 60, "llmgw_ctl usage to count every request")
+    wait_until(all_counted, 60, "llmgw_ctl usage to count every request")
 
 
 def ready_replicas(up: Up) -> int:
@@ -101,11 +101,11 @@ def test_each_child_killed_in_turn_comes_back_and_the_engine_keeps_serving(tmp_p
     up = Up(home, tmp_path / "up.log").start()
     engines: list[int] = []
     try:
-        key_file = wait_for(lambda: (home / "api-key").exists() and home / "api-key", 180,
+        key_file = wait_until(lambda: (home / "api-key").exists() and home / "api-key", 180,
                             "the API key")  # fmt: skip
         key = key_file.read_text().strip()
-        wait_for(lambda: answered(up, key), 240, "the demo model to answer")
-        wait_for(lambda: ready_replicas(up) == 2, 120, "the chat and embedding replicas")
+        wait_until(lambda: answered(up, key), 240, "the demo model to answer")
+        wait_until(lambda: ready_replicas(up) == 2, 120, "the chat and embedding replicas")
         every_client_answers_and_is_counted(up, key)
         engines = engine_pids(home)
         assert len(engines) == 2, engines
@@ -113,12 +113,14 @@ def test_each_child_killed_in_turn_comes_back_and_the_engine_keeps_serving(tmp_p
             before = up.children()[name]
             assert before, (name, up.children(), up.output()[-3000:])
             os.kill(before, signal.SIGKILL)
-            wait_for(lambda n=name, b=before: up.children().get(n) not in (None, b), 60,
+            wait_until(lambda n=name, b=before: up.children().get(n) not in (None, b), 60,
                      f"{name} to be restarted")  # fmt: skip
             death = (f"not running (pid {before} is gone)" if name in ("redis", "postgres")
                      else "was killed by SIGKILL")  # fmt: skip
             assert f"{name} {death}; restarting it in 1s" in up.output()
-            wait_for(lambda: answered(up, key), 60, f"the model to answer after {name} was killed")
+            wait_until(
+                lambda: answered(up, key), 60, f"the model to answer after {name} was killed"
+            )
             assert engine_pids(home) == engines, f"the engine was restarted with {name}"
             assert all(psutil.pid_exists(pid) for pid in engines)
             assert up.popen.poll() is None, up.output()[-3000:]

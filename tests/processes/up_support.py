@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tests.processes.support import REPO, free_port, wait_for
+from tests.processes.support import REPO, free_port, wait_until
 
 
 def answers(url: str, **kwargs) -> httpx.Response | None:
@@ -111,7 +111,7 @@ class Up:
         assert not with_kill, f"llmgw up did not stop on Ctrl-C:\n{output[-3000:]}"
         assert "llmgw stopped" in output, output[-3000:]
         try:
-            wait_for(lambda: not processes_under(self.home), 30, "the home's processes to exit")
+            wait_until(lambda: not processes_under(self.home), 30, "the home's processes to exit")
         except AssertionError:
             left = [(p.pid, p.info["cmdline"]) for p in processes_under(self.home)]
             raise AssertionError(f"left running: {left}\n{output[-2000:]}") from None

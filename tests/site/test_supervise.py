@@ -22,7 +22,7 @@ from llmgw_cli.supervise import (
     pid_alive,
     reap_orphans,
 )
-from tests.processes.support import wait_for
+from tests.processes.support import wait_until
 
 
 class Clock:
@@ -139,12 +139,12 @@ def test_a_killed_process_child_is_named_by_its_signal_and_its_group_is_cleared(
     child.start()
     try:
         parent = psutil.Process(child.pid())
-        grandchild = wait_for(lambda: parent.children(), 10, "the grandchild")[0]
+        grandchild = wait_until(lambda: parent.children(), 10, "the grandchild")[0]
         assert child.exit_reason() is None
         os.kill(child.pid(), signal.SIGKILL)
-        reason = wait_for(child.exit_reason, 10, "the child's death")
+        reason = wait_until(child.exit_reason, 10, "the child's death")
         assert reason == "was killed by SIGKILL"
-        wait_for(lambda: not pid_alive(grandchild.pid), 10, "the grandchild to be killed too")
+        wait_until(lambda: not pid_alive(grandchild.pid), 10, "the grandchild to be killed too")
     finally:
         child.stop(grace=1)
 
@@ -153,7 +153,7 @@ def test_a_process_child_writes_its_output_to_its_log_file(tmp_path):
     child = ProcessChild("talker", [sys.executable, "-c", "print('hello'); raise SystemExit(3)"],
                          tmp_path / "talker.log", dict(os.environ), tmp_path)  # fmt: skip
     child.start()
-    assert wait_for(child.exit_reason, 10, "the child to exit") == "exited with code 3"
+    assert wait_until(child.exit_reason, 10, "the child to exit") == "exited with code 3"
     assert (tmp_path / "talker.log").read_text() == "hello\n"
 
 
@@ -166,7 +166,7 @@ def test_a_daemon_killed_and_left_a_zombie_is_seen_as_down_and_reaped(tmp_path):
                            lambda: None, tmp_path / "server.log")  # fmt: skip
     assert service.exit_reason() is None
     server.kill()
-    wait_for(lambda: psutil.Process(server.pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
+    wait_until(lambda: psutil.Process(server.pid).status() == psutil.STATUS_ZOMBIE, 10, "a zombie")
     assert service.exit_reason() == f"not running (pid {server.pid} is gone)"
     # Not one of the supervisor's own children: reaped like an adopted orphan.
     assert reap_orphans(lambda: set()) >= 1
@@ -236,11 +236,11 @@ def test_llmgw_supervise_restarts_its_command_and_stops_on_sigterm(tmp_path):
                         found.append(child)
             return found
 
-        first = wait_for(commands, 30, "the command")[0]
-        wait_for(lambda: log.exists() and f"up {first.pid}" in log.read_text(), 30,
+        first = wait_until(commands, 30, "the command")[0]
+        wait_until(lambda: log.exists() and f"up {first.pid}" in log.read_text(), 30,
                  "the command's output")  # fmt: skip
         first.kill()
-        second = wait_for(lambda: [c for c in commands() if c.pid != first.pid], 30,
+        second = wait_until(lambda: [c for c in commands() if c.pid != first.pid], 30,
                           "the command to be restarted")[0]  # fmt: skip
         supervisor.send_signal(signal.SIGTERM)
         output, _ = supervisor.communicate(timeout=30)
@@ -266,11 +266,11 @@ def test_a_childs_log_is_rotated_while_it_keeps_writing_to_it(tmp_path):
                          dict(os.environ), tmp_path)  # fmt: skip
     child.start()
     try:
-        wait_for(lambda: child.log_path.stat().st_size > 2_000_000, 10, "the first output")
+        wait_until(lambda: child.log_path.stat().st_size > 2_000_000, 10, "the first output")
         rotate_logs([child], max_bytes=1024 * 1024, keep=2)
         rotated = tmp_path / "chatty.log.1"
         assert rotated.stat().st_size > 2_000_000
-        wait_for(lambda: b"after rotation" in child.log_path.read_bytes(), 10, "more output")
+        wait_until(lambda: b"after rotation" in child.log_path.read_bytes(), 10, "more output")
         # The child's own descriptor writes at the new end: no hole of NUL bytes before it.
         assert child.log_path.read_bytes() == b"after rotation\n"
     finally:
