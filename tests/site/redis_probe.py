@@ -98,8 +98,8 @@ def router(results: dict[str, str]) -> None:
     from audit.redis import redis_client
     from protocol.routing import INFLIGHT_KEY_PREFIX, ROUTING_CHANNEL
     from router.balance.inflight import report_inflight
-    from router.traffic import Traffic
     from router.table.sources import DatabaseSource, Refresher
+    from router.traffic import Traffic
 
     source = DatabaseSource()
     source._setup()  # what the router's first load does: read settings.REDIS_URL
