@@ -35,11 +35,10 @@ from fleet.pages.views import HtmxRequest
 NOT_AN_OPERATOR = "Changing this needs the operator role; ask an admin to add you to 'operators'.\n"
 
 
-def operator_action(view: Callable) -> Callable:
-    """Signed in (else the login page), POST only, and the operator role (else 403)."""
+def operator_page(view: Callable) -> Callable:
+    """Signed in (else the login page) and the operator role (else 403), GET or POST."""
 
     @login_required
-    @require_POST
     @wraps(view)
     def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
         if not is_operator(request.user):
@@ -47,6 +46,11 @@ def operator_action(view: Callable) -> Callable:
         return view(request, *args, **kwargs)
 
     return wrapper
+
+
+def operator_action(view: Callable) -> Callable:
+    """An operator's page that only changes things: POST only (else 405)."""
+    return operator_page(require_POST(view))
 
 
 def _done(request: HtmxRequest, message: str) -> HttpResponse:

@@ -9,19 +9,14 @@ Event names the operator; deleting a model is a button (``action_views.delete_mo
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import wraps
-
-from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
 from catalog.actions import apply_model
 from catalog.models import Profile
-from catalog.permissions import is_operator
 from catalog.schema import CatalogError
 from fleet.deploy_plan import ModelPlan, plan_model
-from fleet.pages.action_views import NOT_AN_OPERATOR
+from fleet.pages.action_views import operator_page
 from fleet.pages.deploy_form import EditProfileForm, NewModelForm
 
 # What a deploy whose form changed after its plan is told.
@@ -31,19 +26,6 @@ RESTARTS = (
     "These settings change what the engine runs, so a rolling restart replaces the running "
     "replicas: check the plan, then save."
 )
-
-
-def operator_page(view: Callable) -> Callable:
-    """Signed in (else the login page) and the operator role (else 403), GET or POST."""
-
-    @login_required
-    @wraps(view)
-    def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
-        if not is_operator(request.user):
-            return HttpResponseForbidden(NOT_AN_OPERATOR, content_type="text/plain")
-        return view(request, *args, **kwargs)
-
-    return wrapper
 
 
 @operator_page
