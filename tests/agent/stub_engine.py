@@ -32,9 +32,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.support.polling import wait_until
-from tests.support.ports import free_port
-
 STUB = Path(__file__).resolve()
 
 
@@ -171,7 +168,7 @@ class Harness:
             source="/models/stub.gguf",
             engine="llama.cpp",
             fingerprint="fp-1",
-            port=port or free_port(),
+            port=port or _free_port(),
             **fields,
         )
 
@@ -185,7 +182,7 @@ class Harness:
             matches = [t for t in list(self.transitions) if t.shard_id == shard_id]
             return next((t for t in matches if t.state == state), None)
 
-        return wait_until(seen, timeout, f"{shard_id} to become {state}: {self.transitions}")
+        return _wait_until(seen, timeout, f"{shard_id} to become {state}: {self.transitions}")
 
     def tagged_pids(self) -> list[int]:
         import psutil
@@ -206,7 +203,21 @@ class Harness:
                     os.kill(pid, signal.SIGKILL)
                 else:
                     os.killpg(pgid, signal.SIGKILL)
-        wait_until(lambda: all(gone(pid) for pid in self.tagged_pids()), 30, "stubs to die")
+        _wait_until(lambda: all(gone(pid) for pid in self.tagged_pids()), 30, "stubs to die")
+
+
+def _free_port() -> int:
+    # Imported here, not at the top: run as a script, the stub imports the standard
+    # library only (the tests package is not on its path).
+    from tests.support.ports import free_port
+
+    return free_port()
+
+
+def _wait_until(condition, timeout: float, what: str) -> Any:
+    from tests.support.polling import wait_until
+
+    return wait_until(condition, timeout, what)
 
 
 if __name__ == "__main__":

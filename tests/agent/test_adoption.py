@@ -10,11 +10,13 @@ import threading
 
 import psutil
 import pytest
-from stub_engine import PATIENCE, STUB, free_port, gone, wait_until
+from stub_engine import PATIENCE, STUB, gone
 
 from agent_worker.supervision.health import port_open
 from agent_worker.supervision.process import ShardProcess, identify
 from agent_worker.supervision.statedir import ProcessRecord, ShardRecord, StateDir
+from tests.support.polling import wait_until
+from tests.support.ports import free_port
 
 
 def left_running(harness, *flags, serves_http=True):

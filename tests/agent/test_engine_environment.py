@@ -6,11 +6,12 @@ import json
 import sys
 
 import pytest
-from stub_engine import Harness, wait_until
+from stub_engine import Harness
 
 from agent_worker.engines.base import engine_env
 from agent_worker.engines.command import LaunchCommand
 from agent_worker.supervision.process import ShardProcess
+from tests.support.polling import wait_until
 
 # Writes the environment it was started with to the file named by its first argument.
 DUMP_ENVIRONMENT = (

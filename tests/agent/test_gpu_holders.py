@@ -15,11 +15,12 @@ import sys
 
 import psutil
 import pytest
-from stub_engine import STUB, gone, wait_until
+from stub_engine import STUB, gone
 
 from agent_worker.engines.command import LaunchCommand
 from agent_worker.supervision.gpu_holders import looks_like_engine
 from protocol.gpu_users import UnexpectedGpuUser
+from tests.support.polling import wait_until
 
 AGENT_USER = pwd.getpwuid(os.getuid()).pw_name
 

@@ -9,7 +9,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from stub_engine import wait_until
 
 from agent_worker.config import AgentConfig
 from agent_worker.engines.command import LaunchCommand
@@ -18,6 +17,7 @@ from agent_worker.runtime import AgentRuntime
 from agent_worker.supervision.logrotate import last_lines, rotate_if_large, rotated_paths
 from agent_worker.supervision.logtail import LogTail
 from agent_worker.supervision.process import ShardProcess
+from tests.support.polling import wait_until
 
 # Writes a batch of lines, then waits for SIGUSR1 before the next: the test decides when
 # the engine writes, so it can rotate between batches without racing it.

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from stub_engine import Harness, wait_until
+from stub_engine import Harness
 
 from agent_worker import runtime as runtime_module
 from agent_worker.config import AgentConfig
@@ -19,6 +19,7 @@ from protocol import messages
 from protocol.shard import ShardSpec
 from tests.agent.engine_archives import wanted
 from tests.agent.fake_control_plane import FakeControlPlane
+from tests.support.polling import wait_until
 
 
 def runtime(tmp_path, **fields) -> AgentRuntime:

@@ -6,10 +6,12 @@ import json
 import socket
 
 import pytest
-from stub_engine import free_port, gone, wait_until
+from stub_engine import gone
 
 from agent_worker.engines.command import LaunchCommand, Listener
 from agent_worker.supervisor import Supervisor
+from tests.support.polling import wait_until
+from tests.support.ports import free_port
 
 
 @pytest.mark.process

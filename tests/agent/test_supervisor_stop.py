@@ -8,7 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from stub_engine import STUB, free_port, gone, wait_until
+from stub_engine import STUB, gone
+
+from tests.support.polling import wait_until
+from tests.support.ports import free_port
 
 
 def start_ready(harness, sup, *flags, sidecar=False):
