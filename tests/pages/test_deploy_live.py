@@ -110,9 +110,14 @@ def test_deploy_a_model_chat_with_it_and_delete_it_from_the_browser(
         "the router to count the playground's request",
     )  # fmt: skip
 
-    # Deleting it from its page: the page says so live, and its replica stops.
+    # Its page shows the traffic the router reported (no Prometheus here), then deleting it
+    # from there: the page says so live, and its replica stops.
     page.goto(f"/models/{COPY}/")
     expect(page.locator("#live-status")).to_have_attribute("data-live", "live", timeout=WAIT_MS)
+    for chart in ("requests", "ttft", "tokens"):
+        drawn = page.locator(f'#model-traffic [data-chart="{chart}"] canvas')
+        expect(drawn).to_have_count(1, timeout=WAIT_MS)
+    screenshot(page, "model-traffic")
     page.evaluate("window.llmgwTestMarker = 'not reloaded'")
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("text=Delete model")
