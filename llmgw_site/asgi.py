@@ -5,6 +5,10 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+# Allocations before a young collection (CPython's default: 700), and young and middle
+# collections before the next generation's.
+COLLECT_AFTER = (50_000, 20, 100)
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 django_asgi_app = get_asgi_application()
 
@@ -34,3 +38,7 @@ leadership.record_links_opened()
 # Everything imported so far lives as long as the process: keep it out of the
 # collector's full passes, which past ~10,000 agent sockets take over a second.
 gc.freeze()
+# And collect far less often: each agent link keeps its objects for as long as its node
+# is up, and at 3,000 links the collections held the event loop for ~0.4 s at a time, the
+# p99 of every heartbeat (bench/heartbeats.py at 5 s: p99 455 ms before, 37 ms after).
+gc.set_threshold(*COLLECT_AFTER)
