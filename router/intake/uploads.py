@@ -45,14 +45,16 @@ async def read_upload(
             return None
         head += message.get("body", b"")
         more = bool(message.get("more_body"))
-        if form_field(head, boundary, b"model", whole=False) is not None:
+        if form_field(head, boundary, b"model", whole=False) is not None or len(head) > head_limit:
             break
-        if len(head) > head_limit and more:
-            raise errors.malformed(
-                f"No `model` form field in the upload's first {head_limit} bytes: send the "
-                "`model` field before the file.",
-                "missing_model",
-            )
+    # However the client's bytes arrived, the field must end within the first head_limit.
+    if len(head) > head_limit and form_field(head[:head_limit], boundary, b"model",
+                                             whole=False) is None:  # fmt: skip
+        raise errors.malformed(
+            f"No `model` form field in the upload's first {head_limit} bytes: send the "
+            "`model` field before the file.",
+            "missing_model",
+        )
     return Upload(head, receive, max(length, len(head)))
 
 

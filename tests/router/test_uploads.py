@@ -72,3 +72,25 @@ async def test_an_upload_the_router_cannot_stream_is_refused_saying_why(
         await read_upload(receive, length, content_type, 100_000, 10**9)
     assert refused.value.status == status and words in refused.value.message
     assert taken == []  # refused before reading any of it
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+async def test_a_model_field_past_the_limit_is_refused_however_the_bytes_arrive(chunks):
+    late = (
+        b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+        + b"a" * 5000
+        + b'\r\n--xyz\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper'
+        + END
+    )
+    size = -(-len(late) // chunks)
+    receive, _taken = client(*(late[i : i + size] for i in range(0, len(late), size)))
+    with pytest.raises(RouterError) as refused:
+        await read_upload(receive, str(len(late)).encode(), TYPE, 1000, 10**9)
+    assert refused.value.status == 400 and "before the file" in refused.value.message
+
+
+async def test_a_model_field_first_in_one_large_message_is_taken():
+    whole = FIELDS + b"a" * 5000 + END
+    receive, _taken = client(whole)
+    upload = await read_upload(receive, str(len(whole)).encode(), TYPE, 1000, 10**9)
+    assert upload is not None and upload.head == whole
