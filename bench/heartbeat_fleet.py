@@ -157,9 +157,11 @@ class Result:
 class Bench:
     """The phases, against one server whose agents and probers are linked."""
 
-    def __init__(self, server: str, pid: int, agents: list[Link], probers: list[Link]) -> None:
+    def __init__(
+        self, server: str, pids: list[int], agents: list[Link], probers: list[Link]
+    ) -> None:
         self.server = server
-        self.pid = pid
+        self.pids = pids  # the server's processes, whose CPU is summed
         self.agents = agents
         self.probers = probers
         self.heartbeats = {link.node_id: heartbeat_text(i) for i, link in enumerate(agents)}
@@ -169,7 +171,7 @@ class Bench:
     async def _window(self, result: Result, seconds: float, senders) -> None:
         """Run senders(began, stop_at) beside the probers; fill in timing and CPU."""
         began = time.perf_counter()
-        server_cpu, client_cpu = cpu_seconds(self.pid), time.process_time()
+        server_cpu, client_cpu = cpu_seconds(self.pids), time.process_time()
         stop_at = began + seconds
         await asyncio.gather(self._probe(stop_at, result), *senders(began, stop_at))
         window_end = time.perf_counter()
@@ -180,7 +182,7 @@ class Bench:
         # Paced: the backlog left at the window's end, less what the barrier costs when idle.
         result.drain = max(0.0, finished - window_end - self.barrier_cost)
         result.elapsed = seconds + result.drain if result.offered else finished - began
-        result.server_cpu_seconds = cpu_seconds(self.pid) - server_cpu
+        result.server_cpu_seconds = cpu_seconds(self.pids) - server_cpu
         result.server_cpu = result.server_cpu_seconds / (finished - began)
         result.client_cpu = (time.process_time() - client_cpu) / (finished - began)
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import resource
-import socket
 import subprocess
 import sys
 import time
@@ -15,12 +13,6 @@ from urllib.parse import urlsplit, urlunsplit
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DATABASE = "llmgw_bench"
 NODE_PREFIX = "bench-node-"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def bench_database_url(url: str) -> str:
@@ -65,33 +57,72 @@ def fresh_rows(url: str, since: float) -> int:
     return row[0] if row else 0
 
 
-def start_daphne(app: str, port: int, env: dict[str, str], log_path: Path) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), app]
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+def start_daphnes(
+    app: str, count: int, env: dict[str, str], logs: Path, name: str
+) -> tuple[int, list[subprocess.Popen], list[Path]]:
+    """``count`` daphne processes on one listening socket, as `llmgw up` runs them:
+    (port, the processes, their logs)."""
+    from llmgw_cli.listener import daphne_command, listening_socket
+
+    sock = listening_socket("127.0.0.1", 0)
+    processes, log_paths = [], []
+    try:
+        argv = daphne_command(sys.executable, sock.fileno(), app)
+        for index in range(count):
+            log_paths.append(logs / f"{name}-{index + 1}.log")
+            with log_paths[-1].open("ab") as log:
+                processes.append(
+                    subprocess.Popen(
+                        argv,
+                        cwd=REPO,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        pass_fds=(sock.fileno(),),
+                    )  # fmt: skip
+                )
+        return sock.getsockname()[1], processes, log_paths
+    finally:
+        sock.close()  # the children hold it now
 
 
-async def wait_listening(port: int, process: subprocess.Popen, log_path: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"daphne on {port} exited:\n{log_path.read_text()[-3000:]}")
-        with contextlib.suppress(OSError):
-            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            return
-        await asyncio.sleep(0.1)
-    raise SystemExit(f"daphne on {port} did not listen within 60 s")
-
-
-def cpu_seconds(pid: int) -> float:
+def links_per_process(processes: list[subprocess.Popen], port: int) -> list[int]:
+    """How many established connections on ``port`` each process holds."""
     import psutil
 
-    times = psutil.Process(pid).cpu_times()
-    return times.user + times.system
+    return [
+        sum(
+            1
+            for c in psutil.Process(p.pid).net_connections("tcp")
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED
+        )
+        for p in processes
+    ]
+
+
+async def wait_serving(processes: list[subprocess.Popen], log_paths: list[Path]) -> None:
+    """Until every process listens: the shared socket accepts before they all do, and the
+    first one up would otherwise take every link."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for process, log_path in zip(processes, log_paths, strict=True):
+            if process.poll() is not None:
+                raise SystemExit(f"daphne exited:\n{log_path.read_text()[-3000:]}")
+        if all("Listening on" in path.read_text(errors="replace") for path in log_paths):
+            return
+        await asyncio.sleep(0.1)
+    raise SystemExit(f"daphne did not listen within 60 s: see {log_paths}")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        times = psutil.Process(pid).cpu_times()
+        total += times.user + times.system
+    return total
 
 
 def raise_open_files(needed: int) -> None:

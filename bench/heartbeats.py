@@ -1,10 +1,11 @@
-"""Benchmark the agent link: how many nodes one control plane process holds at 5 s heartbeats.
+"""Benchmark the agent link: how many nodes control plane processes hold at 5 s heartbeats.
 
 Run: DATABASE_URL=postgresql://… REDIS_URL=redis://… .venv/bin/python bench/heartbeats.py
-         [--agents 3000] [--seconds 6] [--p99-limit-ms 1000]
+         [--agents 3000] [--processes 1] [--seconds 6] [--p99-limit-ms 1000]
 
 It creates (once) and migrates a database ``llmgw_bench`` on the DATABASE_URL server, so
-fake nodes never land in a real one, and starts two daphne processes:
+fake nodes never land in a real one, and starts two servers, each --processes daphne
+processes sharing one listening socket (as `llmgw up` runs LLMGW_CONTROL_PLANE_PROCESSES):
 
 - llmgw: the real control plane (``llmgw_site.asgi:application``), consumer, batcher and all;
 - floor: the same daphne and settings with a Channels consumer that only answers probes:
@@ -40,8 +41,9 @@ What is measured:
 A paced step passes when p99 and drain are both within --p99-limit-ms: a heartbeat waits
 at most that long and no backlog is left to grow. The default, 1 s, is a fifth of the
 heartbeat interval and far inside the 15 s after which a node is unreachable. Nodes held
-= best passing handled/s × 5. Loopback only; the phases are cut off at 150 s, the whole run
-takes about 2 minutes, and every process it starts is stopped.
+= best passing handled/s × 5. Loopback only; the phases are cut off at 150 s plus 20 ms per
+agent (linking them), the whole run takes about 2 minutes at 3,000 agents, and every process
+it starts is stopped.
 """
 
 from __future__ import annotations
@@ -79,18 +81,20 @@ from heartbeat_servers import (  # noqa: E402
     NODE_PREFIX,
     bench_database_url,
     clear_bench_rows,
-    free_port,
     fresh_rows,
+    links_per_process,
     prepare_database,
     raise_open_files,
-    start_daphne,
-    wait_listening,
+    start_daphnes,
+    wait_serving,
 )
 from router_overhead import stop  # noqa: E402
 
-HARD_LIMIT_SECONDS = 150  # for the servers' phases; the flush measurement after takes ~15 s
+# For the servers' phases, plus linking time per agent; the flush measurement after takes ~15 s.
+HARD_LIMIT_SECONDS = 150
+HARD_LIMIT_PER_AGENT = 0.02
 LADDER_FACTOR = 1.5
-LADDER_UNTIL = 110  # seconds into the run; the floor and the flush need the rest of the limit
+LADDER_SECONDS = 80  # after llmgw's agents linked; the floor and the flush need the rest
 MAX_FLUSH_ROWS = 30_000  # bounds the flush measurement's time and table size
 
 
@@ -124,21 +128,23 @@ async def run(args: argparse.Namespace, env: dict[str, str], tokens: dict[str, s
     logs = Path(tempfile.mkdtemp(prefix="llmgw-bench-heartbeats-"))
     node_ids = [f"{NODE_PREFIX}{i:05d}" for i in range(args.agents)]
     prober_ids = [f"{PROBER_PREFIX}{i:02d}" for i in range(PROBERS)]
-    processes: dict[str, subprocess.Popen] = {}
+    processes: dict[str, list[subprocess.Popen]] = {}
     links: list[Link] = []
-    run_began = time.perf_counter()
     # This client's own full collections over thousands of links would read as server latency.
     gc.disable()
     try:
-        ports = {"llmgw": free_port(), "floor": free_port()}
+        ports, log_paths = {}, {}
         apps = {"llmgw": "llmgw_site.asgi:application",
                 "floor": "bench.heartbeat_floor:floor_application"}  # fmt: skip
         for name, app in apps.items():
-            processes[name] = start_daphne(app, ports[name], env, logs / f"{name}.log")
-        for name, process in processes.items():
-            await wait_listening(ports[name], process, logs / f"{name}.log")
+            ports[name], processes[name], log_paths[name] = start_daphnes(
+                app, args.processes, env, logs, name
+            )
+        for name in apps:
+            await wait_serving(processes[name], log_paths[name])
 
         print(
+            f"{args.processes} daphne process(es) per server on one socket; "
             f"{args.agents} agents + {PROBERS} probers per server, {args.seconds:.0f} s "
             f"windows; saturation: {min(args.agents, SATURATING_AGENTS)} agents in rounds "
             f"of {PER_ROUND} heartbeats + 1 probe; heartbeat {len(heartbeat_text(0))} B; "
@@ -152,8 +158,9 @@ async def run(args: argparse.Namespace, env: dict[str, str], tokens: dict[str, s
             probers = await open_links(ports[name], prober_ids, tokens, register=False)
             links += agents + probers
             linked_in = time.perf_counter() - began
+            spread = links_per_process(processes[name], ports[name])
             gc.collect()
-            bench = Bench(name, processes[name].pid, agents, probers)
+            bench = Bench(name, [p.pid for p in processes[name]], agents, probers)
             await bench.calibrate()
             wall_start = time.time()
             runs = [await bench.paced(args.agents / 5, args.seconds, "paced 5 s")]
@@ -164,7 +171,8 @@ async def run(args: argparse.Namespace, env: dict[str, str], tokens: dict[str, s
                 # Steps of 1.5x from the real 5 s cadence up to saturation, stopping at the
                 # first that fails, or early enough to leave the floor its turn.
                 rate, top = args.agents / 5 * LADDER_FACTOR, runs[-1].handled * 1.2
-                while rate <= top and time.perf_counter() - run_began < LADDER_UNTIL:
+                ladder_until = time.perf_counter() + LADDER_SECONDS
+                while rate <= top and time.perf_counter() < ladder_until:
                     interval = args.agents / rate
                     runs.append(await bench.paced(rate, args.seconds, f"paced {interval:.2f} s"))
                     print_result(runs[-1], limit)
@@ -175,10 +183,14 @@ async def run(args: argparse.Namespace, env: dict[str, str], tokens: dict[str, s
                 fresh = await asyncio.to_thread(fresh_rows, env["DATABASE_URL"], wall_start)
                 print(
                     f"llmgw  linked {args.agents} agents (register each) in {linked_in:.1f} s; "
-                    f"batched writer: {fresh}/{args.agents} nodes hold a heartbeat from this run"
+                    f"links per process {spread}; batched writer: {fresh}/{args.agents} "
+                    "nodes hold a heartbeat from this run"
                 )
             else:
-                print(f"floor  connected {args.agents} agents in {linked_in:.1f} s")
+                print(
+                    f"floor  connected {args.agents} agents in {linked_in:.1f} s; "
+                    f"links per process {spread}"
+                )
             results[name] = runs
             for link in agents + probers:
                 link.abort()
@@ -186,8 +198,9 @@ async def run(args: argparse.Namespace, env: dict[str, str], tokens: dict[str, s
     finally:
         for link in links:
             link.abort()
-        for process in processes.values():
-            stop(process)
+        for group in processes.values():
+            for process in group:
+                stop(process)
         gc.enable()
 
 
@@ -227,9 +240,8 @@ def summarize(args: argparse.Namespace, results: dict) -> None:
         "p50/p99/max: prober round trips (a valid heartbeat on an unregistered link, answered "
         "'send register first'); handled/s: heartbeats sent / (window + drain), drain: time "
         "until every agent's barrier probe was answered, less that on an idle server; msgs/s "
-        "adds the probes; srv cpu: the daphne process, 100% = one core; us/msg: its CPU per "
-        "message received; cli lag: how late "
-        "this client sent"
+        "adds the probes; srv cpu: the daphne processes together, 100% = one core; us/msg: "
+        "their CPU per message received; cli lag: how late this client sent"
     )
     print(
         f"saturation heartbeats/s: llmgw {real_sat.handled:.0f}, floor "
@@ -248,7 +260,7 @@ def summarize(args: argparse.Namespace, results: dict) -> None:
     best = max(passing, key=lambda r: r.handled)
     nodes = int(best.handled * 5)
     print(
-        f"nodes one control plane process holds at 5 s heartbeats: {nodes:,} "
+        f"nodes {args.processes} control plane process(es) hold at 5 s heartbeats: {nodes:,} "
         f"(sustained {best.handled:.0f} heartbeats/s at p99 {best.p(0.99) * 1e3:.0f} ms "
         f"<= {args.p99_limit_ms:.0f} ms, step '{best.phase}', {args.agents} sockets)"
     )
@@ -278,6 +290,11 @@ def main() -> None:
     )
     parser.add_argument("--agents", type=int, default=3000, help="websockets per server")
     parser.add_argument("--seconds", type=float, default=6.0, help="window per phase")
+    parser.add_argument(
+        "--processes", type=int, default=1,
+        help="daphne processes per server, sharing one listening socket as `llmgw up` runs "
+        "them with LLMGW_CONTROL_PLANE_PROCESSES",
+    )  # fmt: skip
     parser.add_argument(
         "--p99-limit-ms", type=float, default=1000.0, help="acceptable p99 (see the top)"
     )
@@ -318,13 +335,15 @@ def main() -> None:
     ids += [f"{PROBER_PREFIX}{i:02d}" for i in range(PROBERS)]
     tokens = {node_id: node_token(node_id) for node_id in ids}
 
+    hard_limit = HARD_LIMIT_SECONDS + HARD_LIMIT_PER_AGENT * args.agents
+
     async def bounded() -> dict:
-        return await asyncio.wait_for(run(args, env, tokens), timeout=HARD_LIMIT_SECONDS)
+        return await asyncio.wait_for(run(args, env, tokens), timeout=hard_limit)
 
     try:
         summarize(args, asyncio.run(bounded()))
     except TimeoutError:
-        raise SystemExit(f"the bench ran past {HARD_LIMIT_SECONDS} s and was stopped") from None
+        raise SystemExit(f"the bench ran past {hard_limit:.0f} s and was stopped") from None
     finally:
         clear_bench_rows(env["DATABASE_URL"])
         shutil.rmtree(env["LLMGW_HOME"], ignore_errors=True)

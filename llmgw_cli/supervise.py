@@ -67,13 +67,16 @@ class ProcessChild(Child):
     """A command run in its own process group, its output appended to a log file."""
 
     def __init__(
-        self, name: str, argv: list[str], log_path: Path, env: dict[str, str], cwd: Path
-    ) -> None:
+        self, name: str, argv: list[str], log_path: Path, env: dict[str, str], cwd: Path,
+        pass_fds: tuple[int, ...] = (),
+    ) -> None:  # fmt: skip
         self.name = name
         self.argv = argv
         self.log_path = log_path
         self.env = env
         self.cwd = cwd
+        # Descriptors the child inherits, each start (the control plane's listening socket).
+        self.pass_fds = pass_fds
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -85,7 +88,7 @@ class ProcessChild(Child):
             # the children in order; and a dead child's leftovers can be killed as a group.
             self.process = subprocess.Popen(
                 self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=fd,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=self.pass_fds,
             )  # fmt: skip
         finally:
             os.close(fd)

@@ -21,6 +21,7 @@ from core.files import write_atomically
 from core.secret_files import POSTGRES_DIR, ensure_private_dir, write_secret_file
 from llmgw_cli import embedded
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog
+from llmgw_cli.listener import daphne_command, listening_socket
 from llmgw_cli.local_engine import local_engines
 from llmgw_cli.supervise import (
     Child,
@@ -43,13 +44,18 @@ UP_STATE_FILE = "up.json"
 
 
 def planned_children(
-    python: str, control_port: int, router_port: int
+    python: str, control_fd: int, router_port: int, control_processes: int = 1
 ) -> list[tuple[str, list[str]]]:
-    """The commands of DESIGN.md's processes, by name, in the order they start."""
+    """The commands of DESIGN.md's processes, by name, in the order they start.
+
+    The control plane's processes share the listening socket ``control_fd``.
+    """
     node = socket.gethostname()
+    control_plane = daphne_command(python, control_fd, "llmgw_site.asgi:application")
+    extra = [(f"control-plane-{n}", control_plane) for n in range(2, control_processes + 1)]
     return [
-        ("control-plane", [python, "-m", "daphne", "-b", "127.0.0.1", "-p",
-                           str(control_port), "llmgw_site.asgi:application"]),
+        ("control-plane", control_plane),
+        *extra,
         # uvicorn (uvloop, httptools): bench/router_overhead.py measured it ahead of daphne.
         ("router", [python, "-m", "uvicorn", "router.asgi:application", "--host",
                     "127.0.0.1", "--port", str(router_port), "--no-access-log"]),
@@ -60,6 +66,18 @@ def planned_children(
         ("agent", [python, "-m", "celery", "-A", "agent_worker", "worker", "-Q",
                    f"node-{node}", "--loglevel", "INFO", "-n", f"agent@{node}"]),
     ]  # fmt: skip
+
+
+def control_processes() -> int:
+    """LLMGW_CONTROL_PLANE_PROCESSES: daphne processes sharing the agents' links (one per
+    core holds the most; bench/heartbeats.py --processes measures it)."""
+    count = env_int("LLMGW_CONTROL_PLANE_PROCESSES", 1)
+    if not 1 <= count <= 64:
+        raise SystemExit(
+            f"LLMGW_CONTROL_PLANE_PROCESSES={count}: give a number of processes from 1 to 64 "
+            "(one per core the control plane may use)"
+        )
+    return count
 
 
 def prepare_environment(home: Path) -> dict[str, str]:
@@ -170,10 +188,14 @@ def run(argv: list[str] | None = None) -> int:
 
     control_port = env_int("LLMGW_PORT", 8000)
     router_port = env_int("LLMGW_ROUTER_PORT", 8080)
+    # Held for as long as `llmgw up` runs: a restarting control plane refuses no one.
+    control_socket = listening_socket("127.0.0.1", control_port)
+    fd = control_socket.fileno()
     processes = [
-        ProcessChild(name, command, logs / f"{name}.log", env, REPO)
-        for name, command in planned_children(python, control_port, router_port)
-    ]
+        ProcessChild(name, command, logs / f"{name}.log", env, REPO,
+                     pass_fds=(fd,) if name.startswith("control-plane") else ())
+        for name, command in planned_children(python, fd, router_port, control_processes())
+    ]  # fmt: skip
     supervisor = ChildSupervisor([*services, *processes])
     supervisor.on_change = lambda: write_up_state(home, supervisor)
     echo = LogEcho([child.log_path for child in processes])
@@ -194,6 +216,7 @@ def run(argv: list[str] | None = None) -> int:
     finally:
         # Engines stop only here: on Ctrl-C or SIGTERM of `llmgw up` itself.
         supervisor.stop_all(STOP_GRACE_SECONDS, lambda c: isinstance(c, ProcessChild))
+        control_socket.close()
         echo.pump()
         if env_str("LLMGW_KEEP_ENGINES", "0") != "1":
             stop_local_engines(Path(env["LLMGW_AGENT_DIR"]))

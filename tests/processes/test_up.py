@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import httpx
 import pytest
@@ -21,7 +23,8 @@ def home():
 
 
 def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_path, home):
-    up = Up(home, tmp_path / "up.log", LLMGW_DEMO="0").start()
+    # Two control-plane processes on one socket, as a fleet outgrowing one core runs it.
+    up = Up(home, tmp_path / "up.log", LLMGW_DEMO="0", LLMGW_CONTROL_PLANE_PROCESSES="2").start()
     try:
         base = up.base
         login = wait_until(lambda: answers(f"{base}/accounts/login/"), 120, "the login page")
@@ -72,9 +75,24 @@ def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_p
         assert (home / "postgres" / "PG_VERSION").exists()
         assert (home / "redis" / "redis.sock").exists()
         # Every child's output is in its own log file, and echoed by `llmgw up`.
-        assert set(up.children()) == {"postgres", "redis", "control-plane", "router",
-                                      "reconciler", "agent"}  # fmt: skip
+        assert set(up.children()) == {"postgres", "redis", "control-plane", "control-plane-2",
+                                      "router", "reconciler", "agent"}  # fmt: skip
         assert "agent@" in (home / "logs" / "agent.log").read_text()
         assert "agent | " in up.output()
+        # One control-plane process killed: the other answers on the same port meanwhile,
+        # and `llmgw up` starts the dead one again on the socket it holds.
+        first = up.children()["control-plane"]
+        os.kill(first, signal.SIGKILL)
+        for _ in range(20):
+            assert httpx.get(f"{base}/accounts/login/", timeout=5).status_code == 200
+        wait_until(
+            lambda: up.children().get("control-plane") not in (None, first),
+            30,
+            "the killed control-plane process restarted",
+        )
+        log = home / "logs" / "control-plane.log"
+        wait_until(lambda: log.read_text().count("Listening on") == 2, 60,
+                   "the restarted process listening")  # fmt: skip
+        assert httpx.get(f"{base}/accounts/login/", timeout=5).status_code == 200
     finally:
         up.stop()
