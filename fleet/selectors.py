@@ -5,13 +5,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Prefetch
+from django.db import connection
+from django.db.models import Count, Prefetch, Q
 from django.utils import timezone
 
 from audit.models import Event
 from catalog.models import Model, newest_engine_versions
 from core.humanize import format_bytes, format_progress
-from fleet.models import Node, Replica, ReplicaState, Shard
+from fleet.models import Node, NodeState, Replica, ReplicaState, Shard
 from fleet.reconcile.backoff import replacement_backoff
 from protocol.engines import EngineInstall
 from protocol.inventory import Filesystem, Inventory, NodeUsage
@@ -86,10 +87,80 @@ def backoff_line(replica: Replica, now: datetime) -> str:
     return replacement_backoff(replica, now).explain(now)
 
 
-def cluster_overview() -> dict[str, Any]:
+def node_counts(where: Q | None = None) -> dict[str, int]:
+    """How many nodes there are, in each state and draining, and how many ``where``
+    picks ("matched"): one aggregate query, however many nodes."""
+    wheres = {state: Q(state=state) for state in NodeState.values}
+    wheres["draining"] = Q(draining=True)
+    if where:
+        wheres["matched"] = where
+    # Aliases apart from the fields' names: an aggregate named "draining" would shadow
+    # the field in the others' filters.
+    aggregates = {f"n_{name}": Count("pk", filter=q) for name, q in wheres.items()}
+    totals = Node.objects.aggregate(n_total=Count("pk"), **aggregates)
+    counts = {alias.removeprefix("n_"): value for alias, value in totals.items()}
+    counts.setdefault("matched", counts["total"])
+    return counts
+
+
+def node_window(where: Q | None = None, page: int = 1, per_page: int = 50) -> dict[str, Any]:
+    """Page ``page`` of the nodes ``where`` picks (by id; past the last, the last), as
+    rows, with the counts around it.
+
+    Two queries whatever the fleet's size: the counts, then the page's rows. ``outline``
+    says what decides the rows shown (the counts and the rows' ids): a change that leaves
+    it as it was and touches no row shown changes nothing on the page.
+    """
     now = timezone.now()
-    nodes = [node_row(node, now) for node in Node.objects.all()]
-    return {"nodes": nodes, "models": model_rows(), "now": now}
+    counts = node_counts(where)
+    page, pages = _within(page, counts["matched"], per_page)
+    start = (page - 1) * per_page
+    nodes = list(Node.objects.filter(where or Q()).order_by("id")[start : start + per_page])
+    return {
+        "nodes": [node_row(node, now) for node in nodes],
+        "counts": counts,
+        "window": {
+            "first": start + 1 if nodes else 0,
+            "last": start + len(nodes),
+            "page": page,
+            "pages": pages,
+        },
+        "outline": _outline(counts, [node.id for node in nodes]),
+        "now": now,
+    }
+
+
+def node_outline(where: Q | None = None, page: int = 1, per_page: int = 50) -> tuple:
+    """``node_window``'s outline alone, read without the rows: two small queries."""
+    counts = node_counts(where)
+    page, _pages = _within(page, counts["matched"], per_page)
+    start = (page - 1) * per_page
+    ids = Node.objects.filter(where or Q()).order_by("id").values_list("id", flat=True)
+    return _outline(counts, list(ids[start : start + per_page]))
+
+
+def _within(page: int, matched: int, per_page: int) -> tuple[int, int]:
+    """The page shown (1 to the last) and how many there are."""
+    pages = max(1, -(-matched // per_page))
+    return max(1, min(page, pages)), pages
+
+
+def _outline(counts: dict[str, int], ids: list[str]) -> tuple:
+    return tuple(sorted(counts.items())), tuple(ids)
+
+
+def node_filter_choices() -> dict[str, list[str]]:
+    """The pools and fabrics nodes are in, for a filter's choices: two queries that read
+    no row into Python (a fabric is what a node's register said it can use)."""
+    pools = Node.objects.exclude(pool="").order_by("pool").values_list("pool", flat=True)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT DISTINCT fabric->>'name' FROM {Node._meta.db_table}, "  # noqa: S608
+            "jsonb_array_elements(CASE WHEN jsonb_typeof(inventory->'fabrics') = 'array' "
+            "THEN inventory->'fabrics' ELSE '[]'::jsonb END) AS fabric ORDER BY 1"
+        )
+        fabrics = [name for (name,) in cursor.fetchall() if name]
+    return {"pools": list(pools.distinct()), "fabrics": fabrics}
 
 
 def progress_line(progress: dict | None) -> str:

@@ -5,6 +5,8 @@ pages group and forwards: each change message names what changed, and the socket
 the fragments of its page that the change touches, rendered for its user. Pushes are
 coalesced (at most one every PUSH_INTERVAL s), so a burst of changes costs one render.
 On connect the whole page is pushed, so a socket that reconnects re-syncs the page.
+A page that shows a window of a long list (the cluster page's nodes) is pushed only
+when a change touches a row it shows or moves what its window holds.
 """
 
 from __future__ import annotations
@@ -49,10 +51,12 @@ class PageConsumer(AsyncWebsocketConsumer):
             # Closing before accepting refuses the handshake (HTTP 403).
             await self.close()
             return
-        kwargs = self.scope["url_route"]["kwargs"]
-        self.key = str(kwargs.get("node_id") or kwargs.get("name") or "")
+        self.key = self.page_key()
         self.can_operate = await database_sync_to_async(is_operator)(user)
         self.pending: set[str] = set()
+        # The subjects of the rows this page shows, and what decided them (see Push).
+        self.shown: frozenset[str] = frozenset()
+        self.outline = None
         self.flusher: asyncio.Task | None = None
         self.last_push = 0.0
         self.last_slow_push = 0.0
@@ -67,11 +71,16 @@ class PageConsumer(AsyncWebsocketConsumer):
         if hasattr(self, "key"):
             await self.channel_layer.group_discard(notices.PAGES_GROUP, self.channel_name)
 
+    def page_key(self) -> str:
+        kwargs = self.scope["url_route"]["kwargs"]
+        return str(kwargs.get("node_id") or kwargs.get("name") or "")
+
     async def receive(self, text_data=None, bytes_data=None) -> None:
         """Pages only listen; anything a browser sends is ignored."""
 
     async def fleet_changed(self, event) -> None:
-        names = fragments.touched(self.page, self.key, event["kind"], event.get("subjects", []))
+        subjects = event.get("subjects", [])
+        names = fragments.touched(self.page, self.key, event["kind"], subjects, self.shown)
         loop = asyncio.get_running_loop()
         for slow in fragments.PAGES[self.page].slow:
             if slow in names and loop.time() - self.last_slow_push < SLOW_PUSH_INTERVAL:
@@ -92,11 +101,17 @@ class PageConsumer(AsyncWebsocketConsumer):
                     await asyncio.sleep(max(0.0, self.last_push + PUSH_INTERVAL - loop.time()))
                 at_once = False
                 names, self.pending = self.pending, set()
-                html = await database_sync_to_async(fragments.render_fragments)(
-                    self.page, self.key, self.can_operate, names
+                push = await database_sync_to_async(fragments.render_push)(
+                    self.page, self.key, self.can_operate, names, self.outline
                 )
-                await self.send(text_data=html)
+                # Even a look that found nothing to push counts: a storm of changes
+                # elsewhere costs this socket one look a PUSH_INTERVAL.
                 self.last_push = loop.time()
+                if push is None:
+                    continue
+                if push.shown is not None:
+                    self.shown, self.outline = push.shown, push.outline
+                await self.send(text_data=push.html)
                 if names & set(fragments.PAGES[self.page].slow):
                     self.last_slow_push = self.last_push
         except asyncio.CancelledError:
@@ -107,6 +122,10 @@ class PageConsumer(AsyncWebsocketConsumer):
 
 class ClusterPageConsumer(PageConsumer):
     page = "cluster"
+
+    def page_key(self) -> str:
+        """The page's filter and page number, as its URL's query string says them."""
+        return self.scope.get("query_string", b"").decode(errors="replace")
 
 
 class NodePageConsumer(PageConsumer):

@@ -7,23 +7,69 @@ what a push shows is exactly what a reload would.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils import timezone
 
 from fleet import history, selectors, traffic
 from fleet.models import Node
 from fleet.pages import mirror
+from fleet.pages.node_filter import PER_PAGE, STATES, NodeFilter
 
 # Kinds of change that alter what the models table shows.
 MODEL_KINDS = frozenset({"replica", "shard", "placement", "catalog", "progress", "node"})
+# Said by ``touched`` of a page that shows a window of a long list: a change to rows it
+# does not show may still move rows into it or change its counts, so the page's outline
+# is read again and the window pushed only if that moved.
+OUTLINE = "outline"
 
 
 def cluster_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None:
-    return selectors.cluster_overview()
+    """The cluster page for ``key``, its query string: the nodes its filter picks, a page
+    of them at a time, and the models."""
+    fragments = set(fragments)
+    node_filter = NodeFilter.from_query(key)
+    context: dict[str, Any] = {"now": timezone.now()}
+    if "nodes" in fragments:
+        context.update(selectors.node_window(node_filter.where(), node_filter.page, PER_PAGE))
+        window = context["window"]
+        node_filter = node_filter.on_page(node_filter.page, window["pages"])
+        context["shown"] = frozenset(row["node"].id for row in context["nodes"])
+        context.update(_node_links(node_filter, context["counts"], window))
+    if "models" in fragments:
+        context["models"] = selectors.model_rows()
+    context["node_filter"] = node_filter
+    return context
+
+
+def cluster_outline(key: str) -> Hashable:
+    node_filter = NodeFilter.from_query(key)
+    return selectors.node_outline(node_filter.where(), node_filter.page, PER_PAGE)
+
+
+def _node_links(node_filter: NodeFilter, counts: dict[str, int], window: dict) -> dict[str, Any]:
+    """The links of the nodes' window: each state's count, and the pages beside this one."""
+
+    def href(query: str) -> str:
+        return f"{reverse('cluster')}?{query}" if query else reverse("cluster")
+
+    page, pages = window["page"], window["pages"]
+    return {
+        "state_counts": [
+            {"state": state, "count": counts[state], "href": href(NodeFilter(state=state).query())}
+            for state in STATES
+            if counts[state]
+        ],
+        "previous_href": href(node_filter.query(page=page - 1)) if page > 1 else "",
+        "next_href": href(node_filter.query(page=page + 1)) if page < pages else "",
+        "first_href": href(node_filter.query(page=1)) if page > 2 else "",
+        "last_href": href(node_filter.query(page=pages)) if page < pages - 1 else "",
+        "clear_href": href(""),
+    }
 
 
 def node_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None:
@@ -55,16 +101,20 @@ def logs_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None:
     return {"node": node, "row": selectors.node_row(node, now), "now": now}
 
 
-def _cluster_touched(key: str, kind: str, subjects: list[str]) -> set[str]:
+def _cluster_touched(key: str, kind: str, subjects: list[str], shown: frozenset[str]) -> set[str]:
     touched = set()
-    if kind in ("node", "usage"):
+    if kind in ("node", "usage") and not shown.isdisjoint(subjects):
         touched.add("nodes")
+    elif kind == "node":
+        # Off this page. A heartbeat ("usage") changes only its own node's row, but a
+        # node's state, drain, pool or arrival may move rows into the page or the counts.
+        touched.add(OUTLINE)
     if kind in MODEL_KINDS:
         touched.add("models")
     return touched
 
 
-def _node_touched(key: str, kind: str, subjects: list[str]) -> set[str]:
+def _node_touched(key: str, kind: str, subjects: list[str], shown: frozenset[str]) -> set[str]:
     if kind == "usage":
         # The summary follows every heartbeat; the charts are throttled by the socket.
         return {"summary", "history"} if key in subjects else set()
@@ -75,15 +125,15 @@ def _node_touched(key: str, kind: str, subjects: list[str]) -> set[str]:
     return set()
 
 
-def _model_touched(key: str, kind: str, subjects: list[str]) -> set[str]:
+def _model_touched(key: str, kind: str, subjects: list[str], shown: frozenset[str]) -> set[str]:
     return {"profiles", "replicas"} if kind in MODEL_KINDS else set()
 
 
-def _mirror_touched(key: str, kind: str, subjects: list[str]) -> set[str]:
+def _mirror_touched(key: str, kind: str, subjects: list[str], shown: frozenset[str]) -> set[str]:
     return {"holders"} if kind in MODEL_KINDS else set()
 
 
-def _logs_touched(key: str, kind: str, subjects: list[str]) -> set[str]:
+def _logs_touched(key: str, kind: str, subjects: list[str], shown: frozenset[str]) -> set[str]:
     return {"node-state"} if kind in ("node", "usage") and key in subjects else set()
 
 
@@ -94,13 +144,25 @@ class Page:
     template: str
     fragments: tuple[str, ...]
     context: Callable[[str, Iterable[str]], dict[str, Any] | None]
-    touched: Callable[[str, str, list[str]], set[str]]
+    # (key, kind, subjects, the subjects of the rows shown) -> the fragments to push.
+    touched: Callable[[str, str, list[str], frozenset[str]], set[str]]
     # Fragments pushed at most this often (seconds), however often they are touched.
     slow: tuple[str, ...] = ()
+    # A page that shows a window of a long list: the fragment holding it, and a cheap read
+    # of what decides its rows (its context gives the same as "outline", with "shown").
+    window: str = ""
+    outline: Callable[[str], Hashable] | None = None
 
 
 PAGES: dict[str, Page] = {
-    "cluster": Page("fleet/cluster.html", ("nodes", "models"), cluster_context, _cluster_touched),
+    "cluster": Page(
+        "fleet/cluster.html",
+        ("nodes", "models"),
+        cluster_context,
+        _cluster_touched,
+        window="nodes",
+        outline=cluster_outline,
+    ),
     "node": Page(
         "fleet/node.html", ("summary", "history"), node_context, _node_touched, slow=("history",)
     ),
@@ -113,17 +175,45 @@ PAGES: dict[str, Page] = {
 }
 
 
-def touched(page: str, key: str, kind: str, subjects: list[str]) -> set[str]:
-    """The fragments of ``page`` (for ``key``) that a change of ``kind`` may alter."""
-    return PAGES[page].touched(key, kind, subjects)
+def touched(page: str, key: str, kind: str, subjects: list[str], shown=frozenset()) -> set[str]:
+    """The fragments of ``page`` (for ``key``) that a change of ``kind`` may alter;
+    ``shown``: the subjects of the rows the page showed last."""
+    return PAGES[page].touched(key, kind, subjects, frozenset(shown))
+
+
+@dataclass(frozen=True)
+class Push:
+    """What a page's socket sends. For a page showing a window of a list, when the push
+    re-draws the window: the subjects of its rows and its outline (else None)."""
+
+    html: str
+    shown: frozenset[str] | None = None
+    outline: Hashable = None
+
+
+def render_push(
+    page: str, key: str, can_operate: bool, fragments: Iterable[str], outline: Hashable = None
+) -> Push | None:
+    """The named fragments of a page as one push; None when nothing shown would change
+    (only ``OUTLINE`` was asked, and the outline is as it was)."""
+    spec = PAGES[page]
+    asked = set(fragments)
+    if OUTLINE in asked:
+        asked.discard(OUTLINE)
+        if spec.outline is not None and spec.window not in asked and spec.outline(key) != outline:
+            asked.add(spec.window)
+    names = [name for name in spec.fragments if name in asked]
+    if not names:
+        return None
+    context = spec.context(key, names)
+    if context is None:
+        return Push(render_to_string("fleet/gone.html", {"page": page, "key": key}))
+    context["can_operate"] = can_operate
+    html = "".join(render_to_string(f"{spec.template}#{name}", context) for name in names)
+    return Push(html, context.get("shown"), context.get("outline"))
 
 
 def render_fragments(page: str, key: str, can_operate: bool, fragments: Iterable[str]) -> str:
     """The named fragments of a page, as a websocket push (each carries its own id)."""
-    spec = PAGES[page]
-    names = [name for name in spec.fragments if name in set(fragments)]
-    context = spec.context(key, names)
-    if context is None:
-        return render_to_string("fleet/gone.html", {"page": page, "key": key})
-    context["can_operate"] = can_operate
-    return "".join(render_to_string(f"{spec.template}#{name}", context) for name in names)
+    push = render_push(page, key, can_operate, fragments)
+    return push.html if push else ""

@@ -14,15 +14,16 @@ import re
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django_htmx.middleware import HtmxDetails
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from catalog.permissions import is_operator
-from fleet import commands
+from fleet import commands, selectors
 from fleet.metrics import FleetCollector
 from fleet.models import Node, Shard
 from fleet.pages import fragments
+from fleet.pages.node_filter import STATES, NodeFilter
 from protocol.commands import LOG_LINES_KEPT
 
 LOG_LINES_DEFAULT = 200
@@ -35,12 +36,12 @@ class HtmxRequest(HttpRequest):
     htmx: HtmxDetails
 
 
-def _page(request: HtmxRequest, page: str, key: str = "") -> HttpResponse:
+def _page(request: HtmxRequest, page: str, key: str = "", **extra) -> HttpResponse:
     spec = fragments.PAGES[page]
     context = spec.context(key, spec.fragments)
     if context is None:
         raise Http404(f"no {page} named {key!r}")
-    context.update(can_operate=is_operator(request.user), key=key)
+    context.update(can_operate=is_operator(request.user), key=key, **extra)
     fragment = request.GET.get("fragment", "")
     if request.htmx and fragment in spec.fragments:
         return render(request, f"{spec.template}#{fragment}", context)
@@ -49,7 +50,15 @@ def _page(request: HtmxRequest, page: str, key: str = "") -> HttpResponse:
 
 @login_required
 def cluster(request: HtmxRequest) -> HttpResponse:
-    return _page(request, "cluster")
+    """The nodes a page at a time, filtered as the query string says, and the models."""
+    query = request.META.get("QUERY_STRING", "")
+    node_filter = NodeFilter.from_query(request.GET)
+    canonical = node_filter.query()
+    if query != canonical and not node_filter.notes and not request.htmx:
+        # The filter form sends its empty fields too: the URL to share is the short one.
+        return redirect(f"{request.path}?{canonical}" if canonical else request.path)
+    choices = {"states": STATES, **selectors.node_filter_choices()}
+    return _page(request, "cluster", query, filter_choices=choices)
 
 
 @login_required

@@ -34,3 +34,9 @@ def age(moment: datetime | None) -> str:
 def width(percent: float | None) -> str:
     """A share as a CSS width ('41.0%'), for bars; an unknown one as 0."""
     return f"{max(0.0, min(100.0, percent or 0.0)):.1f}%"
+
+
+@register.filter
+def count(value: int | None) -> str:
+    """A whole number with thousands apart, as '2,000'."""
+    return "0" if value is None else f"{value:,}"

@@ -8,7 +8,8 @@ import redis.asyncio as aioredis
 from django.conf import settings
 from django.utils import timezone
 
-from fleet.models import Node, ReplicaState, ShardState
+from fleet.models import Node, NodeState, ReplicaState, ShardState
+from protocol.inventory import UsableFabric
 from router.traffic import add_traffic
 from tests.factories import make_model, make_node, make_profile, make_replica, make_shard
 from tests.fleet.inventories import inventory
@@ -98,3 +99,41 @@ def router_reported(counts: dict, at: float) -> None:
             await client.aclose()
 
     asyncio.run(add())
+
+
+def many_nodes(count: int, *, unreachable_every: int = 100, draining: tuple[str, ...] = ()):
+    """``count`` nodes gpu00000… as agents leave them (register, engines, a heartbeat), in
+    one statement: every ``unreachable_every``-th one unreachable, even ones in pool a and
+    odd ones in pool b, on fabrics ib-0…ib-3 by their number mod 4."""
+    now = timezone.now()
+    # One inventory validated, then copied per node: pydantic for each of 2,000 is slow.
+    described = inventory("gpu", gpus=2, weights_dir="/var/lib/llmgw/weights")
+    template = described.model_dump(mode="json")
+    engines = [{"engine": "llama.cpp", "version": "b5000", "path": "/x", "status": "installed"}]
+    nodes = []
+    for i in range(count):
+        node_id, address = f"gpu{i:05d}", f"10.0.{i // 256}.{i % 256}"
+        fabric = UsableFabric(name=f"ib-{i % 4}", adapters=["mlx5_0"]).model_dump(mode="json")
+        unreachable = i % unreachable_every == unreachable_every - 1
+        nodes.append(
+            Node(
+                id=node_id,
+                address=address,
+                state=NodeState.UNREACHABLE if unreachable else NodeState.CONNECTED,
+                draining=node_id in draining,
+                pool="a" if i % 2 == 0 else "b",
+                inventory={
+                    **template,
+                    "hostname": node_id,
+                    "address": address,
+                    "fabrics": [fabric],
+                },
+                engines=engines,
+                usage=usage(cpu_percent=float(i % 100)),
+                usage_reported_at=now,
+                last_heartbeat=now,
+                registered_at=now,
+                agent_version="0.1.0",
+            )
+        )
+    return Node.objects.bulk_create(nodes, batch_size=500)

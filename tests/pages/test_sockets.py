@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.utils import timezone
 
 from audit import notices
+from fleet.link.heartbeats import write_heartbeats
 from fleet.models import Node, NodeState
 from fleet.transitions import transition
 from tests.factories import SETUP
 from tests.pages.asgi_client import application, session_cookie
-from tests.pages.rows import heartbeating_node, stale_replica_on
+from tests.pages.rows import heartbeating_node, many_nodes, stale_replica_on, usage
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -153,4 +157,55 @@ async def test_a_page_whose_node_is_gone_says_so(reader):
     session = await session_cookie(reader)
     communicator, first = await connected("/ws/pages/nodes/nowhere/", session)
     assert '<div id="page-notice"' in first and "is gone" in first
+    await communicator.disconnect()
+
+
+def node_rows(html: str) -> list[str]:
+    return re.findall(r'<tr id="node-([^"]+)"', html)
+
+
+async def test_the_cluster_socket_shows_the_page_its_url_asks_for(reader):
+    await database_sync_to_async(many_nodes)(120, unreachable_every=10)
+    session = await session_cookie(reader)
+    communicator, first = await connected("/ws/pages/cluster/?state=unreachable&page=2", session)
+    # 12 unreachable make one page only: it shows, with a word on why.
+    assert node_rows(first) == [f"gpu{i:05d}" for i in range(9, 120, 10)]
+    assert "page 2 is past the last (1); showing the last" in first
+    await communicator.disconnect()
+    communicator, first = await connected("/ws/pages/cluster/?pool=b&page=2", session)
+    assert node_rows(first) == [f"gpu{i:05d}" for i in range(101, 120, 2)]
+    assert "showing 51–60 of 60 matching" in first
+    await communicator.disconnect()
+
+
+async def test_heartbeats_push_the_cluster_page_only_for_the_rows_it_shows(reader):
+    await database_sync_to_async(many_nodes)(60)
+    session = await session_cookie(reader)
+    communicator, first = await connected("/ws/pages/cluster/", session)
+    assert len(node_rows(first)) == 50
+    now = timezone.now()
+    off_page = {"gpu00055": (now, usage(cpu_percent=77.0))}
+    await database_sync_to_async(write_heartbeats)(off_page)
+    assert await communicator.receive_nothing(timeout=1.5)
+    await database_sync_to_async(write_heartbeats)({"gpu00001": (now, usage(cpu_percent=77.0))})
+    pushed = await receive_until(communicator, "77%")
+    assert pushed.lstrip().startswith('<section id="nodes">')
+    assert '<section id="models">' not in pushed and len(node_rows(pushed)) == 50
+    await communicator.disconnect()
+
+
+async def test_a_change_off_the_page_is_pushed_only_if_it_moves_the_counts(reader):
+    await database_sync_to_async(many_nodes)(60)
+    session = await session_cookie(reader)
+    communicator, _first = await connected("/ws/pages/cluster/", session)
+    # Said of a node off the page, changing nothing this page shows: the models may be
+    # redrawn (a node's change can touch replicas), the nodes are not.
+    await database_sync_to_async(notices.pages_changed)("node", "gpu00055")
+    pushed = await communicator.receive_from(timeout=10)
+    assert '<section id="nodes">' not in pushed and '<section id="models">' in pushed
+    await database_sync_to_async(transition)(
+        Node, "gpu00055", NodeState.UNREACHABLE, "silent", actor=SETUP
+    )
+    pushed = await receive_until(communicator, "1 unreachable")
+    assert node_rows(pushed) == [f"gpu{i:05d}" for i in range(50)]
     await communicator.disconnect()

@@ -1,0 +1,185 @@
+"""Benchmark the cluster page at fleet scale: how long it takes to render, how big it is,
+and how big one live push of its nodes is.
+
+Run: DATABASE_URL=postgresql://… REDIS_URL=redis://… .venv/bin/python bench/cluster_page.py
+         [--nodes 2000] [--query "state=unreachable"]
+
+It creates (once) and migrates a database ``llmgw_bench_pages`` on the DATABASE_URL server,
+so the seeded nodes never land in a real one, fills it with --nodes nodes as agents would
+describe them (8 GPUs, two engines, a fabric, a fresh heartbeat; 1% unreachable, pools a
+and b), and measures in this process, through Django's test client as an operator:
+
+- render: GET / (the first page, and once with --query), median of 5 after one warm-up;
+- size: the HTML of each;
+- push: one live push of the nodes fragment, as the cluster page's socket renders it, and
+  how long rendering it takes (median of 5).
+
+The figures are printed, never judged: compare runs made the same way on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+BENCH_DATABASE = "llmgw_bench_pages"
+GB = 1_000_000_000
+WEIGHTS = "/var/lib/llmgw/weights"
+ENGINES = [
+    {"engine": "llama.cpp", "version": "b5000", "path": "/x", "status": "installed"},
+    {"engine": "vllm", "version": "0.9", "path": "/y", "status": "installed"},
+]
+
+
+def prepare_database(url: str, env: dict[str, str]) -> str:
+    """Create the bench's own database beside the given one if missing, and migrate it."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        exists = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DATABASE]
+        ).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{BENCH_DATABASE}"')
+    bench_url = urlunsplit(urlsplit(url)._replace(path=f"/{BENCH_DATABASE}"))
+    migrate = [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"]
+    subprocess.run(migrate, cwd=REPO, env={**env, "DATABASE_URL": bench_url}, check=True)
+    return bench_url
+
+
+def seed(count: int) -> None:
+    """``count`` nodes as a fleet's agents leave them: register, engines, a heartbeat."""
+    from django.utils import timezone
+
+    from audit.models import Event
+    from fleet.models import Node, NodeState
+    from protocol.inventory import Cpu, Gpu, Inventory, UsableFabric
+
+    Event.objects.all().delete()
+    Node.objects.all().delete()
+    now = timezone.now()
+    nodes = []
+    for i in range(count):
+        node_id = f"gpu{i:05d}"
+        inventory = Inventory(
+            hostname=node_id,
+            address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}",
+            os="Debian GNU/Linux 12",
+            kernel="6.1",
+            arch="x86_64",
+            cpu=Cpu(model="AMD EPYC 9654", cores=96, arch="x86_64", vector_extensions=["avx2"]),
+            memory_total=1024 * GB,
+            gpus=[
+                Gpu(index=g, uuid=f"GPU-{i}-{g}", name="H100", memory_total=80 * GB, memory_used=0)
+                for g in range(8)
+            ],
+            fabrics=[UsableFabric(name=f"ib-{i % 4}", adapters=["mlx5_0", "mlx5_1"])],
+            weights_dir=WEIGHTS,
+        )
+        usage = {
+            "cpu_percent": float(i % 100),
+            "load": [2.5, 2.0, 1.5],
+            "memory_total": 1024 * GB,
+            "memory_used": 300 * GB,
+            "memory_available": 700 * GB,
+            "gpu_memory_used": {str(g): 12 * GB for g in range(8)},
+            "filesystems": [{"path": WEIGHTS, "mount": "/", "total": 8000 * GB, "free": 5000 * GB}],
+            "shards": {},
+        }
+        unreachable = i % 100 == 99
+        heard = now - timedelta(seconds=30) if unreachable else now
+        nodes.append(
+            Node(
+                id=node_id,
+                address=inventory.address,
+                state=NodeState.UNREACHABLE if unreachable else NodeState.CONNECTED,
+                pool="a" if i % 2 == 0 else "b",
+                inventory=inventory.model_dump(mode="json"),
+                engines=ENGINES,
+                usage=usage,
+                usage_reported_at=heard,
+                last_heartbeat=heard,
+                registered_at=now - timedelta(hours=1),
+                agent_version="0.1.0",
+            )
+        )
+    Node.objects.bulk_create(nodes, batch_size=500)
+
+
+def timed_get(client, path: str, runs: int = 5) -> tuple[float, int]:
+    """Median seconds of ``runs`` GETs after one warm-up, and the page's size in bytes."""
+    response = client.get(path)
+    assert response.status_code == 200, (path, response.status_code)
+    times = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        response = client.get(path)
+        times.append(time.perf_counter() - began)
+    return statistics.median(times), len(response.content)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=2000)
+    parser.add_argument("--query", default="state=unreachable", help="a filtered view to time")
+    args = parser.parse_args()
+    database_url, redis_url = os.environ.get("DATABASE_URL"), os.environ.get("REDIS_URL")
+    if not database_url or not redis_url:
+        raise SystemExit("set DATABASE_URL and REDIS_URL (the bench makes its own database)")
+    env = {
+        **os.environ,
+        "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(32),
+        "DJANGO_SETTINGS_MODULE": "llmgw_site.settings",
+        "LLMGW_HOME": os.environ.get("LLMGW_HOME") or tempfile.mkdtemp(prefix="llmgw-bench-"),
+    }
+    env["DATABASE_URL"] = prepare_database(database_url, env)
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.contrib.auth.models import Group, User
+    from django.test import Client
+    from django.test.utils import setup_test_environment
+
+    from catalog.permissions import OPERATORS_GROUP
+    from fleet.pages import fragments
+
+    setup_test_environment()
+    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
+    began = time.perf_counter()
+    seed(args.nodes)
+    print(f"seeded {args.nodes} nodes in {time.perf_counter() - began:.1f} s", flush=True)
+    user, _ = User.objects.get_or_create(username="bench-operator")
+    user.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
+    client = Client()
+    client.force_login(user)
+
+    for path in ("/", f"/?{args.query}"):
+        seconds, size = timed_get(client, path)
+        print(f"GET {path:<28} {seconds * 1000:8.1f} ms median of 5, {size / 1024:8.1f} KiB")
+    times = []
+    for _ in range(5):
+        began = time.perf_counter()
+        push = fragments.render_fragments("cluster", "", True, ["nodes"])
+        times.append(time.perf_counter() - began)
+    print(
+        f"one push of the nodes fragment: {len(push.encode()) / 1024:.1f} KiB, rendered in "
+        f"{statistics.median(times) * 1000:.1f} ms median of 5"
+    )
+
+
+if __name__ == "__main__":
+    main()
