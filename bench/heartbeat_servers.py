@@ -15,25 +15,27 @@ BENCH_DATABASE = "llmgw_bench"
 NODE_PREFIX = "bench-node-"
 
 
-def bench_database_url(url: str) -> str:
+def bench_database_url(url: str, database: str = BENCH_DATABASE) -> str:
     parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{BENCH_DATABASE}"))
+    return urlunsplit(parts._replace(path=f"/{database}"))
 
 
-def prepare_database(url: str, env: dict[str, str]) -> float:
-    """Create llmgw_bench beside the given database if missing, migrate it, clear old runs."""
+def prepare_database(
+    url: str, env: dict[str, str], database: str = BENCH_DATABASE, clear: bool = True
+) -> float:
+    """Create ``database`` (llmgw_bench) beside the given database if missing, migrate it
+    (``env`` names it), clear old runs' rows unless told not to (a bench that clears its own)."""
     import psycopg
 
     began = time.perf_counter()
     with psycopg.connect(url, autocommit=True) as conn:
-        exists = conn.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DATABASE]
-        ).fetchone()
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
         if not exists:
-            conn.execute(f'CREATE DATABASE "{BENCH_DATABASE}"')
+            conn.execute(f'CREATE DATABASE "{database}"')
     migrate = [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"]
     subprocess.run(migrate, cwd=REPO, env=env, check=True)
-    clear_bench_rows(env["DATABASE_URL"])
+    if clear:
+        clear_bench_rows(env["DATABASE_URL"])
     return time.perf_counter() - began
 
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from celery import current_app
 from celery.exceptions import TimeoutError as CeleryTimeout
@@ -51,7 +54,15 @@ def node_queue(node_id: str) -> str:
     return f"node-{node_id}"
 
 
-def send(node_id: str, command: NodeCommand, expires: float):
+@contextmanager
+def one_connection() -> Iterator[Any]:
+    """A producer for the commands of a block, passed to each ``send``: one broker
+    connection for all of them instead of one taken from the pool each time."""
+    with current_app.producer_or_acquire() as producer:
+        yield producer
+
+
+def send(node_id: str, command: NodeCommand, expires: float, producer: Any = None):
     """Put a signed, expiring command on the node's queue."""
     deadline = time.time() + expires
     args = command.args()
@@ -62,6 +73,7 @@ def send(node_id: str, command: NodeCommand, expires: float):
         kwargs={"deadline": deadline, "signature": signature},
         queue=node_queue(node_id),
         expires=expires,
+        producer=producer,
     )
 
 
@@ -84,17 +96,18 @@ def send_stop_shard(node_id: str, shard_id: str, epoch: int | None = None) -> No
 def announce_epoch(epoch: int) -> None:
     """Tell every node the epoch of the leader that just took the lease (lost nodes too:
     one that comes back reads its queue first)."""
-    for node_id in Node.objects.values_list("id", flat=True):
-        send(node_id, AnnounceEpoch(epoch=epoch), EPOCH_EXPIRES)
+    with one_connection() as producer:
+        for node_id in Node.objects.values_list("id", flat=True):
+            send(node_id, AnnounceEpoch(epoch=epoch), EPOCH_EXPIRES, producer)
 
 
-def send_converge_engines(node_id: str, engines: list[WantedEngine]) -> None:
-    send(node_id, ConvergeEngines(engines=engines), CONVERGE_EXPIRES)
+def send_converge_engines(node_id: str, engines: list[WantedEngine], producer: Any = None) -> None:
+    send(node_id, ConvergeEngines(engines=engines), CONVERGE_EXPIRES, producer)
 
 
-def send_drain(node_id: str, draining: bool) -> None:
+def send_drain(node_id: str, draining: bool, producer: Any = None) -> None:
     """Tell the agent to take no new shards (or to take them again)."""
-    send(node_id, Drain(draining=draining), CONVERGE_EXPIRES)
+    send(node_id, Drain(draining=draining), CONVERGE_EXPIRES, producer)
 
 
 def read_logs(node_id: str, source: str = "agent", lines: int = 200) -> dict:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from enum import nonmember
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import models
@@ -28,6 +29,9 @@ REPLICA_SECRET_SALT = "llmgw.replica-secret"  # noqa: S105 (a salt, not a secret
 USAGE_FRESH_FOR = timedelta(seconds=60)
 # Engine lists are sent again this often, so a lost command costs this much at most.
 ENGINES_RETOLD_AFTER = timedelta(minutes=10)
+# What a node reports of itself, kept as JSON: kilobytes a row, decoded on every load.
+# A read that wants a node only for its id, address or state (a shard's node) defers them.
+NODE_REPORTS = ("inventory", "engines", "weights", "unexpected_gpu_users", "usage")
 
 
 class NodeState(models.TextChoices):
@@ -112,22 +116,39 @@ class Node(models.Model):
 
     def inventory_facts(self) -> Inventory | None:
         """Return what the node said of itself in its last register; None before one."""
-        return _stored(Inventory, self.inventory, self.id) if self.inventory else None
+        if not self.inventory:
+            return None
+        return self._read_back("inventory", lambda: _stored(Inventory, self.inventory, self.id))
 
     def latest_usage(self) -> NodeUsage | None:
         """Return the latest heartbeat's usage however old it is; None before the first."""
-        return _stored(NodeUsage, self.usage, self.id) if self.usage else None
+        if not self.usage:
+            return None
+        return self._read_back("usage", lambda: _stored(NodeUsage, self.usage, self.id))
 
     def engine_installs(self) -> list[EngineInstall] | None:
         """Every engine version the node reported, with its status; None if it never said."""
         if self.engines is None:
             return None
+        return list(self._read_back("engines", self._read_engines))
+
+    def _read_engines(self) -> list[EngineInstall]:
         installs = [
             install
-            for stored in self.engines
+            for stored in self.engines or []
             if (install := _stored(EngineInstall, stored, self.id)) is not None
         ]
         return sorted(installs, key=lambda install: (install.engine, install.version))
+
+    def _read_back(self, field: str, read: Callable[[], Any]) -> Any:
+        """``read()`` of a report field, once for the JSON the field holds now: a pass or a
+        page asks a node for the same facts several times (its snapshot, its fabrics, its
+        warnings), each a validation. Held while the field holds the same object."""
+        stored = getattr(self, field)
+        held = self.__dict__.setdefault("_read_back_held", {})
+        if field not in held or held[field][0] is not stored:
+            held[field] = (stored, read())
+        return held[field][1]
 
     def weight_files(self) -> list[WeightFile]:
         """The weights the node said it holds, in its latest list (one that no longer
@@ -196,6 +217,11 @@ class Node(models.Model):
         return list(facts.warnings if facts else []) + [
             unexpected_gpu_user_warning(user) for user in self.unexpected_gpu_users
         ]
+
+
+def without_reports(via: str = "") -> list[str]:
+    """``NODE_REPORTS`` as ``defer()`` names them, through a relation (``via="node"``)."""
+    return [f"{via}__{name}" if via else name for name in NODE_REPORTS]
 
 
 Fact = TypeVar("Fact", bound=BaseModel)
@@ -306,12 +332,13 @@ class Replica(models.Model):
         unknown fingerprint ("") never matches, so such a replica reads as stale."""
         return bool(self.fingerprint) and self.fingerprint == fingerprint
 
-    def version_to_run(self) -> str:
+    def version_to_run(self, newest: Mapping[str, str] | None = None) -> str:
         """The engine version it was resolved to; one made before versions were recorded
-        takes its profile's as it resolves now (if that changed, the replica is stale)."""
+        takes its profile's as it resolves now (if that changed, the replica is stale).
+        ``newest`` (``newest_engine_versions()``) saves a query per replica in loops."""
         if self.engine_version or self.profile is None:
             return self.engine_version
-        return self.profile.resolved_engine_version()
+        return self.profile.resolved_engine_version(newest)
 
 
 def engine_label(engine: str, version: str) -> str:

@@ -68,7 +68,7 @@ def routing_snapshot() -> RoutingSnapshot:
     from django.db.models import Prefetch
 
     from catalog.models import Model
-    from fleet.models import Replica, ReplicaState, Shard
+    from fleet.models import Replica, ReplicaState, Shard, without_reports
 
     models: dict[str, RoutableModel] = {
         model.name: RoutableModel(
@@ -84,12 +84,12 @@ def routing_snapshot() -> RoutingSnapshot:
         )  # fmt: skip
         for model in Model.objects.prefetch_related("profiles")
     }
+    # Rank 0's node only for its address: its reports are kilobytes of JSON a node.
+    first_ranks = Shard.objects.filter(rank=0).select_related("node")
     replicas = (
         Replica.objects.filter(state__in=ReplicaState.LIVE)
         .select_related("profile")
-        .prefetch_related(
-            Prefetch("shards", queryset=Shard.objects.filter(rank=0).select_related("node"))
-        )
+        .prefetch_related(Prefetch("shards", queryset=first_ranks.defer(*without_reports("node"))))
     )
     for replica in replicas:
         # A replica whose model left the catalog still serves until it is stopped.

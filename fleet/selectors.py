@@ -12,7 +12,7 @@ from django.utils import timezone
 from audit.models import Event
 from catalog.models import Model, newest_engine_versions
 from core.humanize import format_bytes, format_progress
-from fleet.models import Node, NodeState, Replica, ReplicaState, Shard
+from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, without_reports
 from fleet.reconcile.backoff import replacement_backoff
 from protocol.engines import EngineInstall
 from protocol.inventory import Filesystem, Inventory, NodeUsage
@@ -20,9 +20,11 @@ from protocol.serving import DEFAULT_SERVES
 
 
 def live_replicas():
-    """Replicas that are not yet stopped, with their shards, ordered for display."""
+    """Replicas that are not yet stopped, with their shards, ordered for display; each
+    shard's node without its reports (kilobytes of JSON a node, which no row shows)."""
+    shards = Shard.objects.select_related("node").defer(*without_reports("node"))
     return Replica.objects.filter(state__in=ReplicaState.LIVE).prefetch_related(
-        Prefetch("shards", queryset=Shard.objects.select_related("node").order_by("rank"))
+        Prefetch("shards", queryset=shards.order_by("rank"))
     )
 
 

@@ -81,10 +81,11 @@ def set_node_pool(node_id: str, pool: str, *, actor: Actor) -> bool:
     return True
 
 
-def mark_engines_told(node_id: str, digest: str, now: datetime, *, actor: Actor) -> None:
-    """Note that ``node_id`` was sent the engine list ``digest`` at ``now``, so it is told
-    again only when that list changes, the node links again, or the list is due anew.
+def mark_engines_told(node_ids: list[str], digest: str, now: datetime, *, actor: Actor) -> None:
+    """Note that ``node_ids`` were sent the engine list ``digest`` at ``now``, so each is
+    told again only when that list changes, the node links again, or the list is due anew.
 
-    Bookkeeping, not a decision: no Event.
+    Bookkeeping, not a decision: no Event. One UPDATE for all of them.
     """
-    Node.objects.filter(id=node_id).update(engines_told=digest, engines_told_at=now)
+    if node_ids:
+        Node.objects.filter(id__in=node_ids).update(engines_told=digest, engines_told_at=now)

@@ -63,7 +63,8 @@ def register_node(
     now = now or timezone.now()
     inventory = message.inventory.model_dump(mode="json")
     engines = _engines_json(message.engines) if message.engines_probed else None
-    with transaction.atomic():
+    # No savepoint inside link_node's transaction: a failure there undoes the whole register.
+    with transaction.atomic(savepoint=False):
         node, created = Node.objects.select_for_update().get_or_create(
             id=node_id,
             defaults={"state": NodeState.CONNECTED, "state_changed_at": now},
@@ -87,9 +88,11 @@ def register_node(
             ]
         )  # fmt: skip
         registered = f"registered from {node.address}"
+        # Read back only what a transition writes, and only when one was tried.
+        moving = not created and node.state != NodeState.CONNECTED
         if created:
             record_event(EventKind.NODE, node_id, registered, to_state="connected", actor=actor)
-        elif node.state != NodeState.CONNECTED:
+        elif moving:
             transition(Node, node_id, NodeState.CONNECTED, registered, actor=actor)
         if not created:
             _log_new_qualifications(node, before, actor)
@@ -99,7 +102,8 @@ def register_node(
             if user["pid"] not in known_users:
                 warning = unexpected_gpu_user_warning(user)
                 record_event(EventKind.NODE, node_id, warning, actor=actor)
-    node.refresh_from_db()
+    if moving:
+        node.refresh_from_db(fields=["state", "state_changed_at"])
     return node
 
 
@@ -252,8 +256,11 @@ def adopt_reported_shards(node_id: str, message: messages.Register, *, actor: Ac
     plane created it (its secret is the one derived from its id) for the profile as it
     is now; anything else is recorded as the node's and stopped.
     """
-    rebuilt = []
-    with transaction.atomic():
+    rebuilt: list[str] = []
+    if not message.shards:
+        return rebuilt
+    # No savepoint inside link_node's transaction: a failure there undoes the whole register.
+    with transaction.atomic(savepoint=False):
         for running in message.shards:
             replica_id = _adopt_reported_shard(node_id, running, actor)
             if replica_id is not None:
@@ -265,13 +272,14 @@ def _adopt_reported_shard(
     node_id: str, running: messages.ReportedShard, actor: Actor
 ) -> str | None:
     spec = running.spec
-    shard = Shard.objects.select_for_update().filter(id=spec.shard_id).first()
+    locked = Shard.objects.select_for_update(of=("self",)).select_related("replica")
+    shard = locked.filter(id=spec.shard_id).first()
     if shard is not None:
         if shard.node_id != node_id or str(shard.replica_id) != spec.replica_id:
             _refuse_report(node_id, spec, f"it belongs to {shard.node_id}, replica "
                            f"{shard.replica_id}", actor)  # fmt: skip
             return None
-        replica = Replica.objects.get(id=shard.replica_id)
+        replica = shard.replica
         if replica.state in ReplicaState.ENDING or (
             shard.state in ShardState.FINAL and running.state not in ShardState.FINAL
         ):
@@ -377,22 +385,22 @@ def forget_unreported_shards(
     """
     reported = {running.spec.shard_id for running in message.shards}
     mine = Shard.objects.filter(node_id=node_id).exclude(id__in=reported)
-    settled = []
-    stopping = mine.filter(replica__state__in=ReplicaState.ENDING).exclude(
-        state__in=ShardState.FINAL
+    unsettled = mine.exclude(state__in=ShardState.FINAL).values_list(
+        "id", "replica_id", "state", "replica__state"
     )
-    for shard_id in stopping.values_list("id", flat=True):
-        reason = f"node {node_id} registered without it: it is not running there"
-        if transition(Shard, shard_id, ShardState.STOPPED, reason, actor=actor, reason=reason,
-                      progress=None):  # fmt: skip
-            settled.append(shard_id)
-    gone = mine.filter(state__in=ShardState.LIVE).exclude(state=ShardState.PENDING)
-    for shard_id, replica_id in gone.values_list("id", "replica_id"):
-        reason = f"node {node_id} registered without it (its agent or engine restarted)"
-        if transition(Shard, shard_id, ShardState.FAILED, reason, actor=actor, reason=reason,
-                      progress=None):  # fmt: skip
-            settled.append(shard_id)
-            refresh_replica_state(replica_id, actor=actor)
+    settled = []
+    for shard_id, replica_id, state, replica_state in unsettled:
+        if replica_state in ReplicaState.ENDING:
+            reason = f"node {node_id} registered without it: it is not running there"
+            if transition(Shard, shard_id, ShardState.STOPPED, reason, actor=actor,
+                          reason=reason, progress=None):  # fmt: skip
+                settled.append(shard_id)
+        elif state != ShardState.PENDING:
+            reason = f"node {node_id} registered without it (its agent or engine restarted)"
+            if transition(Shard, shard_id, ShardState.FAILED, reason, actor=actor,
+                          reason=reason, progress=None):  # fmt: skip
+                settled.append(shard_id)
+                refresh_replica_state(replica_id, actor=actor)
     return settled
 
 
@@ -404,13 +412,18 @@ def refresh_replica_state(replica_id, *, actor: Actor) -> str | None:
     states = list(replica.shards.values_list("state", flat=True))
     if not states:
         return None
+    # A replica already where its ranks put it is left be: no transition to try.
     if any(state == ShardState.FAILED for state in states):
+        if replica.state == ReplicaState.FAILED:
+            return None
         failed = replica.shards.filter(state=ShardState.FAILED).first()
         assert failed is not None  # one of the states just read
         reason = f"rank {failed.rank} failed: {failed.reason or 'no reason given'}"
         return transition(Replica, replica.id, ReplicaState.FAILED, reason, actor=actor,
                           reasons=[reason])  # fmt: skip
     if all(state == ShardState.READY for state in states):
+        if replica.state == ReplicaState.READY:
+            return None
         return transition(Replica, replica.id, ReplicaState.READY, "every rank is ready",
                           actor=actor, reasons=[])  # fmt: skip
     if replica.state == ReplicaState.READY:

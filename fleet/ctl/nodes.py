@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 
 from audit.actors import shell_operator
+from core.collector import collecting_less
 from core.humanize import format_bytes
 from core.tables import render_json, render_table
 from fleet import commands
@@ -102,7 +103,8 @@ def _node_row(node: Node) -> dict:
 
 
 def nodes_command(options, out) -> None:
-    rows = [_node_row(node) for node in Node.objects.all()]
+    with collecting_less():  # every node's reports, decoded and read back
+        rows = [_node_row(node) for node in Node.objects.defer("weights")]
     if options["json"]:
         out.write(render_json(rows))
         return

@@ -8,17 +8,20 @@ command to a node is sent after the transaction that decided it commits.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from django.db import connection
+from django.db.models import Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from audit.actors import RECONCILER
 from audit.events import record_news
 from audit.models import EventKind
 from catalog.models import Profile, newest_engine_versions
+from core.collector import collecting_less
 from fleet.actions.replicas import (
     create_replica,
     drain_replica,
@@ -27,7 +30,7 @@ from fleet.actions.replicas import (
     stop_replica,
 )
 from fleet.actions.reports import refresh_replica_state
-from fleet.models import Node, NodeState, Replica, ReplicaState, ShardState
+from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardState
 from fleet.reconcile.autoscale import autoscale_profiles
 from fleet.reconcile.backoff import replacement_backoff
 from fleet.reconcile.engines import tell_nodes_their_engines
@@ -57,7 +60,8 @@ def reconcile(
     """
     now = now or timezone.now()
     report = ReconcileReport()
-    with one_pass_at_a_time() as alone:
+    # A pass reads every node's reports: the collector would walk them again and again.
+    with one_pass_at_a_time() as alone, collecting_less():
         if not alone:
             report.skipped = "another reconcile pass is running"
             return report
@@ -102,6 +106,14 @@ def one_pass_at_a_time() -> Iterator[bool]:
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_KEY])
 
 
+def with_shard_nodes(replicas: QuerySet[Replica]) -> QuerySet[Replica]:
+    """``replicas`` with their shards and each shard's node's state (not its reports, each
+    kilobytes of JSON): what ``serves_from_lost_node`` and ``finish_stops`` read, in three
+    queries however many replicas there are."""
+    nodes = Node.objects.only("id", "state")
+    return replicas.prefetch_related("shards", Prefetch("shards__node", queryset=nodes))
+
+
 def _stop(replica: Replica, reason: str, report: ReconcileReport, epoch: int | None) -> None:
     if stop_replica(replica, reason, actor=RECONCILER, epoch=epoch):
         report.stopping.append(str(replica.id))
@@ -110,7 +122,8 @@ def _stop(replica: Replica, reason: str, report: ReconcileReport, epoch: int | N
 def retire_orphans(report: ReconcileReport, epoch: int | None = None) -> None:
     """Stop replicas whose model or profile left the catalog: nothing routes to them."""
     in_catalog = set(Profile.objects.values_list("id", "model__name"))
-    for replica in Replica.objects.filter(state__in=ReplicaState.COUNTED):
+    counted = Replica.objects.filter(state__in=ReplicaState.COUNTED)
+    for replica in counted.only("id", "state", "profile_id", "model_name", "profile_name"):
         if (replica.profile_id, replica.model_name) not in in_catalog:
             left = f"{replica.model_name}/{replica.profile_name} left the catalog"
             _stop(replica, left, report, epoch)
@@ -129,15 +142,18 @@ def retire_from_bad_nodes(
     """
     bad = {
         node.id: ("lost" if node.state == NodeState.LOST else "draining")
-        for node in Node.objects.filter(state=NodeState.LOST) | Node.objects.filter(draining=True)
+        for node in Node.objects.filter(Q(state=NodeState.LOST) | Q(draining=True)).only(
+            "id", "state"
+        )
     }
     if not bad:
         return
     now = now or timezone.now()
     read = reports_once()
     moving: list[tuple[Replica, str]] = []
-    counted = Replica.objects.filter(state__in=ReplicaState.COUNTED)
-    for replica in counted.select_related("profile__model").prefetch_related("shards__node"):
+    on_bad = Shard.objects.filter(node_id__in=list(bad)).values("replica_id")
+    counted = Replica.objects.filter(state__in=ReplicaState.COUNTED, id__in=on_bad)
+    for replica in with_shard_nodes(counted.select_related("profile__model")):
         node_id = next((s.node_id for s in replica.shards.all() if s.node_id in bad), None)
         if node_id is None:
             continue
@@ -146,8 +162,9 @@ def retire_from_bad_nodes(
         else:
             moving.append((replica, node_id))
     lost = [(r, n) for r, n in moving if bad[n] == "lost" and r.profile is not None]
+    newest = newest_engine_versions()
     decisions = place_batch(
-        [placement_request(str(r.id), _profile(r), r.version_to_run()) for r, _n in lost],
+        [placement_request(str(r.id), _profile(r), r.version_to_run(newest)) for r, _n in lost],
         node_snapshots(now),
     ) if lost else []  # fmt: skip
     nowhere = {
@@ -180,7 +197,7 @@ def _retire_once_replaced(
             _stop(replica, f"{lost}; its replacement is ready; {verdict}", report, epoch)
         return
     ready = Replica.objects.filter(profile=profile, state=ReplicaState.READY)
-    others = [r for r in ready.prefetch_related("shards__node") if not r.serves_from_lost_node]
+    others = [r for r in with_shard_nodes(ready) if not r.serves_from_lost_node]
     if len(others) >= profile.replicas:
         because = f"off lost node {node_id}, its replacement ready"
         if drain_replica(replica, now, profile, because, actor=RECONCILER):
@@ -229,10 +246,13 @@ def scale(report: ReconcileReport, epoch: int | None = None) -> None:
     never the new ones a rollout is waiting for.
     """
     newest = newest_engine_versions()
+    # Every profile's counted replicas in one read, newest first, not a read per profile.
+    counted: dict[int, list[Replica]] = defaultdict(list)
+    replicas = Replica.objects.filter(state__in=ReplicaState.COUNTED, profile__isnull=False)
+    for replica in with_shard_nodes(replicas.order_by("-created_at")):
+        counted[replica.profile_id].append(replica)  # type: ignore[index]
     for profile in Profile.objects.select_related("model"):
-        counted = Replica.objects.filter(profile=profile, state__in=ReplicaState.COUNTED)
-        in_order = counted.order_by("-created_at").prefetch_related("shards__node")
-        live = [r for r in in_order if not r.serves_from_lost_node]
+        live = [r for r in counted[profile.id] if not r.serves_from_lost_node]
         missing = profile.replicas - len(live)
         for _ in range(missing):
             created = create_replica(profile, f"wanted by {profile}", actor=RECONCILER)
@@ -263,7 +283,10 @@ def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:
     )
     if not waiting:
         return
-    requests = [placement_request(str(r.id), _profile(r), r.version_to_run()) for r in waiting]
+    newest = newest_engine_versions()
+    requests = [
+        placement_request(str(r.id), _profile(r), r.version_to_run(newest)) for r in waiting
+    ]
     decisions = place_batch(requests, node_snapshots(now))
     for replica, decision in zip(waiting, decisions, strict=True):
         # Counted as decided, as before: a start that loses a race still counts as placed.
@@ -278,9 +301,7 @@ def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:
 
 def finish_stops(report: ReconcileReport) -> None:
     """A stopping replica is stopped once no shard can still be running where it was."""
-    for replica in Replica.objects.filter(state=ReplicaState.STOPPING).prefetch_related(
-        "shards__node"
-    ):
+    for replica in with_shard_nodes(Replica.objects.filter(state=ReplicaState.STOPPING)):
         pending = [
             shard
             for shard in replica.shards.all()

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from core.collector import collecting_less
 from core.redis_urls import parse_redis_url
 from protocol.routing import ROUTING_CHANNEL, RoutingSnapshot
 from router.table.routes import load_static
@@ -91,7 +92,8 @@ class DatabaseSource:
         from fleet.routing_table import routing_snapshot
 
         close_old_connections()  # a connection the database dropped is replaced, not reused
-        table, keys = routing_snapshot(), active_keys()
+        with collecting_less():  # a row per live replica and model, at once
+            table, keys = routing_snapshot(), active_keys()
         if self.table_file is not None:
             self.table_file.save(table, keys, loaded_at=time.time())
         return table, keys
