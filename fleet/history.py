@@ -45,8 +45,24 @@ def samples_key(node_id: str) -> str:
     return f"llmgw:history:{node_id}"
 
 
-def _gate_key(node_id: str) -> str:
-    return f"llmgw:history-gate:{node_id}"
+# When this process last kept a sample of each node: the downsampling gate. Process memory
+# is enough, and a Redis gate a node cost each flush thousands of commands (the flush's
+# CPU, which the event loop waits on): a node's heartbeats come through the one process
+# holding its link, and a link that moves costs at most one extra sample.
+_last_sampled: dict[str, float] = {}
+
+
+def _due(node_id: str, stamp: float) -> bool:
+    last = _last_sampled.get(node_id)
+    if last is not None and last <= stamp < last + SAMPLE_EVERY:
+        return False
+    _last_sampled[node_id] = stamp
+    return True
+
+
+def forget_sampled(node_id: str) -> None:
+    """Let the next heartbeat of ``node_id`` be sampled whenever it comes."""
+    _last_sampled.pop(node_id, None)
 
 
 def compact_sample(at: float, usage: NodeUsage) -> dict[str, Any]:
@@ -68,16 +84,11 @@ def record_samples(batch: dict[str, tuple[datetime, dict]]) -> list[str]:
 
     Returns the nodes sampled. Never raises: charts are worth less than heartbeats.
     """
-    if not batch:
+    due = [node_id for node_id, (at, _usage) in batch.items() if _due(node_id, at.timestamp())]
+    if not due:
         return []
     try:
-        client = _redis()
-        # SET NX EX is the downsampling gate, shared by every process that writes.
-        gates = client.pipeline(transaction=False)
-        for node_id in batch:
-            gates.set(_gate_key(node_id), 1, nx=True, ex=SAMPLE_EVERY)
-        due = [node_id for node_id, won in zip(batch, gates.execute(), strict=True) if won]
-        writes = client.pipeline(transaction=False)
+        writes = _redis().pipeline(transaction=False)
         for node_id in due:
             at, usage = batch[node_id]
             stamp = at.timestamp()

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.django_db
 def node_id():
     node_id = f"hist-{uuid.uuid4().hex[:8]}"
     yield node_id
-    history._redis().delete(history.samples_key(node_id), history._gate_key(node_id))
+    history._redis().delete(history.samples_key(node_id))
+    history.forget_sampled(node_id)
 
 
 def test_heartbeats_leave_one_sample_per_interval(node_id):
@@ -40,7 +41,6 @@ def test_heartbeats_leave_one_sample_per_interval(node_id):
 def test_samples_older_than_an_hour_are_trimmed(node_id):
     now = timezone.now()
     history.record_samples({node_id: (now - timedelta(seconds=4000), usage(cpu_percent=1.0))})
-    history._redis().delete(history._gate_key(node_id))
     history.record_samples({node_id: (now, usage(cpu_percent=2.0))})
     assert history._redis().zcard(history.samples_key(node_id)) == 1
     assert [s["cpu"] for s in history.local_samples(node_id)] == [2.0]
