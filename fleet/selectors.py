@@ -28,14 +28,26 @@ def live_replicas():
     )
 
 
-def model_rows() -> list[dict[str, Any]]:
-    """For each catalog model: wanted and ready replicas, and the live replicas themselves."""
+def model_rows(page: int = 1, pages: int | None = None, per_page: int = 0) -> list[dict[str, Any]]:
+    """For each catalog model: wanted and ready replicas, and the live replicas themselves.
+
+    Given ``pages`` (of ``per_page`` models), only ``page`` of the catalog by name: the
+    cluster page of a large catalog. Replicas whose model left the catalog come last.
+    """
+    models = Model.objects.prefetch_related("profiles").order_by("name")
+    replicas = live_replicas()
+    if pages is not None:
+        models = models[(page - 1) * per_page : page * per_page]
+        shown = Q(model_name__in=[model.name for model in models])
+        if page >= pages:
+            shown |= ~Q(model_name__in=Model.objects.values("name"))
+        replicas = replicas.filter(shown)
     replicas_by_model: dict[str, list[Replica]] = {}
-    for replica in live_replicas():
+    for replica in replicas:
         replicas_by_model.setdefault(replica.model_name, []).append(replica)
     rows = []
     newest = newest_engine_versions()
-    for model in Model.objects.prefetch_related("profiles"):
+    for model in models:
         replicas = replicas_by_model.pop(model.name, [])
         fingerprints = {p.name: p.fingerprint(newest) for p in model.profiles.all()}
         rows.append(
@@ -66,6 +78,11 @@ def model_rows() -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def model_pages(per_page: int) -> int:
+    """How many pages of ``per_page`` the catalog's models fill (at least one)."""
+    return max(1, -(-Model.objects.count() // per_page))
 
 
 def replica_item(replica: Replica, *, stale: bool) -> dict[str, Any]:

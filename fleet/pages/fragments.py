@@ -11,6 +11,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from django.http import QueryDict
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -20,6 +21,9 @@ from fleet.models import Node
 from fleet.pages import mirror
 from fleet.pages.node_filter import PER_PAGE, STATES, NodeFilter
 
+# The cluster page's models table: each shows its replicas whole, so a catalog of hundreds
+# is paged rather than drawn at once.
+MODELS_PER_PAGE = 50
 # Kinds of change that alter what the models table shows.
 MODEL_KINDS = frozenset({"replica", "shard", "placement", "catalog", "progress", "node"})
 # Said by ``touched`` of a page that shows a window of a long list: a change to rows it
@@ -41,9 +45,32 @@ def cluster_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None
         context["shown"] = frozenset(row["node"].id for row in context["nodes"])
         context.update(_node_links(node_filter, context["counts"], window))
     if "models" in fragments:
-        context["models"] = selectors.model_rows()
+        context.update(_models_window(key, node_filter))
     context["node_filter"] = node_filter
     return context
+
+
+def _models_window(key: str, node_filter: NodeFilter) -> dict[str, Any]:
+    """A page of the catalog's models (``?models=2``), with links to the pages beside it;
+    the nodes' filter is kept in them."""
+    pages = selectors.model_pages(MODELS_PER_PAGE)
+    asked = QueryDict(key).get("models", "")
+    page = min(int(asked), pages) if asked.isdigit() and int(asked) >= 1 else 1
+
+    def href(page: int) -> str:
+        kept = f"models={page}" if page > 1 else ""
+        query = "&".join(part for part in (node_filter.query(), kept) if part)
+        return f"{reverse('cluster')}?{query}" if query else reverse("cluster")
+
+    return {
+        "models": selectors.model_rows(page, pages, MODELS_PER_PAGE),
+        "models_window": {
+            "page": page,
+            "pages": pages,
+            "previous_href": href(page - 1) if page > 1 else "",
+            "next_href": href(page + 1) if page < pages else "",
+        },
+    }
 
 
 def cluster_outline(key: str) -> Hashable:

@@ -191,3 +191,28 @@ def test_the_filter_form_lands_on_the_short_url_to_share(operator):
     assert response.status_code == 302 and response["Location"] == "/"
     # A query with a mistake stays as it was sent, so the page can say what was wrong.
     assert client.get("/?state=bogus&pool=").status_code == 200
+
+
+MODEL_ROW = re.compile(r'<tr class="model" data-model="([^"]+)"')
+
+
+def test_a_large_catalog_shows_its_models_a_page_at_a_time(operator):
+    from fleet.models import ReplicaState
+    from fleet.pages.fragments import MODELS_PER_PAGE
+    from tests.factories import make_model, make_profile, make_replica
+
+    names = [f"model-{i:03d}" for i in range(MODELS_PER_PAGE + 5)]
+    profiles = [make_profile(make_model(name, source=f"/models/{name}.gguf")) for name in names]
+    make_replica(profiles[0], state=ReplicaState.READY)
+    gone = make_replica(profiles[-1], state=ReplicaState.READY)
+    gone_model = profiles[-1].model
+    gone_model.delete()  # its replica still shows, on the last page, until it is stopped
+    client = signed_in(operator)
+    first = page(client)
+    assert MODEL_ROW.findall(first) == names[:MODELS_PER_PAGE]
+    assert "models page 1 of 2" in first and 'href="/?models=2"' in first
+    last = page(client, "models=2&state=connected")
+    assert MODEL_ROW.findall(last) == names[MODELS_PER_PAGE:-1] + [gone.model_name]
+    assert f'id="replica-{gone.id}"' in last
+    assert 'href="/?state=connected"' in last  # the nodes' filter is kept
+    assert MODEL_ROW.findall(page(client, "models=bogus")) == names[:MODELS_PER_PAGE]
