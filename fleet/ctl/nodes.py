@@ -106,7 +106,9 @@ def nodes_command(options, out) -> None:
     with collecting_less():  # every node's reports, decoded and read back
         rows = [_node_row(node) for node in Node.objects.defer("weights")]
     if options["json"]:
-        out.write(render_json(rows))
+        # Indented for a terminal; a pipe (jq, a script) gets it on one line, at a fleet's
+        # size several times faster.
+        out.write(render_json(rows, pretty=out.isatty()))
         return
     headers = ["NODE", "STATE", "ADDRESS", "CPU", "RAM", "GPUS", "ENGINES", "HEARD", "WARNINGS"]
     keys = ["id", "state", "address", "cpu", "ram", "gpus", "engines", "last_heartbeat",

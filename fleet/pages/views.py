@@ -16,11 +16,11 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import redirect, render
 from django_htmx.middleware import HtmxDetails
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from catalog.permissions import is_operator
 from fleet import commands, selectors
-from fleet.metrics import FleetCollector
+from fleet.metrics import FleetCollector, exposition
 from fleet.models import Node, Shard
 from fleet.pages import fragments
 from fleet.pages.node_filter import STATES, NodeFilter
@@ -145,6 +145,4 @@ def metrics(request: HttpRequest) -> HttpResponse:
         return HttpResponse(
             "metrics need 'Authorization: Bearer <LLMGW_METRICS_TOKEN>'\n", status=401
         )
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(FleetCollector())
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(exposition(FleetCollector().collect()), content_type=CONTENT_TYPE_LATEST)

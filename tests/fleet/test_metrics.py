@@ -263,3 +263,20 @@ def test_replicas_are_counted_by_model_and_state_beside_what_the_catalog_wants(c
         (("model", "gemma"),): 4.0,
         (("model", "idle"),): 0.0,
     }
+
+
+@time_machine.travel(NOW, tick=False)
+def test_the_scrape_writes_what_prometheus_client_would_byte_for_byte():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from fleet.metrics import FleetCollector, exposition
+
+    odd = Filesystem(path='/data/"quoted"\\back\nline', mount="/", total=GiB, free=GiB // 2)
+    gpu_node("gpu01")
+    gpu_node("gpu02", usage=usage(filesystems=[odd], memory_total=512 * GiB))
+    make_replica(make_profile(make_model("gemma")), state="ready")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FleetCollector())
+    expected = generate_latest(registry)
+    assert b'\\"quoted\\"\\\\back\\nline' in expected  # the escapes were exercised
+    assert exposition(FleetCollector().collect()) == expected
