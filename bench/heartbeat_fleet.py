@@ -23,6 +23,7 @@ PROBERS = 10
 PROBE_PERIOD = 0.1
 SATURATING_AGENTS = 1000  # more would only lengthen each closed round, not add load
 PER_ROUND = 5  # heartbeats per acknowledgement probe in the saturation run
+DRAIN_LIMIT = 1.0
 
 
 # --- messages ---------------------------------------------------------------------------
@@ -151,7 +152,10 @@ class Result:
         return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
 
     def passes(self, limit: float) -> bool:
-        return self.p(0.99) <= limit and self.drain <= limit
+        """p99 within ``limit``, and no backlog left to grow: drain within DRAIN_LIMIT (or
+        ``limit`` if longer), a fifth of the heartbeat interval. The drain is a backlog
+        test, not a latency: its own noise is a few hundred ms at thousands of sockets."""
+        return self.p(0.99) <= limit and self.drain <= max(limit, DRAIN_LIMIT)
 
 
 class Bench:
