@@ -79,20 +79,10 @@ def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_p
                                       "router", "reconciler", "agent"}  # fmt: skip
         assert "agent@" in (home / "logs" / "agent.log").read_text()
         assert "agent | " in up.output()
-        # One control-plane process killed: the other answers on the same port meanwhile,
-        # and `llmgw up` starts the dead one again on the socket it holds.
-        first = up.children()["control-plane"]
-        os.kill(first, signal.SIGKILL)
+        # One control-plane process killed: the other answers on the same port meanwhile
+        # (its restart on the held socket: test_up_restarts).
+        os.kill(up.children()["control-plane"], signal.SIGKILL)
         for _ in range(20):
             assert httpx.get(f"{base}/accounts/login/", timeout=5).status_code == 200
-        wait_until(
-            lambda: up.children().get("control-plane") not in (None, first),
-            30,
-            "the killed control-plane process restarted",
-        )
-        log = home / "logs" / "control-plane.log"
-        wait_until(lambda: log.read_text().count("Listening on") == 2, 60,
-                   "the restarted process listening")  # fmt: skip
-        assert httpx.get(f"{base}/accounts/login/", timeout=5).status_code == 200
     finally:
         up.stop()
