@@ -7,6 +7,7 @@ worker died.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from celery import shared_task
@@ -31,9 +32,22 @@ from protocol.signing import BadSignature, verify
 log = logging.getLogger("llmgw.agent.commands")
 
 
+# A certificate agent learns the key its commands are signed with from its link's answer;
+# a command sent as soon as the node shows connected can arrive a moment before that.
+KEY_WAIT = 10.0
+
+
+def _command_key() -> str:
+    link = current().link
+    until = time.monotonic() + KEY_WAIT
+    while not link.command_key and time.monotonic() < until:
+        time.sleep(0.05)
+    return link.command_key
+
+
 def _checked(task: str, args: list[Any], deadline: float, signature: str) -> bool:
     try:
-        verify(current().link.command_key, task, args, deadline, signature)
+        verify(_command_key(), task, args, deadline, signature)
     except BadSignature as exc:
         log.error("refusing a command %s: %s", task, exc)
         # Said where operators look too: whoever put it on this queue was not llmgw.
