@@ -50,16 +50,26 @@ def cluster_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None
     return context
 
 
+def models_page(query: str) -> int:
+    """The page of models a cluster page's query string asks for (``?models=2``); 1 if none."""
+    asked = QueryDict(query).get("models", "")
+    return int(asked) if asked.isdigit() and int(asked) >= 1 else 1
+
+
+def cluster_query(node_filter: NodeFilter, page_of_models: int) -> str:
+    """The cluster page's query string: the nodes' filter, and the page of models if not 1."""
+    kept = f"models={page_of_models}" if page_of_models > 1 else ""
+    return "&".join(part for part in (node_filter.query(), kept) if part)
+
+
 def _models_window(key: str, node_filter: NodeFilter) -> dict[str, Any]:
     """A page of the catalog's models (``?models=2``), with links to the pages beside it;
     the nodes' filter is kept in them."""
     pages = selectors.model_pages(MODELS_PER_PAGE)
-    asked = QueryDict(key).get("models", "")
-    page = min(int(asked), pages) if asked.isdigit() and int(asked) >= 1 else 1
+    page = min(models_page(key), pages)
 
     def href(page: int) -> str:
-        kept = f"models={page}" if page > 1 else ""
-        query = "&".join(part for part in (node_filter.query(), kept) if part)
+        query = cluster_query(node_filter, page)
         return f"{reverse('cluster')}?{query}" if query else reverse("cluster")
 
     return {

@@ -53,9 +53,7 @@ def cluster(request: HtmxRequest) -> HttpResponse:
     """The nodes a page at a time, filtered as the query string says, and the models."""
     query = request.META.get("QUERY_STRING", "")
     node_filter = NodeFilter.from_query(request.GET)
-    models_page = request.GET.get("models", "")
-    kept = f"models={models_page}" if models_page.isdigit() and int(models_page) > 1 else ""
-    canonical = "&".join(part for part in (node_filter.query(), kept) if part)
+    canonical = fragments.cluster_query(node_filter, fragments.models_page(query))
     if query != canonical and not node_filter.notes and not request.htmx:
         # The filter form sends its empty fields too: the URL to share is the short one.
         return redirect(f"{request.path}?{canonical}" if canonical else request.path)
