@@ -12,7 +12,8 @@ and b), and measures in this process, through Django's test client as an operato
 - render: GET / (the first page, and once with --query), median of 5 after one warm-up;
 - size: the HTML of each;
 - push: one live push of the nodes fragment, as the cluster page's socket renders it, and
-  how long rendering it takes (median of 5).
+  how long rendering it takes (median of 5); and one push of heartbeats, which carries
+  only the rows they changed (10 of the 50 shown, as 5 s heartbeats change in a second).
 
 The figures are printed, never judged: compare runs made the same way on the same machine.
 """
@@ -36,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 BENCH_DATABASE = "llmgw_bench_pages"
 GB = 1_000_000_000
+NODE_PREFIX = "gpu"
 WEIGHTS = "/var/lib/llmgw/weights"
 ENGINES = [
     {"engine": "llama.cpp", "version": "b5000", "path": "/x", "status": "installed"},
@@ -72,7 +74,7 @@ def seed(count: int) -> None:
     now = timezone.now()
     nodes = []
     for i in range(count):
-        node_id = f"gpu{i:05d}"
+        node_id = f"{NODE_PREFIX}{i:05d}"
         inventory = Inventory(
             hostname=node_id,
             address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}",
@@ -170,15 +172,29 @@ def main() -> None:
     for path in ("/", f"/?{args.query}"):
         seconds, size = timed_get(client, path)
         print(f"GET {path:<28} {seconds * 1000:8.1f} ms median of 5, {size / 1024:8.1f} KiB")
+    window, window_seconds = timed_push(fragments, [fragments.PAGES["cluster"].window], ())
+    print(
+        f"one push of the nodes fragment: {window / 1024:.1f} KiB, rendered in "
+        f"{window_seconds * 1000:.1f} ms median of 5"
+    )
+    # At 5 s heartbeats, a push interval (1 s) holds a fifth of the rows shown.
+    shown = [f"{NODE_PREFIX}{i:05d}" for i in range(0, 50, 5)]
+    rows, rows_seconds = timed_push(fragments, [fragments.ROWS], shown)
+    print(
+        f"one heartbeat push ({len(shown)} of the 50 rows shown): {rows / 1024:.1f} KiB, "
+        f"rendered in {rows_seconds * 1000:.1f} ms median of 5; "
+        f"{window / rows:.1f}x smaller than the nodes fragment"
+    )
+
+
+def timed_push(fragments, names: list[str], rows) -> tuple[int, float]:
+    """The size of one push of the cluster page (bytes) and the median of 5 renders."""
     times = []
     for _ in range(5):
         began = time.perf_counter()
-        push = fragments.render_fragments("cluster", "", True, ["nodes"])
+        push = fragments.render_push("cluster", "", True, names, None, rows)
         times.append(time.perf_counter() - began)
-    print(
-        f"one push of the nodes fragment: {len(push.encode()) / 1024:.1f} KiB, rendered in "
-        f"{statistics.median(times) * 1000:.1f} ms median of 5"
-    )
+    return len(push.html.encode()), statistics.median(times)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ the fragments of its page that the change touches, rendered for its user. Pushes
 coalesced (at most one every PUSH_INTERVAL s), so a burst of changes costs one render.
 On connect the whole page is pushed, so a socket that reconnects re-syncs the page.
 A page that shows a window of a long list (the cluster page's nodes) is pushed only
-when a change touches a row it shows or moves what its window holds.
+when a change touches a row it shows or moves what its window holds; a heartbeat pushes
+its node's row alone.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class PageConsumer(AsyncWebsocketConsumer):
         self.key = self.page_key()
         self.can_operate = await database_sync_to_async(is_operator)(user)
         self.pending: set[str] = set()
+        self.pending_rows: set[str] = set()  # the subjects of the rows ROWS asks for
         # The subjects of the rows this page shows, and what decided them (see Push).
         self.shown: frozenset[str] = frozenset()
         self.outline = None
@@ -81,6 +83,8 @@ class PageConsumer(AsyncWebsocketConsumer):
     async def fleet_changed(self, event) -> None:
         subjects = event.get("subjects", [])
         names = fragments.touched(self.page, self.key, event["kind"], subjects, self.shown)
+        if fragments.ROWS in names:
+            self.pending_rows |= self.shown.intersection(subjects)
         loop = asyncio.get_running_loop()
         for slow in fragments.PAGES[self.page].slow:
             if slow in names and loop.time() - self.last_slow_push < SLOW_PUSH_INTERVAL:
@@ -101,8 +105,9 @@ class PageConsumer(AsyncWebsocketConsumer):
                     await asyncio.sleep(max(0.0, self.last_push + PUSH_INTERVAL - loop.time()))
                 at_once = False
                 names, self.pending = self.pending, set()
+                rows, self.pending_rows = self.pending_rows, set()
                 push = await database_sync_to_async(fragments.render_push)(
-                    self.page, self.key, self.can_operate, names, self.outline
+                    self.page, self.key, self.can_operate, names, self.outline, rows
                 )
                 # Even a look that found nothing to push counts: a storm of changes
                 # elsewhere costs this socket one look a PUSH_INTERVAL.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.http import QueryDict
-from django.template.loader import render_to_string
+from django.template.loader import get_template, render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
@@ -30,6 +30,9 @@ MODEL_KINDS = frozenset({"replica", "shard", "placement", "catalog", "progress",
 # does not show may still move rows into it or change its counts, so the page's outline
 # is read again and the window pushed only if that moved.
 OUTLINE = "outline"
+# Said by ``touched`` of such a page when a change alters only rows it shows (a heartbeat):
+# those rows alone are pushed, each swapped in by its id, not the whole window.
+ROWS = "rows"
 
 
 def cluster_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None:
@@ -81,6 +84,12 @@ def _models_window(key: str, node_filter: NodeFilter) -> dict[str, Any]:
             "next_href": href(page + 1) if page < pages else "",
         },
     }
+
+
+def cluster_rows(node_ids: Iterable[str]) -> list[dict[str, Any]]:
+    """The contexts of these nodes' rows of the cluster page, one each."""
+    now = timezone.now()
+    return [{"row": row, "now": now} for row in selectors.node_rows(node_ids, now)]
 
 
 def cluster_outline(key: str) -> Hashable:
@@ -140,11 +149,13 @@ def logs_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None:
 
 def _cluster_touched(key: str, kind: str, subjects: list[str], shown: frozenset[str]) -> set[str]:
     touched = set()
-    if kind in ("node", "usage") and not shown.isdisjoint(subjects):
+    if kind == "usage" and not shown.isdisjoint(subjects):
+        touched.add(ROWS)  # a heartbeat changes only its own node's row
+    elif kind == "node" and not shown.isdisjoint(subjects):
         touched.add("nodes")
     elif kind == "node":
-        # Off this page. A heartbeat ("usage") changes only its own node's row, but a
-        # node's state, drain, pool or arrival may move rows into the page or the counts.
+        # Off this page, a node's state, drain, pool or arrival may still move rows into
+        # the page or change the counts.
         touched.add(OUTLINE)
     if kind in MODEL_KINDS:
         touched.add("models")
@@ -189,6 +200,10 @@ class Page:
     # of what decides its rows (its context gives the same as "outline", with "shown").
     window: str = ""
     outline: Callable[[str], Hashable] | None = None
+    # Its partial drawing one row of the window, and the contexts of the rows of these
+    # subjects, one each (for ``ROWS``).
+    row: str = ""
+    rows: Callable[[Iterable[str]], list[dict[str, Any]]] | None = None
 
 
 PAGES: dict[str, Page] = {
@@ -199,6 +214,8 @@ PAGES: dict[str, Page] = {
         _cluster_touched,
         window="nodes",
         outline=cluster_outline,
+        row="node-row",
+        rows=cluster_rows,
     ),
     "node": Page(
         "fleet/node.html", ("summary", "history"), node_context, _node_touched, slow=("history",)
@@ -229,25 +246,40 @@ class Push:
 
 
 def render_push(
-    page: str, key: str, can_operate: bool, fragments: Iterable[str], outline: Hashable = None
+    page: str,
+    key: str,
+    can_operate: bool,
+    fragments: Iterable[str],
+    outline: Hashable = None,
+    rows: Iterable[str] = (),
 ) -> Push | None:
     """The named fragments of a page as one push; None when nothing shown would change
-    (only ``OUTLINE`` was asked, and the outline is as it was)."""
+    (only ``OUTLINE`` was asked, and the outline is as it was). With ``ROWS``: the rows of
+    ``rows`` (subjects the page shows) too, unless the whole window is pushed anyway."""
     spec = PAGES[page]
     asked = set(fragments)
     if OUTLINE in asked:
         asked.discard(OUTLINE)
         if spec.outline is not None and spec.window not in asked and spec.outline(key) != outline:
             asked.add(spec.window)
+    row_ids = sorted(rows) if ROWS in asked and spec.window not in asked else []
     names = [name for name in spec.fragments if name in asked]
-    if not names:
+    if not names and not row_ids:
         return None
-    context = spec.context(key, names)
-    if context is None:
-        return Push(render_to_string("fleet/gone.html", {"page": page, "key": key}))
-    context["can_operate"] = can_operate
-    html = "".join(render_to_string(f"{spec.template}#{name}", context) for name in names)
-    return Push(html, context.get("shown"), context.get("outline"))
+    html, shown, drawn_outline = "", None, None
+    if names:
+        context = spec.context(key, names)
+        if context is None:
+            return Push(render_to_string("fleet/gone.html", {"page": page, "key": key}))
+        context["can_operate"] = can_operate
+        html = "".join(render_to_string(f"{spec.template}#{name}", context) for name in names)
+        shown, drawn_outline = context.get("shown"), context.get("outline")
+    if row_ids and spec.rows is not None:
+        row_template = get_template(f"{spec.template}#{spec.row}")  # loaded once for all rows
+        html += "".join(
+            row_template.render({**row, "can_operate": can_operate}) for row in spec.rows(row_ids)
+        )
+    return Push(html, shown, drawn_outline) if html else None
 
 
 def render_fragments(page: str, key: str, can_operate: bool, fragments: Iterable[str]) -> str:

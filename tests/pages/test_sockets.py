@@ -189,8 +189,27 @@ async def test_heartbeats_push_the_cluster_page_only_for_the_rows_it_shows(reade
     assert await communicator.receive_nothing(timeout=1.5)
     await database_sync_to_async(write_heartbeats)({"gpu00001": (now, usage(cpu_percent=77.0))})
     pushed = await receive_until(communicator, "77%")
-    assert pushed.lstrip().startswith('<section id="nodes">')
-    assert '<section id="models">' not in pushed and len(node_rows(pushed)) == 50
+    # Only the row that changed: the page swaps it in by its id.
+    assert node_rows(pushed) == ["gpu00001"]
+    assert '<section id="nodes">' not in pushed and '<section id="models">' not in pushed
+    await communicator.disconnect()
+
+
+async def test_heartbeats_push_their_own_rows_each_once_a_push(reader):
+    await database_sync_to_async(many_nodes)(60)
+    session = await session_cookie(reader)
+    communicator, _first = await connected("/ws/pages/cluster/", session)
+    now = timezone.now()
+    for node_id, cpu in (("gpu00002", 61.0), ("gpu00007", 62.0), ("gpu00002", 63.0)):
+        await database_sync_to_async(write_heartbeats)({node_id: (now, usage(cpu_percent=cpu))})
+    pushes: list[str] = []
+    while len(pushes) < 10 and not all(cpu in "".join(pushes) for cpu in ("62%", "63%")):
+        pushes.append(await communicator.receive_from(timeout=10))
+    assert "63%" in pushes[-1] or "62%" in pushes[-1]
+    for pushed in pushes:
+        rows = node_rows(pushed)
+        assert "<section" not in pushed and rows, pushed[:300]
+        assert len(rows) == len(set(rows)) and set(rows) <= {"gpu00002", "gpu00007"}
     await communicator.disconnect()
 
 
