@@ -13,8 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from uuid import UUID
+
+from django.db.models import Q
 
 from audit.models import Event
+from catalog.models import newest_engine_versions
 from core.humanize import count_of, format_seconds
 from fleet.models import Replica, ReplicaState, Shard
 
@@ -50,21 +54,34 @@ class Backoff:
 
 
 def replacement_backoff(replica: Replica, now: datetime) -> Backoff:
-    """How long ``replica`` (failed) waits for its replacement, and why that long.
+    """How long ``replica`` (failed) waits for its replacement, and why that long."""
+    return replacement_backoffs([replica], now)[replica.id]
+
+
+def replacement_backoffs(replicas: list[Replica], now: datetime) -> dict[UUID, Backoff]:
+    """Each failed replica's backoff, by id: five queries however many there are (their
+    profiles and models read with them).
 
     A replica that served for a while before its engine died (killed, out of memory) is
     not a loop: counting it would make a fleet that loses engines now and then wait
     minutes for every replacement.
     """
-    siblings = Replica.objects.filter(
-        model_name=replica.model_name, profile_name=replica.profile_name
-    ).values_list("id", "fingerprint")
-    fingerprints = {str(pk): fingerprint for pk, fingerprint in siblings}
-    current = replica.profile.fingerprint() if replica.profile is not None else None
+    if not replicas:
+        return {}
+    profiles = {(r.model_name, r.profile_name) for r in replicas}
+    same_profile = Q()
+    for model_name, profile_name in profiles:
+        same_profile |= Q(model_name=model_name, profile_name=profile_name)
+    siblings: dict[tuple[str, str], dict[str, str]] = {profile: {} for profile in profiles}
+    for pk, model_name, profile_name, fingerprint in Replica.objects.filter(
+        same_profile
+    ).values_list("id", "model_name", "profile_name", "fingerprint"):
+        siblings[(model_name, profile_name)][str(pk)] = fingerprint
+    profile_of = {pk: profile for profile, fingerprints in siblings.items() for pk in fingerprints}
     failed = list(
         Event.objects.filter(
             kind="replica", to_state=ReplicaState.FAILED, at__gte=now - FAILURE_MEMORY,
-            subject__in=list(fingerprints),
+            subject__in=list(profile_of),
         ).values_list("subject", "at")
     )  # fmt: skip
     subjects = {subject for subject, _at in failed}
@@ -74,25 +91,40 @@ def replacement_backoff(replica: Replica, now: datetime) -> Backoff:
     ).values_list("subject", "at"):
         readies.setdefault(subject, []).append(at)
     engines_changed = _engines_changed_under(subjects)
-    failures = forgiven = 0
+    newest = newest_engine_versions()
+    current: dict[int, str] = {}  # each profile's fingerprint now, by its id
+    failed_by_profile: dict[tuple[str, str], list[tuple[str, datetime]]] = {}
     for subject, at in failed:
-        changed = engines_changed.get(subject)
-        another_spec = current is not None and fingerprints[subject] != current
-        if another_spec or (changed is not None and changed > at):
-            forgiven += 1
-            continue
-        ready_at = max((r for r in readies.get(subject, []) if r <= at), default=None)
-        if ready_at is None or at - ready_at < SETTLED:
-            failures += 1
-    seconds = min(MAX_REPLACEMENT_DELAY, BASE_REPLACEMENT_DELAY * 2 ** max(0, failures - 1))
-    delay = timedelta(seconds=seconds)
-    return Backoff(
-        delay=delay,
-        due_at=replica.state_changed_at + delay,
-        failures=failures,
-        forgiven=forgiven,
-        last="; ".join(replica.reasons),
-    )
+        failed_by_profile.setdefault(profile_of[subject], []).append((subject, at))
+    backoffs = {}
+    for replica in replicas:
+        profile = (replica.model_name, replica.profile_name)
+        fingerprints = siblings[profile]
+        spec = None
+        if replica.profile is not None:
+            if replica.profile.id not in current:
+                current[replica.profile.id] = replica.profile.fingerprint(newest)
+            spec = current[replica.profile.id]
+        failures = forgiven = 0
+        for subject, at in failed_by_profile.get(profile, []):
+            changed = engines_changed.get(subject)
+            another_spec = spec is not None and fingerprints[subject] != spec
+            if another_spec or (changed is not None and changed > at):
+                forgiven += 1
+                continue
+            ready_at = max((r for r in readies.get(subject, []) if r <= at), default=None)
+            if ready_at is None or at - ready_at < SETTLED:
+                failures += 1
+        seconds = min(MAX_REPLACEMENT_DELAY, BASE_REPLACEMENT_DELAY * 2 ** max(0, failures - 1))
+        delay = timedelta(seconds=seconds)
+        backoffs[replica.id] = Backoff(
+            delay=delay,
+            due_at=replica.state_changed_at + delay,
+            failures=failures,
+            forgiven=forgiven,
+            last="; ".join(replica.reasons),
+        )
+    return backoffs
 
 
 def replacement_delay(replica: Replica, now: datetime) -> timedelta:

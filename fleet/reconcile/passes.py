@@ -32,7 +32,7 @@ from fleet.actions.replicas import (
 from fleet.actions.reports import refresh_replica_state
 from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardState
 from fleet.reconcile.autoscale import autoscale_profiles
-from fleet.reconcile.backoff import replacement_backoff
+from fleet.reconcile.backoff import replacement_backoffs
 from fleet.reconcile.engines import tell_nodes_their_engines
 from fleet.reconcile.report import ReconcileReport
 from fleet.reconcile.rollout import drain_verdict, reports_once, roll_stale
@@ -231,8 +231,12 @@ def fail_slow_starts(now: datetime, report: ReconcileReport) -> None:
 def retire_failed(now: datetime, report: ReconcileReport, epoch: int | None = None) -> None:
     """A failed replica is stopped after its backoff (``fleet.reconcile.backoff``); scale() then
     creates its replacement."""
-    for replica in Replica.objects.filter(state=ReplicaState.FAILED).select_related("profile"):
-        if now < replacement_backoff(replica, now).due_at:
+    failed = list(
+        Replica.objects.filter(state=ReplicaState.FAILED).select_related("profile__model")
+    )
+    backoffs = replacement_backoffs(failed, now)
+    for replica in failed:
+        if now < backoffs[replica.id].due_at:
             continue
         reason = f"replacing failed replica: {'; '.join(replica.reasons)}"
         _stop(replica, reason, report, epoch)

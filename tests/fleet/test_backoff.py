@@ -11,17 +11,21 @@ from io import StringIO
 import pytest
 import time_machine
 from django.core.management import call_command
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from audit.actors import AGENT_LINK
 from fleet.actions.reports import register_node, update_engines
 from fleet.models import Replica
-from fleet.reconcile.backoff import replacement_delay
-from fleet.reconcile.passes import reconcile
+from fleet.reconcile.backoff import replacement_backoff, replacement_backoffs, replacement_delay
+from fleet.reconcile.passes import reconcile, retire_failed
+from fleet.reconcile.report import ReconcileReport
 from fleet.transitions import transition
 from protocol import messages
 from protocol.engines import EngineInstall
-from tests.factories import SETUP, make_profile, make_replica, make_shard
+from tests.factories import SETUP, make_model, make_profile, make_replica, make_shard
 from tests.fleet.inventories import inventory
 
 pytestmark = pytest.mark.django_db
@@ -108,3 +112,30 @@ def test_a_change_of_the_nodes_engines_starts_the_backoff_afresh(clock, node_ids
     clock.shift(timedelta(seconds=10))
     reconcile()
     assert Replica.objects.get(id=last.id).state in ("stopping", "stopped")
+
+
+def test_the_pass_reads_every_failed_replicas_backoff_in_the_same_queries_for_2_as_for_12(
+    clock, node_ids
+):
+    node = link(node_ids[0], "b6000")
+    loops = [
+        crash_loop(clock, make_profile(make_model(f"model-{i}"), replicas=9), node, failures)
+        for i, failures in enumerate((1, 3))
+    ]
+
+    def queries_of_retire_failed() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            retire_failed(NOW, ReconcileReport())  # none is due yet: only reads
+        return len(queries)
+
+    few = queries_of_retire_failed()
+    loops += [
+        crash_loop(clock, make_profile(make_model(f"more-{i}"), replicas=9), node, 2)
+        for i in range(5)
+    ]
+    assert queries_of_retire_failed() == few
+    # Each profile's loop still counts its own failures only.
+    last_of_each = [Replica.objects.get(id=loop[-1].id) for loop in loops]
+    backoffs = replacement_backoffs(last_of_each, timezone.now())
+    assert [backoffs[r.id].failures for r in last_of_each] == [1, 3, 2, 2, 2, 2, 2]
+    assert all(backoffs[r.id] == replacement_backoff(r, timezone.now()) for r in last_of_each)
