@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from django.db import connection
 from django.db.models import Count, Prefetch, Q
@@ -14,7 +15,7 @@ from audit.models import Event
 from catalog.models import Model, newest_engine_versions
 from core.humanize import format_bytes, format_progress
 from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, without_reports
-from fleet.reconcile.backoff import replacement_backoff
+from fleet.reconcile.backoff import replacement_backoffs
 from protocol.engines import EngineInstall
 from protocol.inventory import Filesystem, Inventory, NodeUsage
 from protocol.serving import DEFAULT_SERVES
@@ -24,9 +25,8 @@ def live_replicas():
     """Replicas that are not yet stopped, with their shards, ordered for display; each
     shard's node without its reports (kilobytes of JSON a node, which no row shows)."""
     shards = Shard.objects.select_related("node").defer(*without_reports("node"))
-    return Replica.objects.filter(state__in=ReplicaState.LIVE).prefetch_related(
-        Prefetch("shards", queryset=shards.order_by("rank"))
-    )
+    live = Replica.objects.filter(state__in=ReplicaState.LIVE).select_related("profile__model")
+    return live.prefetch_related(Prefetch("shards", queryset=shards.order_by("rank")))
 
 
 def model_rows(page: int = 1, pages: int | None = None, per_page: int = 0) -> list[dict[str, Any]]:
@@ -46,6 +46,7 @@ def model_rows(page: int = 1, pages: int | None = None, per_page: int = 0) -> li
     replicas_by_model: dict[str, list[Replica]] = {}
     for replica in replicas:
         replicas_by_model.setdefault(replica.model_name, []).append(replica)
+    backoffs = backoff_lines([r for rs in replicas_by_model.values() for r in rs])
     rows = []
     newest = newest_engine_versions()
     for model in models:
@@ -59,7 +60,9 @@ def model_rows(page: int = 1, pages: int | None = None, per_page: int = 0) -> li
                 "wanted": sum(p.replicas for p in model.profiles.all()),
                 "ready": sum(1 for r in replicas if r.state == ReplicaState.READY),
                 "replicas": [
-                    replica_item(r, stale=not r.runs_settings(fingerprints.get(r.profile_name, "")))
+                    replica_item(
+                        r, backoffs, stale=not r.runs_settings(fingerprints.get(r.profile_name, ""))
+                    )
                     for r in replicas
                 ],
                 "profiles": list(model.profiles.all()),
@@ -74,7 +77,7 @@ def model_rows(page: int = 1, pages: int | None = None, per_page: int = 0) -> li
                 "serves": list(DEFAULT_SERVES),
                 "wanted": 0,
                 "ready": sum(1 for r in replicas if r.state == ReplicaState.READY),
-                "replicas": [replica_item(r, stale=True) for r in replicas],
+                "replicas": [replica_item(r, backoffs, stale=True) for r in replicas],
                 "profiles": [],
             }
         )
@@ -86,13 +89,13 @@ def model_pages(per_page: int) -> int:
     return max(1, -(-Model.objects.count() // per_page))
 
 
-def replica_item(replica: Replica, *, stale: bool) -> dict[str, Any]:
+def replica_item(replica: Replica, backoffs: dict[UUID, str], *, stale: bool) -> dict[str, Any]:
     """A replica as pages show it: its shards with a progress line while downloading, and
-    when a failed one is replaced."""
+    when a failed one is replaced (``backoffs``, from ``backoff_lines``)."""
     return {
         "replica": replica,
         "stale": stale,
-        "backoff": backoff_line(replica, timezone.now()),
+        "backoff": backoffs.get(replica.id, ""),
         "shards": [
             {"shard": shard, "progress": progress_line(shard.progress)}
             for shard in replica.shards.all()
@@ -100,11 +103,11 @@ def replica_item(replica: Replica, *, stale: bool) -> dict[str, Any]:
     }
 
 
-def backoff_line(replica: Replica, now: datetime) -> str:
-    """For a failed replica, when its replacement is due and why; "" for any other."""
-    if replica.state != ReplicaState.FAILED:
-        return ""
-    return replacement_backoff(replica, now).explain(now)
+def backoff_lines(replicas: list[Replica]) -> dict[UUID, str]:
+    """For each failed replica of these, by id, when its replacement is due and why."""
+    now = timezone.now()
+    failed = [replica for replica in replicas if replica.state == ReplicaState.FAILED]
+    return {pk: backoff.explain(now) for pk, backoff in replacement_backoffs(failed, now).items()}
 
 
 def node_counts(where: Q | None = None) -> dict[str, int]:
@@ -320,8 +323,9 @@ def model_detail(name: str) -> dict[str, Any] | None:
     profiles = list(model.profiles.all()) if model else []
     newest = newest_engine_versions()
     fingerprints = {p.name: p.fingerprint(newest) for p in profiles}
+    backoffs = backoff_lines(replicas)
     items = [
-        replica_item(r, stale=not r.runs_settings(fingerprints.get(r.profile_name, "")))
+        replica_item(r, backoffs, stale=not r.runs_settings(fingerprints.get(r.profile_name, "")))
         for r in replicas
     ]
     ready_by_profile: dict[str, int] = {}

@@ -3,15 +3,13 @@ why any cannot, and its rolling restarts."""
 
 from __future__ import annotations
 
-from django.utils import timezone
-
 from audit.actors import shell_operator
 from catalog.actions import pause_rollout, resume_rollout
 from core.tables import render_json, render_table
 from fleet.ctl.common import ago, known_model
 from fleet.models import ReplicaState, engine_label
 from fleet.reconcile.rollout import rollout_status
-from fleet.selectors import backoff_line, last_scalings, live_replicas, model_rows, progress_line
+from fleet.selectors import backoff_lines, last_scalings, live_replicas, model_rows, progress_line
 from fleet.weights_map import ModelWeights, model_weights
 
 
@@ -93,8 +91,9 @@ def _profile_needs(profile) -> dict:
 
 def _replica_dicts() -> list[dict]:
     result = []
-    now = timezone.now()
-    for replica in live_replicas():
+    replicas = list(live_replicas())
+    backoffs = backoff_lines(replicas)
+    for replica in replicas:
         result.append(
             {
                 "id": str(replica.id),
@@ -106,7 +105,7 @@ def _replica_dicts() -> list[dict]:
                 "engine": replica.engine,
                 "engine_version": replica.engine_version,
                 "reasons": replica.reasons,
-                "backoff": backoff_line(replica, now),
+                "backoff": backoffs.get(replica.id, ""),
                 "shards": [
                     {
                         "rank": shard.rank,

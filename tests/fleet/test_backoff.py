@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audit.actors import AGENT_LINK
+from fleet import selectors
 from fleet.actions.reports import register_node, update_engines
 from fleet.models import Replica
 from fleet.reconcile.backoff import replacement_backoff, replacement_backoffs, replacement_delay
@@ -139,3 +140,27 @@ def test_the_pass_reads_every_failed_replicas_backoff_in_the_same_queries_for_2_
     backoffs = replacement_backoffs(last_of_each, timezone.now())
     assert [backoffs[r.id].failures for r in last_of_each] == [1, 3, 2, 2, 2, 2, 2]
     assert all(backoffs[r.id] == replacement_backoff(r, timezone.now()) for r in last_of_each)
+
+
+def test_the_pages_and_status_read_failed_replicas_backoffs_in_the_same_queries_for_2_as_for_7(
+    clock, node_ids
+):
+    node = link(node_ids[0], "b6000")
+
+    def queries_of(read) -> int:
+        with CaptureQueriesContext(connection) as queries:
+            read()
+        return len(queries)
+
+    reads = {
+        "cluster page's models": lambda: selectors.model_rows(),
+        "model page": lambda: selectors.model_detail("model-0"),
+        "status": lambda: call_command("llmgw_ctl", "status", "--json", stdout=StringIO()),
+    }
+    for i in range(2):
+        crash_loop(clock, make_profile(make_model(f"model-{i}"), replicas=9), node, 2)
+    few = {name: queries_of(read) for name, read in reads.items()}
+    for i in range(2, 7):
+        crash_loop(clock, make_profile(make_model(f"model-{i}"), replicas=9), node, 2)
+    assert {name: queries_of(read) for name, read in reads.items()} == few
+    assert "2 failures in 30 min" in selectors.model_rows()[6]["replicas"][0]["backoff"]
