@@ -207,7 +207,7 @@ def build(nodes: int, models: int, wanted: int, now: datetime) -> Built:
                 id=rid, model_name=profile.model.name, profile_name=profile.name,
                 profile=profile, fingerprint=profile.fingerprint(newest), engine=profile.engine,
                 engine_version=profile.resolved_engine_version(newest), state=state,
-                reasons=[] if decision.placed else [decision.summary, *decision.reasons],
+                reasons=[] if decision.placed else [decision.summary, *decision.reasons_in_brief],
                 secret=replica_secret(rid), starting_since=now,
             )
         )  # fmt: skip

@@ -1,6 +1,6 @@
 """What deploying or changing a model would do now, shown before it is done: the catalog's
 changes, the running replicas a rolling restart would replace, and where placement would
-put the new replicas on the fleet as it is (or every refusal, node by node).
+put the new replicas on the fleet as it is (or why not, node by node: in brief past ten nodes).
 
 Nothing here writes: the changes are the catalog verb's own dry run, and placement is
 asked with the reconciler's own snapshot and requests, so the plan and what follows agree.

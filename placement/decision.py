@@ -10,6 +10,11 @@ from placement.snapshot import FabricSnapshot, PlacementRequest
 _SINGULAR_VERBS = {"lack": "lacks", "are": "is", "have": "has"}
 
 
+# A refusal by more nodes than this is kept in brief: a few nodes of each shortfall.
+BRIEF_NODES = 10
+EXAMPLES_PER_SHORTFALL = 3
+
+
 @dataclass(frozen=True)
 class RankPlacement:
     """One rank of a replica: its node, its GPU indices there, and its side of the fabric."""
@@ -41,6 +46,8 @@ class Decision:
     nodes_available: int  # nodes that passed every filter when this was decided
     fabric: str = ""
     problem: str = ""
+    # Refused: the first few nodes by id refused under each shortfall (``reasons_in_brief``).
+    examples: tuple[str, ...] = ()
 
     @property
     def placed(self) -> bool:
@@ -74,6 +81,20 @@ class Decision:
         lines = [self.problem] if self.problem else []
         for node in sorted(self.refusals):
             lines += [f"{node}: {sentence}" for sentence in self.refusals[node]]
+        return lines
+
+    @property
+    def reasons_in_brief(self) -> list[str]:
+        """``reasons`` for the ``examples`` alone, then a line counting the nodes left out:
+        what a refused replica keeps and pages show, whatever the fleet's size (at 2,000
+        nodes every sentence is some 200 KB a replica). A refusal by a few nodes is whole."""
+        if len(self.refusals) <= BRIEF_NODES:
+            return self.reasons
+        lines = [self.problem] if self.problem else []
+        for node in self.examples:
+            lines += [f"{node}: {sentence}" for sentence in self.refusals[node]]
+        left = len(self.refusals) - len(self.examples)
+        lines.append(f"and {left} more nodes refused it, for the reasons counted above")
         return lines
 
     def _where(self) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from placement.decision import Decision, RankPlacement
+from placement.decision import EXAMPLES_PER_SHORTFALL, Decision, RankPlacement
 from placement.fabric import fabric_shortfall, usable_fabrics
 from placement.filters import FILTERS, disk_free, holds_or_fetches, refusals_for
 from placement.scores import Candidate, Fit, fit_node, score
@@ -34,7 +34,7 @@ from placement.snapshot import NodeSnapshot, PlacementRequest
 RUNNERS_UP = 2
 
 # (placements made when it was worked out, refusals by node, nodes per shortfall)
-_Explanation = tuple[int, Mapping[str, tuple[str, ...]], Mapping[str, int]]
+_Explanation = tuple[int, Mapping[str, tuple[str, ...]], Mapping[str, int], tuple[str, ...]]
 
 
 def place(request: PlacementRequest, nodes: Iterable[NodeSnapshot]) -> Decision:
@@ -270,14 +270,22 @@ class _Fleet:
         if cached is None or cached[0] != self.placements:
             refusals: dict[str, tuple[str, ...]] = {}
             shortfalls: Counter[str] = Counter()
+            examples: list[str] = []
             for node_id in self.ids:
                 found = refusals_for(self.nodes[node_id], request)
                 if found:
                     refusals[node_id] = tuple(refusal.sentence for refusal in found)
+                    if any(shortfalls[r.shortfall] < EXAMPLES_PER_SHORTFALL for r in found):
+                        examples.append(node_id)
                     shortfalls.update(refusal.shortfall for refusal in found)
-            cached = (self.placements, MappingProxyType(refusals), MappingProxyType(shortfalls))
+            cached = (
+                self.placements,
+                MappingProxyType(refusals),
+                MappingProxyType(shortfalls),
+                tuple(examples),
+            )
             self.explained[key] = cached
-        _, refusals_by_node, shortfall_counts = cached
+        _, refusals_by_node, shortfall_counts, examples_shown = cached
         return Decision(
             request=request,
             ranks=(),
@@ -287,4 +295,5 @@ class _Fleet:
             nodes_total=len(self.ids),
             nodes_available=len(self.ids) - len(refusals_by_node),
             problem=problem,
+            examples=examples_shown,
         )

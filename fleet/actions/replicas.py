@@ -103,7 +103,7 @@ def note_unplaceable(replica: Replica, decision: Decision, *, actor: Actor) -> b
 
     One already unplaceable keeps its state; only its reasons follow what placement says.
     """
-    reasons = [decision.summary, *decision.reasons]
+    reasons = [decision.summary, *decision.reasons_in_brief]
     if replica.state == ReplicaState.PLACING:
         return bool(transition(Replica, replica.id, ReplicaState.UNPLACEABLE, decision.summary,
                                actor=actor, reasons=reasons))  # fmt: skip

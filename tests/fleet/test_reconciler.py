@@ -30,7 +30,7 @@ from protocol.signing import BadSignature, verify
 from tests.factories import SETUP, make_profile, make_replica
 from tests.fleet.cluster import catalog, connect, run
 from tests.fleet.inventories import inventory
-from tests.fleet.queues import queued_commands, queued_signatures
+from tests.fleet.queues import broker, queued_commands, queued_signatures
 
 pytestmark = pytest.mark.django_db
 
@@ -101,6 +101,26 @@ def test_unplaceable_replica_says_why_node_by_node(node_ids, django_capture_on_c
     run(django_capture_on_commit_callbacks)
     replica.refresh_from_db()
     assert replica.state == "starting"
+
+
+def test_an_unplaceable_replica_on_a_large_fleet_keeps_its_reasons_in_brief(
+    django_capture_on_commit_callbacks,
+):
+    prefix = uuid.uuid4().hex[:6]  # unique: their queues live in the shared Redis
+    nodes = [f"{prefix}-{i:02d}" for i in range(30)]
+    for node_id in nodes:
+        connect(node_id, engines=())
+    apply_catalog(catalog(), actor=SETUP)
+    try:
+        run(django_capture_on_commit_callbacks)
+    finally:
+        broker().delete(*(f"node-{node_id}" for node_id in nodes))
+    replica = Replica.objects.get()
+    assert replica.state == "unplaceable"
+    summary, *examples, rest = replica.reasons
+    assert summary.startswith("0/30 nodes available: 30 lack engine llama.cpp")
+    assert [line.split(":")[0] for line in examples] == nodes[:3]
+    assert rest == "and 27 more nodes refused it, for the reasons counted above"
 
 
 def test_ready_when_every_rank_reports_ready(node_ids, django_capture_on_commit_callbacks):

@@ -192,3 +192,30 @@ def test_batch_agrees_with_evaluating_every_node_every_time(seed: int) -> None:
     answers = [(d.ranks[0].node, d.ranks[0].gpus) if d.placed else None for d in decisions]
     assert answers == _brute_force(requests, nodes)
     assert any(answers) and not all(answers)
+
+
+def test_a_refusal_in_brief_shows_a_few_nodes_of_each_shortfall_and_counts_the_rest() -> None:
+    busy = [node(f"gpu{i:03d}", gpus=gpus(8, free=0)) for i in range(200)]
+    without_vllm = [node(f"old{i:02d}", engines={}, gpus=gpus(8, free=0)) for i in range(5)]
+
+    decision = place(request(), busy + without_vllm)
+
+    assert len(decision.reasons) == 210  # every node's every sentence: the plan page's
+    assert decision.summary == (
+        "0/205 nodes available: 205 lack free GPU memory, 5 lack engine vllm"
+    )
+    brief = decision.reasons_in_brief
+    # The first three by id under each shortfall, each with all its sentences.
+    assert [line.split(":")[0] for line in brief[:-1]] == [
+        "gpu000", "gpu001", "gpu002", "old00", "old00", "old01", "old01", "old02", "old02",
+    ]  # fmt: skip
+    assert brief[-1] == "and 199 more nodes refused it, for the reasons counted above"
+
+
+def test_a_refusal_on_a_few_nodes_is_given_in_full() -> None:
+    nodes = [node(f"gpu{i:02d}", gpus=gpus(8, free=0)) for i in range(10)]
+
+    decision = place(request(), nodes)
+
+    assert decision.reasons_in_brief == decision.reasons
+    assert len(decision.reasons) == 10
