@@ -48,6 +48,9 @@ class Decision:
     problem: str = ""
     # Refused: the first few nodes by id refused under each shortfall (``reasons_in_brief``).
     examples: tuple[str, ...] = ()
+    # Refused without working out why, as the caller asked (``place_batch``'s unexplained):
+    # its refusals are empty, and the reasons last worked out still hold.
+    explained: bool = True
 
     @property
     def placed(self) -> bool:
@@ -63,6 +66,8 @@ class Decision:
         head = f"{self.nodes_available}/{self.nodes_total} nodes available"
         if self.placed:
             return f"{head}; {self._where()}"
+        if not self.explained:
+            return f"{head} (why: as last worked out)"
         if not self.nodes_total:
             return f"{head}: no nodes to place on"
         rollup = ", ".join(

@@ -103,6 +103,8 @@ def note_unplaceable(replica: Replica, decision: Decision, *, actor: Actor) -> b
 
     One already unplaceable keeps its state; only its reasons follow what placement says.
     """
+    if not decision.explained and replica.state != ReplicaState.PLACING:
+        return False  # placement did not work out why again: what it said last still holds
     reasons = [decision.summary, *decision.reasons_in_brief]
     if replica.state == ReplicaState.PLACING:
         return bool(transition(Replica, replica.id, ReplicaState.UNPLACEABLE, decision.summary,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 
@@ -45,6 +45,12 @@ log = logging.getLogger("llmgw.reconciler")
 
 # The key of the PostgreSQL advisory lock that makes a pass one at a time, cluster-wide.
 PASS_LOCK_KEY = 0x6C6C6D67  # "llmg"
+# Why an unplaceable replica is refused is worked out again after this (and up to as long
+# again, spread by replica).
+REEXPLAIN_AFTER = timedelta(seconds=30)
+# When this process last worked that out for each replica still waiting: a cache (a new
+# process works each out once again).
+_explained_at: dict[str, datetime] = {}
 
 
 def reconcile(
@@ -279,28 +285,53 @@ def scale(report: ReconcileReport, epoch: int | None = None) -> None:
 
 
 def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:
-    """Place every replica waiting for nodes, in one batch against one snapshot."""
+    """Place every replica waiting for nodes, in one batch against one snapshot.
+
+    Each pass tries to place every one; why an unplaceable one is refused (every filter on
+    every node: at 10,000 nodes, 25 such models took 3 s a pass) is worked out again only
+    30 to 60 s later (REEXPLAIN_AFTER), so its reasons lag the fleet by at most that.
+    """
     waiting = list(
         Replica.objects.filter(state__in=ReplicaState.UNPLACED, profile__isnull=False)
         .select_related("profile__model")
         .order_by("created_at")
     )
+    _forget_explained_but(str(r.id) for r in waiting)
     if not waiting:
         return
     newest = newest_engine_versions()
     requests = [
         placement_request(str(r.id), _profile(r), r.version_to_run(newest)) for r in waiting
     ]
-    decisions = place_batch(requests, node_snapshots(now))
+    lately = {str(replica.id) for replica in waiting if _explained_lately(replica, now)}
+    decisions = place_batch(requests, node_snapshots(now), unexplained=lately)
     for replica, decision in zip(waiting, decisions, strict=True):
         # Counted as decided, as before: a start that loses a race still counts as placed.
         if decision.placed:
             start_replica(replica, decision, actor=RECONCILER, epoch=epoch)
             report.placed.append(str(replica.id))
-        else:
-            if replica.state == ReplicaState.PLACING:
-                report.unplaceable.append(str(replica.id))
-            note_unplaceable(replica, decision, actor=RECONCILER)
+            continue
+        if decision.explained:
+            _explained_at[str(replica.id)] = now
+        if replica.state == ReplicaState.PLACING:
+            report.unplaceable.append(str(replica.id))
+        note_unplaceable(replica, decision, actor=RECONCILER)
+
+
+def _explained_lately(replica: Replica, now: datetime) -> bool:
+    at = _explained_at.get(str(replica.id))
+    if replica.state != ReplicaState.UNPLACEABLE or at is None:
+        return False
+    # Each replica waits up to as long again, by its id, so that many refused together
+    # are not all worked out again in the same pass.
+    spread = REEXPLAIN_AFTER * (replica.id.int % 100 / 100)
+    return now - at < REEXPLAIN_AFTER + spread
+
+
+def _forget_explained_but(waiting: Iterable[str]) -> None:
+    kept = set(waiting)
+    for replica_id in [key for key in _explained_at if key not in kept]:
+        del _explained_at[replica_id]
 
 
 def finish_stops(report: ReconcileReport) -> None:

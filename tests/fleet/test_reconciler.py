@@ -7,6 +7,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+import time_machine
 from django.utils import timezone
 
 from audit.actors import AGENT_LINK
@@ -402,3 +403,28 @@ def test_an_engine_that_served_a_while_before_dying_is_replaced_without_a_growin
         # Each served ten minutes (one of them through a restart) before its engine died.
         _replica_events(replica, ("ready", 2400 - n * 60), ("ready", 900), ("failed", 300 - n))
     assert replacement_delay(replicas[-1], timezone.now()) == timedelta(seconds=5)
+
+
+def test_an_unplaceable_replicas_reasons_are_worked_out_again_after_30_to_60_s(
+    node_ids, django_capture_on_commit_callbacks
+):
+    connect(node_ids[0], engines=())
+    apply_catalog(catalog(), actor=SETUP)
+    with time_machine.travel(timezone.now(), tick=False) as clock:
+        run(django_capture_on_commit_callbacks)
+        replica = Replica.objects.get()
+        assert replica.reasons[0].startswith("0/1 nodes available")
+        connect(node_ids[1], engines=())  # the refusal would now say 0/2
+        run(django_capture_on_commit_callbacks)
+        replica.refresh_from_db()
+        assert replica.reasons[0].startswith("0/1 nodes available")  # kept: worked out lately
+        clock.shift(timedelta(seconds=61))
+        run(django_capture_on_commit_callbacks)
+        replica.refresh_from_db()
+        assert replica.state == "unplaceable"
+        assert replica.reasons[0].startswith("0/2 nodes available")
+        # Placing is never put off: the engine appears, the next pass places it.
+        connect(node_ids[0])
+        run(django_capture_on_commit_callbacks)
+        replica.refresh_from_db()
+        assert replica.state == "starting"

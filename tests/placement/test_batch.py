@@ -219,3 +219,17 @@ def test_a_refusal_on_a_few_nodes_is_given_in_full() -> None:
 
     assert decision.reasons_in_brief == decision.reasons
     assert len(decision.reasons) == 10
+
+
+def test_a_refusal_not_asked_for_is_not_worked_out_but_placing_still_is() -> None:
+    nodes = [node("node01", gpus=gpus(1)), node("node02", gpus=gpus(1))]
+    tp2 = request(gpus_per_rank=2)
+    one = request(replica_key="chat-1")
+
+    refused, placed = place_batch([tp2, one], nodes, unexplained={"chat-0", "chat-1"})
+
+    assert not refused.placed and not refused.explained
+    assert refused.refusals == {} and refused.reasons == []
+    assert refused.summary == "0/2 nodes available (why: as last worked out)"
+    assert placed.placed  # a replica not explained is still placed when it can be
+    assert place_batch([tp2], nodes)[0].explained
