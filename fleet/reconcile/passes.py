@@ -328,6 +328,11 @@ def _explained_lately(replica: Replica, now: datetime) -> bool:
     return now - at < REEXPLAIN_AFTER + spread
 
 
+def forget_refusals() -> None:
+    """Have the next pass work out again why each unplaceable replica is refused."""
+    _explained_at.clear()
+
+
 def _forget_explained_but(waiting: Iterable[str]) -> None:
     kept = set(waiting)
     for replica_id in [key for key in _explained_at if key not in kept]:
