@@ -92,29 +92,16 @@ def replacement_backoffs(replicas: list[Replica], now: datetime) -> dict[UUID, B
         readies.setdefault(subject, []).append(at)
     engines_changed = _engines_changed_under(subjects)
     newest = newest_engine_versions()
-    current: dict[int, str] = {}  # each profile's fingerprint now, by its id
     failed_by_profile: dict[tuple[str, str], list[tuple[str, datetime]]] = {}
     for subject, at in failed:
         failed_by_profile.setdefault(profile_of[subject], []).append((subject, at))
     backoffs = {}
     for replica in replicas:
         profile = (replica.model_name, replica.profile_name)
-        fingerprints = siblings[profile]
-        spec = None
-        if replica.profile is not None:
-            if replica.profile.id not in current:
-                current[replica.profile.id] = replica.profile.fingerprint(newest)
-            spec = current[replica.profile.id]
-        failures = forgiven = 0
-        for subject, at in failed_by_profile.get(profile, []):
-            changed = engines_changed.get(subject)
-            another_spec = spec is not None and fingerprints[subject] != spec
-            if another_spec or (changed is not None and changed > at):
-                forgiven += 1
-                continue
-            ready_at = max((r for r in readies.get(subject, []) if r <= at), default=None)
-            if ready_at is None or at - ready_at < SETTLED:
-                failures += 1
+        spec = replica.profile.fingerprint(newest) if replica.profile is not None else None
+        failures, forgiven = _count_failures(
+            failed_by_profile.get(profile, []), siblings[profile], spec, readies, engines_changed
+        )
         seconds = min(MAX_REPLACEMENT_DELAY, BASE_REPLACEMENT_DELAY * 2 ** max(0, failures - 1))
         delay = timedelta(seconds=seconds)
         backoffs[replica.id] = Backoff(
@@ -125,6 +112,29 @@ def replacement_backoffs(replicas: list[Replica], now: datetime) -> dict[UUID, B
             last="; ".join(replica.reasons),
         )
     return backoffs
+
+
+def _count_failures(
+    failed: list[tuple[str, datetime]],
+    fingerprints: dict[str, str],
+    spec: str | None,
+    readies: dict[str, list[datetime]],
+    engines_changed: dict[str, datetime],
+) -> tuple[int, int]:
+    """(failures that count as a crash loop, failures forgiven) of one profile's replicas:
+    ``failed`` (replica id, when), each replica's ``fingerprints``, the profile's ``spec``
+    now, and when each replica was ready and its nodes' engines last changed."""
+    failures = forgiven = 0
+    for subject, at in failed:
+        changed = engines_changed.get(subject)
+        another_spec = spec is not None and fingerprints[subject] != spec
+        if another_spec or (changed is not None and changed > at):
+            forgiven += 1
+            continue
+        ready_at = max((r for r in readies.get(subject, []) if r <= at), default=None)
+        if ready_at is None or at - ready_at < SETTLED:
+            failures += 1
+    return failures, forgiven
 
 
 def replacement_delay(replica: Replica, now: datetime) -> timedelta:
