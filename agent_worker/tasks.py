@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from celery import shared_task
+from pydantic import ValidationError
 
 from agent_worker.runtime import current
 from protocol import messages
@@ -108,8 +109,19 @@ def converge_engines_task(engines: list[dict], deadline: float = 0, signature: s
     """Have exactly these engine versions; the install runs beside heartbeats and shards."""
     if not _checked(CONVERGE_ENGINES, [engines], deadline, signature):
         return "refused"
-    current().converge_engines([WantedEngine.model_validate(engine) for engine in engines])
+    current().converge_engines([wanted for engine in engines if (wanted := _wanted(engine))])
     return "converging"
+
+
+def _wanted(engine: dict) -> WantedEngine | None:
+    """One engine version as the command names it; None (and said why) when no node could
+    install it safely, such as a version that is not one directory name."""
+    try:
+        return WantedEngine.model_validate(engine)
+    except ValidationError as exc:
+        named = f"{engine.get('name')} {engine.get('version')}" if isinstance(engine, dict) else ""
+        log.error("refusing engine %s: %s", named or repr(engine)[:200], exc)
+        return None
 
 
 @shared_task(name=DRAIN)

@@ -29,7 +29,7 @@ from protocol.engine_serves import (
     serve_arg_problems,
     serve_problems,
 )
-from protocol.engines import PIP_ENGINES, EngineBuild
+from protocol.engines import PIP_ENGINES, EngineBuild, check_path_token
 from protocol.routing import PREFIX, ROUTING_POLICIES
 from protocol.sources import is_loopback_url
 from protocol.units import parse_duration, parse_size
@@ -115,6 +115,11 @@ class EngineEntry(_Entry):
     builds: list[EngineBuild] = []
 
     _engine = field_validator("name")(_check_engine)
+
+    @field_validator("version")
+    @classmethod
+    def version_is_a_token(cls, value: str) -> str:
+        return check_path_token("version", value)
 
     @model_validator(mode="after")
     def builds_only_for_archives(self) -> EngineEntry:
@@ -208,6 +213,11 @@ class ProfileEntry(_Entry):
     _name = field_validator("name")(_check_name)
 
     _engine = field_validator("engine")(_check_engine)
+
+    @field_validator("engine_version")
+    @classmethod
+    def engine_version_is_a_token(cls, value: str) -> str:
+        return check_path_token("engine_version", value) if value else value
 
     @field_validator("routing")
     @classmethod

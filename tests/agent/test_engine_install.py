@@ -14,6 +14,7 @@ from agent_worker.engines.install import InstallError
 from agent_worker.engines.install.checks import check_version
 from agent_worker.engines.llama_cpp import rpc_server_beside
 from llmgw_cli.local_engine import wheel_llama_server
+from protocol.engines import WantedEngine
 from tests.agent.engine_archives import (
     Clock,
     leftovers,
@@ -109,6 +110,41 @@ def test_a_bad_archive_fails_naming_why_and_leaves_the_old_version_alone(case, s
     assert one(installer, "b5999").status == "installed"
     assert leftovers(tmp_path, keep=("b5999",)) == []
     assert not Path("/tmp/evil").exists()
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        {"version": "b1/../../../sentinel"},
+        {"name": "../../sentinel/x", "version": "b1"},
+        {"version": ".."},
+    ],
+    ids=["version-climbs-out", "name-climbs-out", "version-dotdot"],
+)
+def test_a_version_that_is_not_one_directory_name_touches_nothing_outside(hostile, serve, tmp_path):
+    # What a tampered catalog row or a forged command would carry: the control plane
+    # refuses such a version, so it is built here without validation.
+    home = tmp_path / "agent"
+    home.mkdir()
+    sentinel = tmp_path / "sentinel"
+    (sentinel / "data").mkdir(parents=True)
+    (sentinel / "data" / "keep").write_text("not the agent's")
+    server = serve(tar_gz(release()))
+    build = wanted(server.url, server.sha256).builds[0]
+    engine = WantedEngine.model_construct(**{"name": "llama.cpp", "builds": [build], **hostile})
+    installer = make_installer(home)
+
+    installer.want([engine])
+    installer.converge_once()
+
+    assert (sentinel / "data" / "keep").read_text() == "not the agent's"
+    inside = sorted(str(path.relative_to(sentinel)) for path in sentinel.rglob("*"))
+    assert inside == ["data", "data/keep"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent", "sentinel"]
+    [status] = installer.statuses()
+    assert status.status == "failed", status.words
+    assert "is not usable as a directory name on a node" in status.detail, status.detail
+    assert leftovers(home) == []
 
 
 def test_a_wrong_sha256_fails_naming_the_archive(serve, tmp_path):
