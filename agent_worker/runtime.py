@@ -132,7 +132,7 @@ class AgentRuntime:
         self.look_dirs = LookDirs(look=config.look_dirs, shared=config.shared_dirs)
         self.launcher = ShardLauncher(
             self.node_id, self.supervisor, self.weights, self.engines.find,
-            self._on_transition, self.link.send, self.sequence,
+            self._on_transition, self.link.send, self.sequence, allowed_env=config.allow_env,
         )  # fmt: skip
         self.unexpected_gpu_users: list[UnexpectedGpuUser] = []
         # The periodic prober, register and weights collection all read and write it, and

@@ -23,6 +23,7 @@ from audit import notices
 from audit.actors import Actor, SystemActor
 from audit.events import record_event
 from audit.models import EventKind
+from catalog.engine_admin import check_planned, check_row
 from catalog.fit.model_files import is_remote, shape_facts
 from catalog.keys import (
     KEY_START,
@@ -78,6 +79,7 @@ def apply_catalog(
     with transaction.atomic():
         check_references(catalog, filename, prune=prune)
         changes = plan_changes(catalog, prune=prune)
+        check_planned(changes, catalog, filename, actor)
         if not dry_run:
             for change in changes:
                 _make_change(change, catalog)
@@ -147,6 +149,7 @@ def save_entry(row: models.Model, *, changed: Iterable[str] = (), actor: Actor):
     creating = row._state.adding
     changed = sorted(changed)
     with transaction.atomic():
+        check_row(row, actor)
         row.save()
         if isinstance(row, Model):
             learn_model_shape(row, actor=actor)
@@ -393,6 +396,7 @@ def apply_model(
             raise CatalogError([f"name: no model is named {entry.name!r} any more"])
         check_references(catalog, entry.name, prune=False)
         changes = plan_changes(catalog, prune=False)
+        check_planned(changes, catalog, entry.name, actor)
         if not dry_run and changes:
             for change in changes:
                 _make_change(change, catalog)

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from catalog.models import KNOWN_ENGINES, LAUNCH_MODES, STRATEGIES
+from protocol.engine_args import common_flag_problems
 from protocol.engine_serves import (
     ENGINE_SERVES,
     effective_serves,
@@ -271,10 +272,12 @@ class ProfileEntry(_Entry):
 
     @model_validator(mode="after")
     def engine_serves_it(self) -> ProfileEntry:
-        """Refuse what the engine cannot serve (the agent's adapter would, at launch), and
-        keep serves: in one spelling: the fingerprint, and so rolling restarts, follow it."""
+        """Refuse what the engine cannot serve and flags llmgw sets itself (the agent's
+        adapter would, at launch), and keep serves: in one spelling: the fingerprint, and
+        so rolling restarts, follow it."""
         problems = serve_problems(self.engine, self.serves)
         problems += serve_arg_problems(self.engine, self.serves, self.args, self.env)
+        problems += common_flag_problems(self.args)
         if problems:
             raise ValueError("; ".join(problems))
         served = effective_serves(self.engine, self.serves)
@@ -349,6 +352,24 @@ def parse_catalog(text: str, filename: str = "catalog.yaml") -> CatalogFile:
     if problems:
         raise CatalogError(problems)
     return catalog
+
+
+def validate_fields(
+    entry_class: type[_Entry], data: dict[str, Any]
+) -> tuple[_Entry | None, dict[str, list[str]]]:
+    """One entry checked by the file's rules, for a form or the API: the entry, or each
+    problem filed under the field it names (``non_field_errors`` for the entry's own)."""
+    try:
+        return entry_class.model_validate(data), {}
+    except ValidationError as exc:
+        errors: dict[str, list[str]] = {}
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "non_field_errors"
+            message = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                message = f"unknown field {field!r}; check its spelling"
+            errors.setdefault(field, []).append(message)
+        return None, errors
 
 
 def _describe(filename: str, data: Any, error: Any) -> str:

@@ -105,6 +105,12 @@ def entry(path, value):
 PROFILE = ("models", 0, "profiles", 0)
 REFUSALS = [
     pytest.param(
+        entry((*PROFILE, "args"), ["--host", "0.0.0.0"]),
+        "catalog.yaml: models[0] (gemma-3-270m): profiles[0] (cpu): args sets --host, which "
+        "llmgw chooses; remove it",
+        id="owned-flag",
+    ),
+    pytest.param(
         entry((*PROFILE, "engine"), "llamacpp"),
         "catalog.yaml: models[0] (gemma-3-270m): profiles[0] (cpu): engine: unknown engine "
         "'llamacpp'; llmgw runs llama.cpp, vllm, sglang",
