@@ -11,6 +11,7 @@ import subprocess
 import threading
 
 from agent_worker.agent_state import AgentState
+from agent_worker.command_guard import CommandGuard
 from agent_worker.config import AgentConfig
 from agent_worker.discovery import (
     DiscoveryConfig,
@@ -128,6 +129,8 @@ class AgentRuntime:
             ssl_context=self._ssl_context(),
             identity=self._identity(),
         )
+        # Ids of the commands obeyed, so that none is obeyed twice; refusals, counted.
+        self.commands = CommandGuard(config.agent_dir / "commands-done.json", self.link.send)
         self.weights = WeightStore(config.weights_dir)
         self.look_dirs = LookDirs(look=config.look_dirs, shared=config.shared_dirs)
         self.launcher = ShardLauncher(

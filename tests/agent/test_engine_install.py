@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import shutil
 import socket
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from agent_worker import tasks
+from agent_worker.command_guard import CommandGuard
 from agent_worker.engines.install import InstallError
 from agent_worker.engines.install.checks import check_version
 from agent_worker.engines.llama_cpp import rpc_server_beside
 from llmgw_cli.local_engine import wheel_llama_server
+from protocol.commands import CONVERGE_ENGINES
 from protocol.engines import WantedEngine
+from protocol.signing import sign
 from tests.agent.engine_archives import (
     Clock,
     leftovers,
@@ -154,6 +160,23 @@ def test_a_version_that_is_not_one_directory_name_touches_nothing_outside(hostil
     assert status.status == "failed", status.words
     assert "is not usable as a directory name on a node" in status.detail, status.detail
     assert leftovers(home) == []
+
+
+def test_a_converge_command_naming_such_a_version_installs_the_rest(monkeypatch, tmp_path):
+    key, command_id, deadline = "node01.abc", "c0ffee", time.time() + 60
+    told: list = []
+    runtime = SimpleNamespace(
+        link=SimpleNamespace(command_key=key), converge_engines=told.extend,
+        commands=CommandGuard(tmp_path / "commands-done.json", lambda message: None),
+    )  # fmt: skip
+    monkeypatch.setattr(tasks, "current", lambda: runtime)
+    engines = [{"name": "llama.cpp", "version": v} for v in ("b6000", "b1/../x")]
+    signature = sign(key, CONVERGE_ENGINES, [engines], deadline, command_id)
+
+    tasks.converge_engines_task(engines, deadline=deadline, signature=signature,
+                                command_id=command_id)  # fmt: skip
+
+    assert [engine.version for engine in told] == ["b6000"]
 
 
 def test_a_wrong_sha256_fails_naming_the_archive(serve, tmp_path):
