@@ -17,9 +17,9 @@ import httpx
 from django.conf import settings
 
 from catalog.fit.estimate import ModelShape
-from catalog.schema import HUB_ID
 from core.gguf import GgufError, GgufHeader, GgufIncomplete, read_header, read_header_bytes
 from core.http import outbound_client
+from protocol.sources import HUB_ID
 
 # A GGUF header is the tokenizer's tables and one line per tensor: a few MiB for most
 # models; fetch this much first, then twice as much until the header ends, up to the cap.
