@@ -20,7 +20,7 @@ import psutil
 
 from llmgw_cli.demo import smollm2_path
 from llmgw_cli.sim import hosts, network
-from llmgw_cli.sim.fleet import Fleet
+from llmgw_cli.sim.state import Fleet
 
 REPO = Path(__file__).resolve().parent.parent
 MANAGE = str(REPO / "manage.py")
