@@ -3,7 +3,7 @@ safetensors directory's ``config.json`` and the files' sizes; for a URL the firs
 of the file (a ranged GET), for a hub id the repository's ``config.json`` and file list.
 
 Local reads are quick (a header, a few stats); the downloads are for a Celery task
-(``catalog.fit.tasks``), never a request. Every failure is a ``ModelFileError`` naming the source.
+(``catalog.tasks``), never a request. Every failure is a ``ModelFileError`` naming the source.
 """
 
 from __future__ import annotations
