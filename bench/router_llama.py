@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import statistics
 import tempfile
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.engines import ENGINE_SECRET, KEY, serve_llama, serve_router, stream_chat
-from bench.processes import cpu_seconds, stop
+from bench.processes import cpu_seconds, run_until_signalled, stop
 from bench.report import percentile, ratio
 
 MODEL = "smollm2-bench"
@@ -188,9 +187,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2, help="llama-server -t")
     args = parser.parse_args()
-    # SIGTERM (a `timeout` around the run) unwinds like Ctrl-C, so the children are stopped.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    asyncio.run(run(args))
+    run_until_signalled(run(args))
 
 
 if __name__ == "__main__":

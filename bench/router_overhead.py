@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.engines import ENGINE_SECRET, KEY, serve_fake_engine, serve_router
-from bench.processes import stop
+from bench.processes import run_until_signalled, stop
 from bench.report import percentile, ratio
 
 WARMUP_SECONDS = 0.3  # connections opened, before each slice is measured
@@ -138,9 +137,7 @@ def main() -> None:
         "--routers", default="uvicorn+lean", help="comma-separated SERVER+CLIENT variants"
     )
     args = parser.parse_args()
-    # SIGTERM (a `timeout` around the run) unwinds like Ctrl-C, so the children are stopped.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    asyncio.run(run(args))
+    run_until_signalled(run(args))
 
 
 if __name__ == "__main__":

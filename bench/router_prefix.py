@@ -39,7 +39,6 @@ import argparse
 import asyncio
 import json
 import random
-import signal
 import statistics
 import tempfile
 import time
@@ -49,7 +48,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.engines import ENGINE_SECRET, KEY, llama_server, serve_llama, serve_router, stream_chat
-from bench.processes import stop
+from bench.processes import run_until_signalled, stop
 from bench.report import percentile, ratio
 
 NAMES = {"least_outstanding": "smollm2-lo", "prefix": "smollm2-prefix"}
@@ -317,9 +316,7 @@ def main() -> None:
     parser.add_argument("--slice-seconds", type=float, default=90.0, help="a slice's time limit")
     args = parser.parse_args()
     llama_server()  # before anything starts: exits naming what is missing
-    # SIGTERM (a `timeout` around the run) unwinds like Ctrl-C, so the children are stopped.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    asyncio.run(run(args))
+    run_until_signalled(run(args))
 
 
 if __name__ == "__main__":
