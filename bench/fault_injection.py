@@ -7,7 +7,9 @@ import signal
 import time
 
 import psutil
-from fault_system import System, retry, wait_for
+
+from bench.fault_system import System, retry
+from bench.processes import wait_for
 
 PROCESS_FAULTS = ["agent", "control-plane", "reconciler", "router", "redis", "postgres"]
 # The engine last: it is killed only once it has served past the reconciler's settling
