@@ -38,7 +38,7 @@ def inject(system: System, fault: str, stop_seconds: float) -> tuple[float, str 
         shard_id, pid = min(system.engines().items(), key=lambda item: _started(item[1]))
         # A healthy engine that dies: one that has served past the reconciler's settling
         # time (its death does not grow the profile's replacement backoff).
-        from fleet.reconcile.backoff import SETTLED
+        from fleet.planning.backoff import SETTLED
 
         time.sleep(max(0.0, _started(pid) + SETTLED.total_seconds() + 5 - time.time()))
         os.kill(pid, signal.SIGKILL)

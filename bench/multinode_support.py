@@ -20,7 +20,7 @@ from bench.processes import REPO
 from bench.report import percentile
 from llmgw_cli.demo import smollm2_path
 from llmgw_cli.sim import hosts, network
-from llmgw_cli.sim.fleet import Fleet
+from llmgw_cli.sim.state import Fleet
 
 MANAGE = str(REPO / "manage.py")
 ONE_NODE = "smollm2-1node"

@@ -29,7 +29,8 @@ from bench import sim
 from bench.fault_load import Load
 from llmgw_cli.demo import DEMO_MODEL
 from llmgw_cli.sim import cleanup, fabric, hosts, impair, network
-from llmgw_cli.sim.fleet import Fleet, Tuning
+from llmgw_cli.sim.fleet import Tuning
+from llmgw_cli.sim.state import Fleet
 
 CLIENTS = 8
 MAX_REQUESTS = 5000  # per scenario: the load is bounded in requests as well as in time

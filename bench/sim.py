@@ -7,7 +7,7 @@ import httpx
 
 from llmgw_cli.demo import smollm2_path
 from llmgw_cli.sim import hosts, network
-from llmgw_cli.sim.fleet import Fleet
+from llmgw_cli.sim.state import Fleet
 
 
 def refusal() -> str | None:
