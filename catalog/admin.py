@@ -15,7 +15,8 @@ from django import forms
 from django.contrib import admin, messages
 from django.http import HttpRequest
 
-from catalog.actions import delete_row, save_entry, update_key
+from catalog.actions.api_keys import update_key
+from catalog.actions.entries import delete_row, save_entry
 from catalog.engine_admin import EngineAdminRequired, check_row
 from catalog.keys import LIMIT_FIELDS, ApiKeyRefused
 from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile

@@ -12,15 +12,8 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
-from catalog.actions import (
-    UNCHANGED,
-    create_key,
-    delete_row,
-    revoke_key,
-    save_entry,
-    update_entry,
-    update_key,
-)  # fmt: skip
+from catalog.actions.api_keys import UNCHANGED, create_key, revoke_key, update_key
+from catalog.actions.entries import delete_row, save_entry, update_entry
 from catalog.engine_admin import EngineAdminRequired
 from catalog.keys import LIMIT_FIELDS, ApiKeyRefused
 from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile

@@ -13,7 +13,7 @@ from django.contrib.auth.models import Group
 
 from audit.actors import ShellUser
 from audit.models import Event
-from catalog.actions import apply_catalog, apply_model
+from catalog.actions.entries import apply_catalog, apply_model
 from catalog.engine_admin import EngineAdminRequired
 from catalog.models import Engine, Model, Profile
 from catalog.permissions import ENGINE_ADMINS_GROUP, OPERATORS_GROUP
