@@ -11,6 +11,7 @@ import subprocess
 import threading
 
 from agent_worker.agent_state import AgentState
+from agent_worker.command_guard import CommandGuard
 from agent_worker.config import AgentConfig
 from agent_worker.discovery import (
     DiscoveryConfig,
@@ -126,12 +127,14 @@ class AgentRuntime:
             ssl_context=self._ssl_context(),
             identity=self._identity(),
         )
+        # Ids of the commands obeyed, so that none is obeyed twice; refusals, counted.
+        self.commands = CommandGuard(config.agent_dir / "commands-done.json", self.link.send)
         self.weights = WeightStore(config.weights_dir)
         self.look_dirs = LookDirs(look=config.look_dirs, shared=config.shared_dirs)
         self.held_weights = NodeWeights(self.weights, self.look_dirs, self.link)
         self.launcher = ShardLauncher(
             self.node_id, self.supervisor, self.weights, self.engines.find,
-            self._on_transition, self.link.send, self.sequence,
+            self._on_transition, self.link.send, self.sequence, allowed_env=config.allow_env,
         )  # fmt: skip
         self.unexpected_gpu_users: list[UnexpectedGpuUser] = []
         self._thread: threading.Thread | None = None

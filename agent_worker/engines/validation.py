@@ -7,7 +7,7 @@ so whatever can be refused here is refused here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from protocol.shard import ShardSpec
 
@@ -19,6 +19,11 @@ OWNED_ENV: Mapping[str, str] = {
     "NCCL_SOCKET_IFNAME": "llmgw sets it from the fabric's socket_ifname; set that instead",
     "GLOO_SOCKET_IFNAME": "llmgw sets it from the fabric's socket_ifname; set that instead",
 }
+
+# The dynamic loader's own variables: what they name is loaded into the engine, as root.
+# Refused from any profile, whoever signed the command (a control plane can be tampered
+# with), unless this node's own agent file lists them under allow_env:.
+LOADER_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT")
 
 
 def flag_name(arg: str) -> str:
@@ -93,6 +98,16 @@ def owned_env_problems(names: Iterable[object], extra: Mapping[str, str]) -> lis
         f"env sets {name}, which {owned[name]}; remove it"
         for name in names
         if isinstance(name, str) and name in owned
+    ]
+
+
+def loader_env_problems(env: Mapping[str, object], allowed: Collection[str]) -> list[str]:
+    """Refuse the loader's variables (``LOADER_ENV``) that this node's config does not allow."""
+    return [
+        f"env sets {name}, which makes the loader run code in the engine as root; this node "
+        "takes it only if its agent file lists it under allow_env:"
+        for name in LOADER_ENV
+        if name in env and name not in allowed
     ]
 
 

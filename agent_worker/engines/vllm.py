@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 from typing import ClassVar
 
-from agent_worker.engines.base import COMMON_OWNED_FLAGS, EngineAdapter, engine_env
+from agent_worker.engines.base import EngineAdapter, engine_env
 from agent_worker.engines.command import LaunchCommand
 from agent_worker.engines.validation import nccl_node_problems, parse_rendezvous
+from protocol.engine_args import COMMON_OWNED_FLAGS
 from protocol.engine_serves import serve_owned_flags
 from protocol.shard import ShardSpec
 

@@ -14,6 +14,7 @@ from django.db import models, transaction
 from audit.actors import Actor
 from catalog.actions.changes import catalog_changed
 from catalog.actions.shapes import MODEL_FILE_READER, learn_model_shape
+from catalog.engine_admin import check_planned, check_row
 from catalog.models import Engine, Fabric, Model, Pool, Profile
 from catalog.plan import (
     MODEL_FIELDS,
@@ -47,6 +48,7 @@ def apply_catalog(
     with transaction.atomic():
         check_references(catalog, filename, prune=prune)
         changes = plan_changes(catalog, prune=prune)
+        check_planned(changes, catalog, filename, actor)
         if not dry_run:
             for change in changes:
                 _make_change(change, catalog)
@@ -128,6 +130,7 @@ def apply_model(
             raise CatalogError([f"name: no model is named {entry.name!r} any more"])
         check_references(catalog, entry.name, prune=False)
         changes = plan_changes(catalog, prune=False)
+        check_planned(changes, catalog, entry.name, actor)
         if not dry_run and changes:
             for change in changes:
                 _make_change(change, catalog)
@@ -159,6 +162,7 @@ def save_entry(row: models.Model, *, changed: Iterable[str] = (), actor: Actor):
     creating = row._state.adding
     changed = sorted(changed)
     with transaction.atomic():
+        check_row(row, actor)
         row.save()
         if isinstance(row, Model):
             learn_model_shape(row, actor=actor)

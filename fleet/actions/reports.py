@@ -192,7 +192,12 @@ def _weights_change(before: list[dict], after: list[dict]) -> str:
 
 
 def record_refused_command(node_id: str, message: messages.CommandRefused, *, actor: Actor) -> None:
-    """The node dropped a command it could not trust: someone put it on its queue."""
-    reason = f"agent refused a command {message.task}: {message.reason}"
+    """The node dropped commands it could not trust: someone put them on its queue. An
+    agent tells a flood as one count a minute, so it is one Event a minute at most."""
+    if message.count == 1:
+        reason = f"agent refused a command {message.task}: {message.reason}"
+    else:
+        reason = (f"agent refused {message.count} commands in the last minute; the last, "
+                  f"{message.task}: {message.reason}")  # fmt: skip
     log.warning("node %s: %s", node_id, reason)
     record_event(EventKind.NODE, node_id, reason, actor=actor)

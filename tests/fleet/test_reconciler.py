@@ -81,9 +81,9 @@ def test_a_model_added_is_placed_and_start_shard_reaches_the_nodes_queue(
     assert spec.api_key == replica.secret and spec.fingerprint == replica.fingerprint
     # Signed with the node's own token: only that node will obey it.
     [signed] = queued_signatures(node_ids[0])
-    verify(node_token(node_ids[0]), task, args, signed["deadline"], signed["signature"])
+    verify(node_token(node_ids[0]), task, args, **signed)
     with pytest.raises(BadSignature):
-        verify(node_token(node_ids[1]), task, args, signed["deadline"], signed["signature"])
+        verify(node_token(node_ids[1]), task, args, **signed)
     # A second pass changes nothing and sends nothing more.
     assert not run(django_capture_on_commit_callbacks).did_anything()
     assert len(queued_commands(node_ids[0])) == 1

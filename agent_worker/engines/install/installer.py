@@ -27,6 +27,7 @@ from agent_worker.engines.install.archive import unpack
 from agent_worker.engines.install.builds import NodeTarget, choose_build
 from agent_worker.engines.install.checks import check_libraries, check_version
 from agent_worker.engines.install.errors import InstallError
+from agent_worker.engines.install.paths import inside, path_token
 from agent_worker.engines.install.python_env import PipSettings, install_python_engine
 from agent_worker.engines.llama_cpp import RPC_SERVERS
 from agent_worker.weights.fetch import FetchSettings, Flight, WeightFetchError, download
@@ -211,7 +212,8 @@ class EngineInstaller:
         self.on_change()
 
     def _install_one(self, engine: WantedEngine) -> str:
-        final = self.settings.root / engine.name / engine.version
+        name = path_token("engine name", engine.name)
+        final = inside(self.settings.root, name, path_token("engine version", engine.version))
         if final.is_symlink() or (final.exists() and not (final / MARKER).exists()):
             raise InstallError(f"{final} is there and not llmgw's; move it away to install")
         if engine.name in PIP_ENGINES:
@@ -229,7 +231,8 @@ class EngineInstaller:
     def _install_archive(self, engine: WantedEngine, final: Path) -> str:
         build = choose_build(engine, self.target)
         filename = Path(unquote(urlparse(build.url).path)).name or f"{build.name}.tar.gz"
-        downloads = self.settings.downloads / f"{engine.name}-{engine.version}"
+        downloads = inside(self.settings.downloads, f"{engine.name}-{engine.version}")
+        inside(downloads, filename)
         self.settings.staging.mkdir(parents=True, exist_ok=True)
         staged = Path(tempfile.mkdtemp(dir=self.settings.staging, prefix=f"{engine.name}-"))
         try:
