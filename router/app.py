@@ -34,8 +34,6 @@ from router.config import RouterConfig
 from router.errors import RouterError
 from router.forward.proxy import Proxy
 from router.forward.relay import rewrite_body
-from router.forward.upstream import HOP_REQUEST_HEADERS, Upstream
-from router.intake.auth import Caller, KeyCache
 from router.intake.body_checks import check_body
 from router.intake.call import CLIENT_CLOSED, Call, read_body, resolve
 from router.intake.cors import Cors
@@ -44,11 +42,13 @@ from router.intake.request_ids import log_request, request_id_for
 from router.intake.uploads import read_upload, resolve_upload
 from router.metrics import RouterMetrics
 from router.responses import header, model_entry, send_empty, send_error, send_json
+from router.table.keys import Caller, KeyCache
 from router.table.probe import SavedTableProbe
 from router.table.routes import ModelRoute, RoutingTable
 from router.table.sources import DatabaseSource, Loaded, Refresher, StaticSource
 from router.translate.plan import Translation
 from router.usage.accounting import Accounting
+from router.wire.upstream import HOP_REQUEST_HEADERS, Upstream
 
 logger = logging.getLogger(__name__)
 

@@ -37,19 +37,14 @@ from router.forward.relay import (
     relay_body,
     start_watching,
 )
-from router.forward.tokens import EventScanner, Tokens
-from router.forward.upstream import (
-    Response,
-    Rest,
-    Upstream,
-    UpstreamBroken,
-    UpstreamUnreachable,
-)
 from router.intake.call import CLIENT_CLOSED, Call, ClientLeft, Upload
 from router.metrics import RouterMetrics
 from router.table.routes import Endpoint, ModelRoute
 from router.translate.plan import EventTranslator, Translation, stream_error_event_for
 from router.usage.accounting import Accounting
+from router.wire.connection import Response, Rest, UpstreamBroken
+from router.wire.tokens import EventScanner, Tokens
+from router.wire.upstream import Upstream, UpstreamUnreachable
 
 logger = logging.getLogger(__name__)
 

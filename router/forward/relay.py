@@ -19,12 +19,12 @@ from typing import Any
 
 from router import errors
 from router.forward.migration import Relayed
-from router.forward.tokens import Tokens, usage_of_body
-from router.forward.upstream import Response, UpstreamBroken
 from router.intake.call import Call, Exchange, Receive
 from router.metrics import RouterMetrics
 from router.table.routes import ModelRoute
 from router.translate import messages
+from router.wire.connection import Response, UpstreamBroken
+from router.wire.tokens import Tokens, usage_of_body
 
 logger = logging.getLogger(__name__)
 

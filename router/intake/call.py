@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router import errors
-from router.intake.auth import Caller
+from router.table.keys import Caller
 from router.table.routes import Endpoint, ModelRoute, RoutingTable
 from router.translate.plan import Translation
 
