@@ -11,7 +11,6 @@ relayed back).
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 
 from protocol.serving import KIND_OF_PATH, TOKENIZE_PATHS
@@ -36,8 +35,6 @@ from router.table.routes import RoutingTable
 from router.table.sources import DatabaseSource, StaticSource
 from router.usage.accounting import Accounting
 from router.wire.upstream import Upstream
-
-logger = logging.getLogger(__name__)
 
 # Every POST addressed to a model by the ``model`` of its body (or upload form).
 MODEL_PATHS = frozenset(KIND_OF_PATH) | frozenset(TOKENIZE_PATHS)

@@ -55,6 +55,7 @@ async def models(scope: dict[str, Any], send: Send, path: str, tables: TableKeep
 
 
 async def health(send: Send, tables: TableKeeper) -> None:
+    """``/health``: 200 while a table is loaded (``degraded`` when it is the saved one)."""
     table = tables.table
     loaded = table.loaded_at > 0
     # A saved table still serves (200), but what it says may be out of date.

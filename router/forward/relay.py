@@ -6,6 +6,10 @@ mid-event can still be carried on by another engine, proxy.py). A request still 
 after ``WATCH_AFTER_SECONDS`` gets a watcher for the client's disconnect, which cancels
 the relay; leaving the relay closes the engine's connection, and that is what stops the
 engine generating.
+
+On the way an answer is edited for the client: translated back to its API when the
+engine was asked in chat completions, an engine's error put in the shape of the client's
+API, and a Responses answer's id noted for the requests that continue it.
 """
 
 from __future__ import annotations

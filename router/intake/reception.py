@@ -4,10 +4,11 @@
 The order is fixed so a client gets the most useful error first: 405 (method), 503 (no
 table loaded yet), 401 (key), 411 or 413 (size), 400 (JSON, model), 404 (unknown model),
 403 (key not allowed the model), 400 (a kind the model does not serve, a field an engine
-cannot use: body_checks.py; a ``previous_response_id`` no replica holds; a body that must
-be translated and cannot be), 503 (nothing ready), 429 (the key's limits: limits.py), and
-then a wait for a replica when none can take the request now (balance/waiting.py). The
-proxy (forward/proxy.py) takes the Call from there.
+cannot use: body_checks.py), 404 (a ``previous_response_id`` no replica holds), 400 (a
+body that must be translated and cannot be), 503 (nothing ready), 429 (the key's limits:
+limits.py), and then a wait for a replica when none can take the request now
+(balance/waiting.py: 429 when its room is full, 503 past its patience). The proxy
+(forward/proxy.py) takes the Call from there.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class Head(NamedTuple):
 
 
 def read_head(headers: list[tuple[bytes, bytes]], request_id: bytes) -> Head:
+    """The request's headers sorted out: the key, the body's length and type, the session,
+    and those the engine is sent (the request id first)."""
     authorization = api_key = content_length = content_type = session = None
     forward: list[tuple[bytes, bytes]] = [(b"x-request-id", request_id)]
     for name, value in headers:
@@ -115,6 +118,7 @@ class Reception:
         """The request as a Call, once it passed every check and a replica can take it;
         None when the client left first. Raises the RouterError to answer instead."""
         path = arrival.path
+        # Who asks, and for which model.
         if scope["method"] != "POST":
             raise errors.method_not_allowed(scope["method"], "POST")
         head = read_head(scope["headers"], arrival.request_id)
@@ -125,6 +129,7 @@ class Reception:
             return None
         body, upload, route, payload = read
         arrival.model = route.name
+        # Whether the model, as it is served now, can do what is asked.
         kind = KIND_OF_PATH.get(path)  # None: /tokenize, which every kind serves
         if kind is not None and kind not in route.serves:
             raise errors.not_served(route.name, path, kind, route.serves,
@@ -141,6 +146,7 @@ class Reception:
         if not route.endpoints and not route.autoscaled:
             message, retry_after = route.unavailable()
             raise errors.unavailable(message, retry_after)
+        # Within the key's limits, a replica that can take it, now or after a wait.
         arrival.admission = admission = await self.limiter.admit(caller)
         # An upload's rest is still to be read: nothing else may read the client meanwhile.
         waited = await self.waiting.wait_for_replica(route, caller, None if upload else receive)
@@ -148,14 +154,15 @@ class Reception:
             return None
         if waited is not route:  # the table's route as it is now
             route = await self._pinned(waited.serving(kind), payload, path)
+        # The call, as the proxy forwards it.
         session = affinity_for(route, payload, path, head.session, self.config)
         body, drop_usage_only = _body_for_engine(path, body, payload, route)
         arrival.call = Call(
             receive=receive, send=send, path=path, route=route, body=body, headers=head.forward,
             caller=caller, session=session, drop_usage_only=drop_usage_only,
-            started=arrival.started,
-            limit_headers=admission.headers if admission else [], kind=kind,
-            translation=translation, query=scope.get("query_string", b""), upload=upload,
+            started=arrival.started, limit_headers=admission.headers if admission else [],
+            kind=kind, translation=translation, query=scope.get("query_string", b""),
+            upload=upload,
         )  # fmt: skip
         return arrival.call
 
@@ -192,7 +199,7 @@ class Reception:
 
     async def _pinned(self, route: ModelRoute, payload: dict, path: str) -> ModelRoute:
         """The route, narrowed to the replica that made the response a Responses request
-        continues (``previous_response_id``); 400 when that replica is unknown or gone."""
+        continues (``previous_response_id``); 404 when that replica is unknown or gone."""
         if path != "/v1/responses":
             return route
         wanted = previous_response_id(payload)
