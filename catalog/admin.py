@@ -1,6 +1,7 @@
 from django.contrib import admin, messages
 
-from catalog.actions import delete_row, save_entry, update_key
+from catalog.actions.api_keys import update_key
+from catalog.actions.entries import delete_row, save_entry
 from catalog.keys import LIMIT_FIELDS, ApiKeyRefused
 from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile
 

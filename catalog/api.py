@@ -8,15 +8,8 @@ from rest_framework.decorators import action
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
-from catalog.actions import (
-    UNCHANGED,
-    create_key,
-    delete_row,
-    revoke_key,
-    save_entry,
-    update_entry,
-    update_key,
-)  # fmt: skip
+from catalog.actions.api_keys import UNCHANGED, create_key, revoke_key, update_key
+from catalog.actions.entries import delete_row, save_entry, update_entry
 from catalog.keys import LIMIT_FIELDS, ApiKeyRefused
 from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile
 from catalog.permissions import is_operator

@@ -1,7 +1,7 @@
 """What applying a catalog file would change, and the catalog written back as a file.
 
 ``plan_changes`` works out every change first (a plan a person can read), and
-``catalog.actions.apply_catalog`` then makes them all in one transaction, so a refused
+``catalog.actions.entries.apply_catalog`` then makes them all in one transaction, so a refused
 file leaves nothing half-applied. Nothing here writes.
 """
 

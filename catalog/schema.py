@@ -31,11 +31,10 @@ from protocol.engine_serves import (
 )
 from protocol.engines import PIP_ENGINES, EngineBuild
 from protocol.routing import PREFIX, ROUTING_POLICIES
-from protocol.sources import is_loopback_url
+from protocol.sources import HUB_ID, is_loopback_url
 from protocol.units import parse_duration, parse_size
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 # Counts and durations land in PostgreSQL integer columns, sizes in bigint ones: a larger
 # number is refused here, at its place in the file, not by the database mid-apply.

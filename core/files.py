@@ -1,4 +1,5 @@
-"""Files written whole or not at all: the one atomic writer and the one directory fsync.
+"""Files written whole or not at all: the one atomic writer and the one directory fsync;
+and the one reader of a file's size that a file going away cannot break (``size_or_zero``).
 
 A reader sees the old content or the new, never half of either: the text goes to a
 private temporary file beside the target (mode 0600 from the moment its name exists),
@@ -74,3 +75,12 @@ def _owner_of(path: Path) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return info.st_uid, info.st_gid
+
+
+def size_or_zero(path: Path) -> int:
+    """The size of the file at ``path`` (through a link), or 0 when there is none to read:
+    a download not begun, a file removed or rotated between a listing and this look."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

@@ -15,7 +15,7 @@ from audit.models import Event
 from catalog.models import Model, newest_engine_versions
 from core.humanize import format_bytes, format_progress
 from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, without_reports
-from fleet.reconcile.backoff import replacement_backoffs
+from fleet.planning.backoff import replacement_backoffs
 from protocol.engines import EngineInstall
 from protocol.inventory import Filesystem, Inventory, NodeUsage
 from protocol.serving import DEFAULT_SERVES

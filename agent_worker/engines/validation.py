@@ -168,5 +168,24 @@ def gpu_problems(spec: ShardSpec) -> list[str]:
     return problems
 
 
+def nccl_node_problems(spec: ShardSpec, engine: str, each_node_runs: str) -> list[str]:
+    """Return what stops an engine that joins its nodes over NCCL (vLLM, SGLang) from
+    spanning them: every rank needs GPUs, and ``tensor_parallel`` of them, since each node
+    runs one tensor-parallel group (``each_node_runs`` says so in the engine's words)."""
+    if spec.world_size == 1:
+        return []
+    if not spec.gpus:
+        return [
+            f"{engine} spans nodes over NCCL, which needs GPUs, and rank {spec.rank} was given none"
+        ]
+    if len(spec.gpus) != spec.tensor_parallel:
+        return [
+            f"across nodes each {engine} node runs {each_node_runs}: tensor_parallel is "
+            f"{spec.tensor_parallel} but rank {spec.rank} was given {len(spec.gpus)} GPUs; "
+            "set tensor_parallel to the GPUs per node"
+        ]
+    return []
+
+
 def _gpu_list(gpus: Sequence[int]) -> str:
     return "GPU " + ", ".join(str(g) for g in gpus)

@@ -61,7 +61,7 @@ def tell_nodes_their_engines(now: datetime) -> list[str]:
     except Exception as exc:
         # The broker is away: those not told are told by a later pass (nothing marks them).
         log.warning("could not tell %d node(s) their engines: %s", len(due) - len(told), exc)
-    mark_engines_told(told, digest, now, actor=RECONCILER)
+    mark_engines_told(told, engines, digest, now, actor=RECONCILER)
     return told
 
 

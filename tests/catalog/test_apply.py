@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from catalog.actions import apply_catalog, delete_entry
+from catalog.actions.entries import apply_catalog, delete_entry
 from catalog.models import Engine, Model, Pool, Profile
 from catalog.plan import export_catalog
 from catalog.schema import CatalogError

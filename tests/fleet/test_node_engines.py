@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from audit.actors import AGENT_LINK
 from audit.models import Event
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from fleet.actions.nodes import drain_node, undrain_node
 from fleet.actions.reports import register_node, update_engines
 from fleet.models import Node, Replica
