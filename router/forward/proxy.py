@@ -136,7 +136,7 @@ class Proxy:
                     last_problem = str(exc)
                     tried.append(endpoint)
                     failures += 1
-                    _not_again(call, exc)
+                    _not_again(call, exc, "failed on")
                     endpoint = self._next(call, tried, exc.kind)
                     continue
                 try:
@@ -166,6 +166,7 @@ class Proxy:
                     except UpstreamBroken as exc:
                         ok = False
                         tried.append(endpoint)
+                        _not_again(call, exc, "broke off its answer to")
                         endpoint = self._ask_again(call, exc, tried, moves)
                         moves += 1
                         continue
@@ -374,11 +375,12 @@ def _sent_upload(call: Call) -> bool:
     return call.upload is not None and call.upload.started
 
 
-def _not_again(call: Call, failure: UpstreamUnreachable) -> None:
-    """Refuse to ask another replica for an upload whose rest went to the one that failed."""
+def _not_again(call: Call, failure: Exception, what: str) -> None:
+    """Refuse to ask another replica for an upload whose rest went to the one that failed:
+    the client's bytes are gone, and asking for them again would wait for ever."""
     if _sent_upload(call):
         raise errors.bad_gateway(
-            f"The replica of {call.model} that was sent the upload failed ({failure}); an "
-            "upload streams through the router and cannot be sent to another replica: send "
-            "it again."
+            f"The replica of {call.model} that was sent the upload {what} it ({failure}); "
+            "an upload streams through the router and cannot be sent to another replica: "
+            "send it again."
         )
