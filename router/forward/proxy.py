@@ -179,6 +179,11 @@ class Proxy:
                 self.balancer.finished(replica, ok=ok, trial=trial)
         if broken is not None:
             return await self._carry_on(call, broken, tried)
+        outage = self.balancer.outage(self._endpoints_now(call))
+        if outage is not None:  # not one failure but the model's state: say so, and since when
+            raise errors.unavailable(
+                f"{outage.sentence(model)} The last failure: {last_problem}.", outage.retry_after
+            )
         raise errors.bad_gateway(
             f"No replica of {model} answered ({len(tried)} tried): {last_problem}."
         )
