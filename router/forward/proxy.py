@@ -235,7 +235,9 @@ class Proxy:
                 # events already sent (numbered after them, holding the partial answer).
                 return events.feed(errors.stream_error_event(message)) + events.flush()
 
-        elif call.path == RESPONSES_PATH:
+        if call.chain is not None:  # its conversation kept with the response it ends with
+            edit, flush = call.chain.watching(edit, flush)
+        elif call.path == RESPONSES_PATH and translation is None:  # the engine's to keep
             edit = noting_response_id(scanner.feed, self.response_ids, replica, call.model)
         broken = await stream.pipe(response, edit, flush)
         if broken is None:

@@ -34,6 +34,7 @@ import asyncio
 import json
 import sys
 import time
+import uuid
 
 from aiohttp import web
 
@@ -276,7 +277,8 @@ class Engine:
 def _response(engine: Engine, body: dict) -> dict:
     engine.responses_made += 1
     return {
-        "id": f"resp_{engine.name}_{engine.responses_made}",
+        # Unique across resets, as an engine's are: a router keeps the ids it has seen.
+        "id": f"resp_{engine.name}_{engine.responses_made}_{uuid.uuid4().hex[:8]}",
         "object": "response",
         "model": body.get("model"),
         "status": "completed",

@@ -11,9 +11,8 @@ import openai
 import pytest
 
 from protocol.serving import SERVE_KINDS
-from router.balance.balancer import _rendezvous
 from tests.router.conftest import FULL_KEY, LIMITED_KEY, MAX_BODY
-from tests.router.harness import free_port, sse_events, wait_until
+from tests.router.harness import free_port, session_homed_on, sse_events, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -40,15 +39,6 @@ def assert_error(response: httpx.Response, status: int, code: str) -> str:
     assert set(error) >= {"message", "type", "code"}
     assert error["code"] == code
     return error["message"]
-
-
-def session_homed_on(replica: str, replicas: list[str]) -> str:
-    """A session id whose first choice (rendezvous hashing) is ``replica``."""
-    for n in range(1000):
-        session = f"session-{n}"
-        if max(replicas, key=lambda r: _rendezvous(session, r)) == replica:
-            return session
-    raise AssertionError("no session found")
 
 
 # -- streaming --------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.router.test_proxy import session_homed_on
+from tests.router.harness import session_homed_on
 
 pytestmark = pytest.mark.process
 
