@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from core.redis_clients import LaterRedis
+
 logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "llmgw:conversation:"
@@ -62,13 +64,12 @@ class ConversationStore:
         seconds: float = 24 * 3600, clock: Callable[[], float] = time.monotonic,
     ) -> None:  # fmt: skip
         """``redis_url`` gives the Redis the routers share ("" while there is none)."""
-        self.redis_url = redis_url
         self.max_bytes = max_bytes
         self.seconds = seconds
         self.clock = clock
         self._memory: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
         self._memory_bytes = 0
-        self._client = None
+        self._redis = LaterRedis(redis_url)
         self._writing: set[asyncio.Task] = set()
 
     def keep(self, kept: Kept) -> None:
@@ -120,9 +121,7 @@ class ConversationStore:
     async def close(self) -> None:
         if self._writing:
             await asyncio.gather(*self._writing, return_exceptions=True)
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self._redis.close()
 
     def _hold(self, response_id: str, data: bytes) -> None:
         old = self._memory.pop(response_id, None)
@@ -135,15 +134,7 @@ class ConversationStore:
             self._memory_bytes -= len(dropped)
 
     def _shared(self):
-        if self._client is None:
-            url = self.redis_url()
-            if url:
-                import redis.asyncio as aioredis
-
-                self._client = aioredis.Redis.from_url(
-                    url, socket_timeout=2, socket_connect_timeout=2
-                )
-        return self._client
+        return self._redis.client()
 
     async def _write(self, client, response_id: str, data: bytes) -> None:
         try:
