@@ -23,6 +23,9 @@ only rooms on the lines before its own, so none imports another back.
   keys in use, swapped whole on every load (``keeper``).
 - ``translate/``: Anthropic's Messages and OpenAI's Responses served on chat completions.
 - ``responses``: small ASGI answers: JSON, the router's errors, /v1/models entries.
+- ``conversations/``: Responses conversations kept for ``previous_response_id`` where the
+  engine keeps none: the store (Redis with a TTL), a request's conversation put into its
+  input and its answer kept (``chains``), a kept response's GET and DELETE (``answers``).
 - ``balance/``: which replica takes a request: least outstanding and breakers
   (``balancer``), prefix and session affinity, the waiting rooms, which replica made a
   Responses answer, and the in-flight report to the control plane.
@@ -30,7 +33,7 @@ only rooms on the lines before its own, so none imports another back.
   read off the wire (``call``, ``uploads``), per-key limits, the body, CORS, request ids.
 - ``forward/``: sending a call to the replica and relaying its answer (``proxy``,
   ``relay``), carrying a broken stream on elsewhere (``migration``), and a stored
-  response's GET or DELETE (``stored``).
+  response's GET or DELETE (``stored``: the router's own, else the engine's).
 - ``endpoints``: /v1/models, /health, /metrics and a browser's CORS preflight.
 - ``app``: the ``Router``: its parts, built once, and a request dispatched by its path.
 - ``asgi``: the entry point uvicorn serves.

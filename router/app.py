@@ -20,6 +20,7 @@ from router.balance.inflight import report_inflight
 from router.balance.response_ids import ResponseIds
 from router.balance.waiting import WaitingRoom, WaitingRooms
 from router.config import RouterConfig
+from router.conversations.store import ConversationStore
 from router.errors import RouterError
 from router.forward.proxy import Proxy
 from router.forward.stored import RESPONSES_PREFIX, StoredResponses
@@ -70,10 +71,14 @@ class Router:
 
         self.limiter = RateLimiter(redis_url, self.metrics)
         self.response_ids = ResponseIds(redis_url=redis_url)
+        self.conversations = ConversationStore(
+            redis_url, max_bytes=config.conversation_bytes, seconds=config.conversation_seconds
+        )
         self.accounting = Accounting()
         self.cors = Cors(config.cors_origins)
         self.reception = Reception(config, self.tables, self.limiter, self.waiting,
-                                   self.response_ids, self.metrics)  # fmt: skip
+                                   self.response_ids, self.metrics,
+                                   self.conversations)  # fmt: skip
         self.proxy = Proxy(
             self.balancer, self.upstream, self.metrics,
             # Router-only mode keeps no accounting table; /metrics still counts tokens.
@@ -81,7 +86,8 @@ class Router:
             current_route=lambda name: self.tables.table.routes.get(name),
             response_ids=self.response_ids,
         )  # fmt: skip
-        self.stored_responses = StoredResponses(self.tables, self.response_ids, self.upstream)
+        self.stored_responses = StoredResponses(self.tables, self.response_ids, self.upstream,
+                                                self.conversations)  # fmt: skip
         self._started = False
         self._start_lock: asyncio.Lock | None = None
         self._tasks: list[asyncio.Task] = []
@@ -191,6 +197,7 @@ class Router:
         await self.upstream.close()
         await self.limiter.close()
         await self.response_ids.close()
+        await self.conversations.close()
         self._started = False
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

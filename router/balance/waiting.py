@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router.balance.balancer import Balancer
-from router.errors import RouterError
+from router.errors import RouterError, unavailable
 from router.table.keys import Caller
 from router.table.routes import ModelRoute, RoutingTable
 
@@ -174,7 +174,7 @@ class WaitingRooms:
                         waiting.cancel()
                 if not waiting.done() or waiting.cancelled():
                     return None
-                waiting.result()  # the room's 429 or 503, if it gave one
+                self._outcome(route, waiting)  # the room's 429 or 503, if it gave one
                 # Checked again here, where nothing runs between this check and the pick:
                 # another request woken at the same moment may have taken the place.
                 if self.can_take(route.name):
@@ -182,6 +182,18 @@ class WaitingRooms:
         finally:
             if not leaving.done():
                 leaving.cancel()
+
+    def _outcome(self, route: ModelRoute, waiting: asyncio.Future) -> None:
+        """Raise the room's refusal, if it gave one; a 503 for a model whose replicas are
+        all taken out by their breakers says that instead (their requests hang on a dead
+        node until they time out, and hold every place meanwhile)."""
+        try:
+            waiting.result()
+        except RouterError as refused:
+            outage = self.balancer.outage(route.endpoints) if refused.status == 503 else None
+            if outage is None:
+                raise
+            raise unavailable(outage.sentence(route.name), outage.retry_after) from None
 
     def place_freed(self, name: str) -> None:
         """A request of model ``name`` ended: its place on a replica may take the next waiter."""

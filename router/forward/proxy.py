@@ -136,7 +136,7 @@ class Proxy:
                     last_problem = str(exc)
                     tried.append(endpoint)
                     failures += 1
-                    _not_again(call, exc)
+                    _not_again(call, exc, "failed on")
                     endpoint = self._next(call, tried, exc.kind)
                     continue
                 try:
@@ -166,6 +166,7 @@ class Proxy:
                     except UpstreamBroken as exc:
                         ok = False
                         tried.append(endpoint)
+                        _not_again(call, exc, "broke off its answer to")
                         endpoint = self._ask_again(call, exc, tried, moves)
                         moves += 1
                         continue
@@ -178,6 +179,11 @@ class Proxy:
                 self.balancer.finished(replica, ok=ok, trial=trial)
         if broken is not None:
             return await self._carry_on(call, broken, tried)
+        outage = self.balancer.outage(self._endpoints_now(call))
+        if outage is not None:  # not one failure but the model's state: say so, and since when
+            raise errors.unavailable(
+                f"{outage.sentence(model)} The last failure: {last_problem}.", outage.retry_after
+            )
         raise errors.bad_gateway(
             f"No replica of {model} answered ({len(tried)} tried): {last_problem}."
         )
@@ -229,7 +235,9 @@ class Proxy:
                 # events already sent (numbered after them, holding the partial answer).
                 return events.feed(errors.stream_error_event(message)) + events.flush()
 
-        elif call.path == RESPONSES_PATH:
+        if call.chain is not None:  # its conversation kept with the response it ends with
+            edit, flush = call.chain.watching(edit, flush)
+        elif call.path == RESPONSES_PATH and translation is None:  # the engine's to keep
             edit = noting_response_id(scanner.feed, self.response_ids, replica, call.model)
         broken = await stream.pipe(response, edit, flush)
         if broken is None:
@@ -374,11 +382,12 @@ def _sent_upload(call: Call) -> bool:
     return call.upload is not None and call.upload.started
 
 
-def _not_again(call: Call, failure: UpstreamUnreachable) -> None:
-    """Refuse to ask another replica for an upload whose rest went to the one that failed."""
+def _not_again(call: Call, failure: Exception, what: str) -> None:
+    """Refuse to ask another replica for an upload whose rest went to the one that failed:
+    the client's bytes are gone, and asking for them again would wait for ever."""
     if _sent_upload(call):
         raise errors.bad_gateway(
-            f"The replica of {call.model} that was sent the upload failed ({failure}); an "
-            "upload streams through the router and cannot be sent to another replica: send "
-            "it again."
+            f"The replica of {call.model} that was sent the upload {what} it ({failure}); "
+            "an upload streams through the router and cannot be sent to another replica: "
+            "send it again."
         )

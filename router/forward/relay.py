@@ -122,16 +122,19 @@ def answer_editor(
 ) -> Callable[[int, bytes], tuple[int, bytes]]:
     """What a whole answer becomes for the client: translated back to the client's API,
     or an engine's error put in the shape of the client's API; a Responses answer's
-    id is noted, for the requests that continue it."""
+    id is noted, and its conversation kept where the router keeps it, for the requests
+    that continue it."""
 
     def edit(status: int, data: bytes) -> tuple[int, bytes]:
         if translation is not None:
             status = 400 if status == 501 else status
-            return status, translation.answer(status, data)
-        if status >= 400:
+            data = translation.answer(status, data)
+        elif status >= 400:
             return normalized_error(status, data, call.path)
-        if call.path == RESPONSES_PATH:
-            response_ids.note_answer(data, replica, call.model)
+        elif call.path == RESPONSES_PATH and call.chain is None:
+            response_ids.note_answer(data, replica, call.model)  # the engine's to keep
+        if call.chain is not None and status == 200:
+            call.chain.keep_answer(data)  # ours, kept before the client has it
         return status, data
 
     return edit

@@ -1,6 +1,7 @@
-"""``GET`` or ``DELETE /v1/responses/{id}`` (and what lies under it): relayed to the
-replica that made that response, the only one that may have kept it (which replica made
-which response: balance/response_ids.py)."""
+"""``GET`` or ``DELETE /v1/responses/{id}`` (and what lies under it): answered from the
+router's own store when it keeps that response (router/conversations/), else relayed to the
+replica that made it, the only one that may have kept it (which replica made which
+response: balance/response_ids.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 from router import errors
 from router.balance.response_ids import ResponseIds
+from router.conversations.answers import answer_kept
+from router.conversations.store import ConversationStore
 from router.forward.relay import normalized_error
 from router.intake.call import Send
 from router.responses import header
@@ -22,10 +25,14 @@ RESPONSES_PREFIX = "/v1/responses/"
 class StoredResponses:
     """Finds the replica that made a response and relays the request there."""
 
-    def __init__(self, tables: TableKeeper, response_ids: ResponseIds, upstream: Upstream) -> None:
+    def __init__(
+        self, tables: TableKeeper, response_ids: ResponseIds, upstream: Upstream,
+        conversations: ConversationStore | None = None,
+    ) -> None:  # fmt: skip
         self.tables = tables
         self.response_ids = response_ids
         self.upstream = upstream
+        self.conversations = conversations or ConversationStore()
 
     async def serve(self, scope: dict[str, Any], send: Send, path: str, request_id: bytes) -> None:
         if scope["method"] not in ("GET", "DELETE", "POST"):
@@ -34,7 +41,11 @@ class StoredResponses:
         caller = self.tables.keys.authenticate(
             header(scope, b"authorization"), header(scope, b"x-api-key")
         )
-        response_id = path.removeprefix(RESPONSES_PREFIX).split("/", 1)[0]
+        response_id, _, under = path.removeprefix(RESPONSES_PREFIX).partition("/")
+        # One the router keeps itself (router/conversations/) is answered from its store.
+        if await answer_kept(self.conversations, scope["method"], response_id, under, caller,
+                             send):  # fmt: skip
+            return
         made_by = await self.response_ids.made_by(response_id)
         route = self.tables.table.routes.get(made_by.model) if made_by else None
         # A response of a model the key may not use is as unknown as one never made.

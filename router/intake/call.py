@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router import errors
+from router.conversations.chains import Chain
 from router.table.keys import Caller
 from router.table.routes import Endpoint, ModelRoute, RoutingTable
 from router.translate.plan import Translation
@@ -86,6 +87,7 @@ class Call:
     translation: Translation | None = None
     query: bytes = b""  # the client's query string, passed on (Claude Code sends ?beta=true)
     upload: Upload | None = None  # an upload's rest, streamed to the engine (body: its head)
+    chain: Chain | None = None  # a Responses conversation the router keeps the answer of
 
     @property
     def model(self) -> str:

@@ -3,8 +3,10 @@
 
 The order is fixed so a client gets the most useful error first: 405 (method), 503 (no
 table loaded yet), 401 (key), 411 or 413 (size), 400 (JSON, model), 404 (unknown model),
-403 (key not allowed the model), 400 (a kind the model does not serve, a field an engine
-cannot use: body_checks.py), 404 (a ``previous_response_id`` no replica holds), 400 (a
+403 (key not allowed the model), 400 (a kind the model does not serve), 404 or 400 (a
+``previous_response_id`` of another key, or of a conversation too long to be kept, where
+the router keeps them: conversations/chains.py), 400 (a field an engine cannot use:
+body_checks.py), 404 (a ``previous_response_id`` no replica holds), 400 (a
 body that must be translated and cannot be), 503 (nothing ready), 429 (the key's limits:
 limits.py), and then a wait for a replica when none can take the request now
 (balance/waiting.py: 429 when its room is full, 503 past its patience). The proxy
@@ -13,6 +15,7 @@ limits.py), and then a wait for a replica when none can take the request now
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
@@ -23,6 +26,8 @@ from router.balance.prefix import affinity_for
 from router.balance.response_ids import ResponseIds, previous_response_id
 from router.balance.waiting import WaitingRooms
 from router.config import RouterConfig
+from router.conversations.chains import Chain, continued
+from router.conversations.store import ConversationStore
 from router.errors import RouterError
 from router.intake.body_checks import check_body
 from router.intake.call import Call, Receive, Send, Upload, read_body, resolve, rewrite_body
@@ -36,6 +41,7 @@ from router.table.routes import ModelRoute
 from router.translate.plan import Translation
 from router.wire.upstream import HOP_REQUEST_HEADERS
 
+RESPONSES_PATH = "/v1/responses"
 # Where the router asks for usage in the stream on the client's behalf.
 USAGE_OPTION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
@@ -104,6 +110,7 @@ class Reception:
     def __init__(
         self, config: RouterConfig, tables: TableKeeper, limiter: RateLimiter,
         waiting: WaitingRooms, response_ids: ResponseIds, metrics: RouterMetrics,
+        conversations: ConversationStore | None = None,
     ) -> None:  # fmt: skip
         self.config = config
         self.tables = tables
@@ -111,6 +118,7 @@ class Reception:
         self.waiting = waiting
         self.response_ids = response_ids
         self.metrics = metrics
+        self.conversations = conversations or ConversationStore()
 
     async def take_call(
         self, arrival: Arrival, scope: dict[str, Any], receive: Receive, send: Send
@@ -134,6 +142,9 @@ class Reception:
         if kind is not None and kind not in route.serves:
             raise errors.not_served(route.name, path, kind, route.serves,
                                     self.tables.serving(kind))  # fmt: skip
+        chain = None
+        if path == RESPONSES_PATH:  # its conversation so far, where the router keeps it
+            body, payload, chain = await self._continued(body, payload, caller, route.name)
         check_body(path, payload, self.config.max_choices)
         translation = None
         if path in TRANSLATED_PATHS:
@@ -162,7 +173,7 @@ class Reception:
             caller=caller, session=session, drop_usage_only=drop_usage_only,
             started=arrival.started, limit_headers=admission.headers if admission else [],
             kind=kind, translation=translation, query=scope.get("query_string", b""),
-            upload=upload,
+            upload=upload, chain=chain,
         )  # fmt: skip
         return arrival.call
 
@@ -196,6 +207,17 @@ class Reception:
             return None
         route, payload = resolve(self.tables.table, body, caller)
         return body, None, route, payload
+
+    async def _continued(
+        self, body: bytes, payload: dict[str, Any], caller: Caller, model: str
+    ) -> tuple[bytes, dict[str, Any], Chain | None]:
+        """A Responses request with the conversation it continues put into its input, when
+        the router keeps that conversation (its body then written anew), and where its
+        answer will be kept."""
+        found = await continued(self.conversations, payload, caller, model)
+        if found.expanded:
+            body = json.dumps(found.payload, ensure_ascii=False, separators=(",", ":")).encode()
+        return body, found.payload, found.chain
 
     async def _pinned(self, route: ModelRoute, payload: dict, path: str) -> ModelRoute:
         """The route, narrowed to the replica that made the response a Responses request
