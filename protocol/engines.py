@@ -13,11 +13,16 @@ import re
 from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 PLATFORMS = ("linux-x86_64", "linux-aarch64")
 # Engines that are Python packages: a node installs them with pip, never from an archive.
 PIP_ENGINES = ("vllm", "sglang")
+# Wheels a llama.cpp build may be instead of an archive: llama.cpp's server compiled into a
+# Python package, which llmgw's launcher (agent_worker/engines/prebuilt_launcher.py) runs
+# with llama-server's flags. Only packages that launcher speaks to.
+PREBUILT_PACKAGES = ("xllamacpp",)
+PIP_REQUIREMENT = re.compile(r"^(?P<package>[A-Za-z0-9_.-]+)==(?P<version>[A-Za-z0-9_.+!-]+)$")
 # "cpu", "cuda", or "cuda>=12.4": the least CUDA version the node's driver must support.
 ACCELERATOR = re.compile(r"^(cpu|cuda(>=\d+(\.\d+)?)?)$")
 EngineStatusWord = Literal["installed", "installing", "waiting", "failed"]
@@ -34,12 +39,16 @@ def newest_version(versions: Iterable[str]) -> str:
 
 
 class EngineBuild(BaseModel):
-    """One archive of an engine version, for one platform and accelerator."""
+    """One build of an engine version, for one platform and accelerator: an archive
+    (``url``), or a wheel from the package index (``pip: xllamacpp==V``) installed into a
+    virtualenv of its own with ``--require-hashes``. ``sha256`` is the archive's or the
+    wheel's."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    url: str
+    url: str = ""
+    pip: str = Field(default="", description="a prebuilt wheel, package==version")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     packages: list[str] = Field(default_factory=list, description="apt packages it needs")
     platform: str = "linux-x86_64"
@@ -60,6 +69,34 @@ class EngineBuild(BaseModel):
                 f"unknown accelerator {value!r}; use cpu, cuda, or cuda>=VERSION (cuda>=12.4)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EngineBuild:
+        if bool(self.url) == bool(self.pip):
+            raise ValueError(
+                f"build {self.name!r} needs either url: (an archive) or pip: (a prebuilt "
+                "wheel, e.g. xllamacpp==2026.10.11549), and not both"
+            )
+        if not self.pip:
+            return self
+        match = PIP_REQUIREMENT.match(self.pip)
+        if match is None or match["package"] not in PREBUILT_PACKAGES:
+            raise ValueError(
+                f"build {self.name!r}: pip: {self.pip!r} is not one of the prebuilt llama.cpp "
+                f"wheels llmgw runs; write {' or '.join(PREBUILT_PACKAGES)}==VERSION"
+            )
+        if self.packages:
+            raise ValueError(
+                f"build {self.name!r}: packages: are apt packages an archive needs; a wheel "
+                "brings its own libraries, remove them"
+            )
+        return self
+
+    @property
+    def pip_version(self) -> str:
+        """The wheel's version (``2026.10.11549``); "" for an archive."""
+        match = PIP_REQUIREMENT.match(self.pip)
+        return match["version"] if match else ""
 
     @property
     def least_cuda(self) -> tuple[int, int] | None:
