@@ -24,8 +24,8 @@ from fleet.selectors import engine_row
 from protocol.commands import CONVERGE_ENGINES
 from protocol.engines import EngineBuild, EngineInstall, WantedEngine
 from tests.factories import SETUP
+from tests.fleet.links import link, reconcile_now
 from tests.fleet.queues import queued_commands
-from tests.fleet.test_node_engines import link, reconcile_now
 
 pytestmark = pytest.mark.django_db
 
