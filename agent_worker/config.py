@@ -58,6 +58,8 @@ class AgentConfig:
     engines: dict[str, str] = field(default_factory=dict)
     # Where llmgw installs vLLM and SGLang from; "" is pip's own default (or pip.conf).
     pip_index_url: str = ""
+    # Loader variables (LD_LIBRARY_PATH…) this node lets a profile's env set; none by default.
+    allow_env: tuple[str, ...] = ()
     heartbeat_interval: float = 5.0
     probe_interval: float = 60.0
     log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
@@ -145,6 +147,7 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
         look_dirs=_dirs(environ, data, path, "LLMGW_WEIGHTS_LOOK", "look"),
         shared_dirs=_dirs(environ, data, path, "LLMGW_WEIGHTS_SHARED", "shared"),
         pip_index_url=str(environ.get("LLMGW_PIP_INDEX_URL") or data.get("pip_index_url") or ""),
+        allow_env=allow_env_from(environ, data, path),
         heartbeat_interval=float(environ.get("LLMGW_HEARTBEAT_INTERVAL") or 5.0),
         log_max_bytes=log_max_bytes,
         log_keep=log_keep,
@@ -171,6 +174,18 @@ def _dirs(
                 f"{path}: weights: {key}: {directory!r} is not an absolute path; write it as /…"
             )
     return tuple(Path(str(d)) for d in listed if str(d))
+
+
+def allow_env_from(environ: Mapping[str, str], data: dict[str, Any], path: Path) -> tuple[str, ...]:
+    """``LLMGW_AGENT_ALLOW_ENV`` (``LD_LIBRARY_PATH,LD_PRELOAD``), else ``allow_env:`` in the
+    agent file: the loader variables a profile may set on this node."""
+    named = environ.get("LLMGW_AGENT_ALLOW_ENV")
+    listed = [n.strip() for n in named.split(",")] if named else data.get("allow_env") or []
+    if not isinstance(listed, list) or not all(isinstance(name, str) for name in listed):
+        raise AgentConfigError(
+            f"{path}: allow_env: must be a list of names, e.g. [LD_LIBRARY_PATH]"
+        )
+    return tuple(name for name in listed if name)
 
 
 def infiniband_root_from(environ: Mapping[str, str], data: dict[str, Any], path: Path) -> Path:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent_worker.engines import get_adapter
+from agent_worker.engines.validation import loader_env_problems
 from agent_worker.supervision.shard import StatusSequence
 from agent_worker.supervisor import ShardTransition, Supervisor
 from agent_worker.weights import FetchCancelled, WeightFetchError, WeightSourceError, WeightStore
@@ -32,8 +33,11 @@ class ShardLauncher:
         report: Callable[[ShardTransition], None],
         send: Callable[[messages.ShardProgress], None],
         sequence: StatusSequence | None = None,
+        allowed_env: Collection[str] = (),
     ) -> None:
         self.node_id = node_id
+        # The loader variables this node's own config lets a profile set (allow_env:).
+        self.allowed_env = allowed_env
         self.supervisor = supervisor
         self.weights = weights
         # (engine, version; "" any) -> the executable to run it with, None if not here
@@ -78,7 +82,7 @@ class ShardLauncher:
     def problems(self, spec: ShardSpec, check_file: bool) -> list[str]:
         """Everything wrong with a spec, found in milliseconds, before anything loads."""
         adapter = get_adapter(spec.engine)
-        problems = adapter.validate(spec)
+        problems = adapter.validate(spec) + loader_env_problems(spec.env, self.allowed_env)
         binary = self.find_engine(spec.engine, spec.engine_version)
         if binary is None:
             wanted = f"{spec.engine} {spec.engine_version}".strip()

@@ -11,6 +11,7 @@ import subprocess
 import threading
 
 from agent_worker.agent_state import AgentState
+from agent_worker.command_guard import CommandGuard
 from agent_worker.config import AgentConfig
 from agent_worker.discovery import (
     DiscoveryConfig,
@@ -34,16 +35,14 @@ from agent_worker.launcher import ShardLauncher
 from agent_worker.link import AgentLink, LinkCallbacks
 from agent_worker.logbuffer import AGENT_SOURCE, LogBuffer
 from agent_worker.node_engines import NodeEngines
+from agent_worker.node_weights import NodeWeights
 from agent_worker.supervision.shard import StatusSequence
 from agent_worker.supervisor import ShardTransition, Supervisor
 from agent_worker.weights import (
     FetchSettings,
-    WeightFetchError,
-    WeightSourceError,
     WeightStore,
-    fingerprint,
 )
-from agent_worker.weights.look import LookDirs, list_look_dirs
+from agent_worker.weights.look import LookDirs
 from protocol import messages
 from protocol.engines import WantedEngine
 from protocol.gpu_users import UnexpectedGpuUser
@@ -128,17 +127,16 @@ class AgentRuntime:
             ssl_context=self._ssl_context(),
             identity=self._identity(),
         )
+        # Ids of the commands obeyed, so that none is obeyed twice; refusals, counted.
+        self.commands = CommandGuard(config.agent_dir / "commands-done.json", self.link.send)
         self.weights = WeightStore(config.weights_dir)
         self.look_dirs = LookDirs(look=config.look_dirs, shared=config.shared_dirs)
+        self.held_weights = NodeWeights(self.weights, self.look_dirs, self.link)
         self.launcher = ShardLauncher(
             self.node_id, self.supervisor, self.weights, self.engines.find,
-            self._on_transition, self.link.send, self.sequence,
+            self._on_transition, self.link.send, self.sequence, allowed_env=config.allow_env,
         )  # fmt: skip
         self.unexpected_gpu_users: list[UnexpectedGpuUser] = []
-        # The periodic prober, register and weights collection all read and write it, and
-        # tell the link under it, so listings reach it in the order they were made.
-        self._weights_lock = threading.Lock()
-        self._weights_fingerprint = ""
         self._thread: threading.Thread | None = None
         self._taking_over: threading.Thread | None = None
         # Clear while start() adopts what a previous agent left: the register waits for it.
@@ -249,7 +247,7 @@ class AgentRuntime:
     async def _probe_once(self) -> None:
         await asyncio.to_thread(self.engines.probe)
         await asyncio.to_thread(self._engines_changed)
-        await asyncio.to_thread(self.tell_weights_if_changed)
+        await asyncio.to_thread(self.held_weights.tell_if_changed)
 
     # -- what the node says ----------------------------------------------------------
 
@@ -296,38 +294,12 @@ class AgentRuntime:
             inventory=inventory,
             engines_probed=True,
             engines=self.engines.said_in_register(lambda: self.link.forget("engines")),
-            weights=self._weights_for_register(),
+            weights=self.held_weights.for_register(),
             shards=shards,
             problems=self.supervisor.problems,
             log_sources=self.logs.sources(),
             unexpected_gpu_users=self.unexpected_gpu_users,
         )
-
-    def _weights_for_register(self) -> list[messages.WeightFile]:
-        with self._weights_lock:
-            # The register says them anew: a listing queued earlier would follow and undo it.
-            self.link.forget("weights")
-            return self._list_weights()[0]
-
-    def tell_weights_if_changed(self) -> bool:
-        """Send a weights message when what the node holds changed since it last said.
-
-        Sent under the lock that made it: a collect and a prefetch finishing together must
-        not leave the control plane with the older listing while the agent thinks it told
-        the newer one.
-        """
-        with self._weights_lock:
-            held, before = self._list_weights()
-            if self._weights_fingerprint == before:
-                return False
-            self.link.send_latest("weights", messages.Weights(weights=held))
-        return True
-
-    def _list_weights(self) -> tuple[list[messages.WeightFile], str]:
-        """What the node holds, and the fingerprint it replaced; call under _weights_lock."""
-        held = self.weights.list_weights() + list_look_dirs(self.look_dirs)
-        before, self._weights_fingerprint = self._weights_fingerprint, fingerprint(held)
-        return [messages.WeightFile(**weight) for weight in held], before
 
     def heartbeat_message(self) -> messages.Heartbeat:
         return messages.Heartbeat(usage=self.sampler.sample(self.supervisor.pids()))
@@ -416,39 +388,13 @@ class AgentRuntime:
 
     def collect_weights(self, keep: list[str]) -> list[str]:
         """Delete fetched weights no model needs; what runs or downloads is always kept."""
-        keep_all = set(keep)
-        keep_all.update(shard.spec.source for shard in self.supervisor.running())
-        keep_all.update(download.spec.source for download in self.launcher.downloading())
-        deleted = self.weights.reclaim_unused_weights(keep_all)
-        for path in deleted:
-            log.info("deleted unused weights %s", path)
-        self.tell_weights_if_changed()
-        return [str(path) for path in deleted]
+        running = [shard.spec.source for shard in self.supervisor.running()]
+        downloading = [download.spec.source for download in self.launcher.downloading()]
+        return self.held_weights.collect([*keep, *running, *downloading])
 
     def prefetch(self, source: str, sha256: str = "") -> dict:
-        """Fetch ``source`` into the weights directory in a thread of its own; the weights
-        message says when it is here. Only a URL is fetched: a path or a hub id is not."""
-        try:
-            resolved = self.weights.resolve(source)
-        except WeightSourceError as exc:
-            return {"fetching": False, "reason": str(exc)}
-        if resolved.kind != "fetched" or resolved.path is None:
-            return {"fetching": False, "reason": f"{source} is not a URL llmgw fetches"}
-        if resolved.path.exists():
-            return {"fetching": False, "reason": f"{source} is already here"}
-
-        def fetch() -> None:
-            try:
-                self.weights.fetch(source, sha256)
-            except WeightFetchError as exc:
-                log.error("fetching %s ahead of need failed: %s", source, exc)
-                return
-            log.info("fetched %s ahead of need", source)
-            self.tell_weights_if_changed()
-
-        log.info("fetching %s ahead of need, as the control plane asked", source)
-        threading.Thread(target=fetch, name="llmgw-prefetch", daemon=True).start()
-        return {"fetching": True, "reason": ""}
+        """Fetch ``source`` ahead of need (``NodeWeights.prefetch``)."""
+        return self.held_weights.prefetch(source, sha256)
 
     def read_logs(self, source: str, lines: int) -> list[str]:
         """The last lines of ``source``: a shard's from its files on disk, across their

@@ -30,10 +30,12 @@ class SystemActor:
 
 @dataclass(frozen=True)
 class ShellUser:
-    """The account at the control plane's shell running ``llmgw_ctl``, when llmgw has no
-    user of that name: the Event keeps the name, with no account behind it."""
+    """The account at the control plane's shell running ``llmgw_ctl``: the Event points at
+    the llmgw user of that name (``account``) when there is one, and keeps the name when
+    there is none. Acting from the shell is what it may do (``catalog.permissions``)."""
 
     username: str
+    account: AbstractBaseUser | None = None
 
     def __str__(self) -> str:
         return self.username
@@ -52,16 +54,15 @@ SIGN_IN_THROTTLE = SystemActor("sign-in throttle")
 
 
 def shell_operator() -> Actor:
-    """The operator running ``llmgw_ctl``: the llmgw user named as the shell's user, or
-    just that name.
+    """The operator running ``llmgw_ctl``: the shell's user, and the llmgw user of that
+    name if there is one.
 
     ``llmgw_ctl`` asks for no password: whoever runs it already holds the database, so the
     shell's account (the one ``sudo`` was run from, if any) is the only identity the
     machine vouches for.
     """
     name = os.environ.get("SUDO_USER") or getpass.getuser()
-    user = get_user_model()._default_manager.filter(username=name).first()
-    return user if user is not None else ShellUser(name)
+    return ShellUser(name, get_user_model()._default_manager.filter(username=name).first())
 
 
 def recorded_as(actor: Actor) -> tuple[AbstractBaseUser | None, str]:
@@ -69,5 +70,5 @@ def recorded_as(actor: Actor) -> tuple[AbstractBaseUser | None, str]:
     if isinstance(actor, AbstractBaseUser):
         return (actor if actor.pk else None), actor.get_username()
     if isinstance(actor, ShellUser):
-        return None, actor.username
+        return actor.account, actor.username
     return None, ""

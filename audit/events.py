@@ -6,6 +6,7 @@ that transaction commits (``audit.notices``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
 from django.contrib.auth.models import User
@@ -37,6 +38,21 @@ def record_event(
     )
     notices.pages_changed_on_commit(kind, subject)
     return event
+
+
+def record_events(
+    kind: EventKind, subjects: Sequence[str], reason: str, *, actor: Actor
+) -> list[Event]:
+    """Record one decision about many subjects (a pass telling fifty nodes their engines)
+    in one INSERT, naming who acted, and tell pages in one message."""
+    user, name = recorded_as(actor)
+    events = Event.objects.bulk_create(
+        Event(kind=kind, subject=subject, reason=reason, actor=cast("User | None", user),
+              actor_name=name)
+        for subject in subjects
+    )  # fmt: skip
+    notices.all_changed_on_commit(kind, subjects)
+    return events
 
 
 def record_news(kind: EventKind, subject: str, reason: str, *, actor: Actor) -> Event | None:

@@ -41,6 +41,14 @@ def pages_changed_on_commit(kind: str, subject: str) -> None:
     transaction.on_commit(lambda: pages_changed(kind, subject))
 
 
+def all_changed_on_commit(kind: str, subjects: Iterable[str]) -> None:
+    """Tell pages, once the transaction commits, that every one of ``subjects`` changed:
+    one message for them all."""
+    changed = sorted(str(subject) for subject in subjects)
+    if changed:
+        transaction.on_commit(lambda: _send(kind, changed))
+
+
 def usage_changed(node_ids: Iterable[str]) -> None:
     """Tell pages that these nodes' latest heartbeats were written: one message per batch."""
     subjects = sorted(node_ids)

@@ -1,4 +1,4 @@
-"""The router's outbound interface (router/forward/upstream.py) on aiohttp's client, to
+"""The router's outbound interface (router/wire/upstream.py) on aiohttp's client, to
 measure against.
 
 Not used in production: bench/router_overhead.py serves ``bench.aiohttp_upstream:application``
@@ -14,8 +14,9 @@ import aiohttp
 
 from router.app import Router
 from router.config import RouterConfig
-from router.forward.upstream import HOP_RESPONSE_HEADERS, UpstreamBroken, UpstreamUnreachable
 from router.table.sources import StaticSource
+from router.wire.connection import HOP_RESPONSE_HEADERS, Rest, UpstreamBroken
+from router.wire.upstream import UpstreamUnreachable
 
 
 class AiohttpResponse:
@@ -73,9 +74,11 @@ class AiohttpUpstream:
             await self._session.close()
 
     async def post(
-        self, base_url: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]]
-    ) -> AiohttpResponse:
-        return await self.request("POST", base_url, path, body, headers)
+        self, base_url: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]],
+        rest: Rest | None = None,
+    ) -> AiohttpResponse:  # fmt: skip
+        """POST ``body``, followed by ``rest`` when the body is an upload's head."""
+        return await self.request("POST", base_url, path, body, headers, rest)
 
     async def get(
         self, base_url: str, path: str, headers: list[tuple[bytes, bytes]]
@@ -84,7 +87,7 @@ class AiohttpUpstream:
 
     async def request(
         self, method: str, base_url: str, path: str, body: bytes,
-        headers: list[tuple[bytes, bytes]],
+        headers: list[tuple[bytes, bytes]], rest: Rest | None = None,
     ) -> AiohttpResponse:  # fmt: skip
         assert self._session is not None
         url = base_url + path
@@ -92,7 +95,7 @@ class AiohttpUpstream:
             response = await self._session.request(
                 method,
                 url,
-                data=body,
+                data=body if rest is None else _head_then_rest(body, rest),
                 headers=[(n.decode("latin-1"), v.decode("latin-1")) for n, v in headers],
                 allow_redirects=False,
             )
@@ -105,6 +108,12 @@ class AiohttpUpstream:
         except aiohttp.ClientError as exc:
             raise UpstreamUnreachable("error", f"{url}: {exc}") from None
         return AiohttpResponse(response)
+
+
+async def _head_then_rest(head: bytes, rest: Rest) -> AsyncIterator[bytes]:
+    yield head
+    async for chunk in rest.chunks:
+        yield chunk
 
 
 def static_router() -> Router:

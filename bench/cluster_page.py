@@ -1,7 +1,7 @@
 """Benchmark the cluster page at fleet scale: how long it takes to render, how big it is,
 and how big one live push of its nodes is.
 
-Run: DATABASE_URL=postgresql://… REDIS_URL=redis://… .venv/bin/python bench/cluster_page.py
+Run: DATABASE_URL=postgresql://… REDIS_URL=redis://… .venv/bin/python -m bench.cluster_page
          [--nodes 2000] [--query "state=unreachable"]
 
 It creates (once) and migrates a database ``llmgw_bench_pages`` on the DATABASE_URL server,
@@ -12,8 +12,9 @@ and b), and measures in this process, through Django's test client as an operato
 - render: GET / (the first page, and once with --query), median of 5 after one warm-up;
 - size: the HTML of each;
 - push: one live push of the nodes fragment, as the cluster page's socket renders it, and
-  how long rendering it takes (median of 5); and one push of heartbeats, which carries
-  only the rows they changed (10 of the 50 shown, as 5 s heartbeats change in a second).
+  how long rendering it takes (median of 5 after one warm-up); and one push of
+  heartbeats, which carries only the rows they changed (10 of the 50 shown, as 5 s
+  heartbeats change in a second).
 
 The figures are printed, never judged: compare runs made the same way on the same machine.
 """
@@ -21,19 +22,11 @@ The figures are printed, never judged: compare runs made the same way on the sam
 from __future__ import annotations
 
 import argparse
-import os
-import secrets
-import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from datetime import timedelta
-from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.database import bench_django
+from bench.report import median_seconds, ratio
 
 BENCH_DATABASE = "llmgw_bench_pages"
 GB = 1_000_000_000
@@ -43,22 +36,6 @@ ENGINES = [
     {"engine": "llama.cpp", "version": "b5000", "path": "/x", "status": "installed"},
     {"engine": "vllm", "version": "0.9", "path": "/y", "status": "installed"},
 ]
-
-
-def prepare_database(url: str, env: dict[str, str]) -> str:
-    """Create the bench's own database beside the given one if missing, and migrate it."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        exists = conn.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DATABASE]
-        ).fetchone()
-        if not exists:
-            conn.execute(f'CREATE DATABASE "{BENCH_DATABASE}"')
-    bench_url = urlunsplit(urlsplit(url)._replace(path=f"/{BENCH_DATABASE}"))
-    migrate = [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"]
-    subprocess.run(migrate, cwd=REPO, env={**env, "DATABASE_URL": bench_url}, check=True)
-    return bench_url
 
 
 def seed(count: int) -> None:
@@ -120,16 +97,16 @@ def seed(count: int) -> None:
     Node.objects.bulk_create(nodes, batch_size=500)
 
 
-def timed_get(client, path: str, runs: int = 5) -> tuple[float, int]:
-    """Median seconds of ``runs`` GETs after one warm-up, and the page's size in bytes."""
-    response = client.get(path)
-    assert response.status_code == 200, (path, response.status_code)
-    times = []
-    for _ in range(runs):
-        began = time.perf_counter()
+def timed_get(client, path: str) -> tuple[float, int]:
+    """Median seconds of 5 GETs after one warm-up, and the page's size in bytes."""
+
+    def get():
         response = client.get(path)
-        times.append(time.perf_counter() - began)
-    return statistics.median(times), len(response.content)
+        assert response.status_code == 200, (path, response.status_code)
+        return response
+
+    seconds, response = median_seconds(get)
+    return seconds, len(response.content)
 
 
 def main() -> None:
@@ -137,20 +114,11 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--query", default="state=unreachable", help="a filtered view to time")
     args = parser.parse_args()
-    database_url, redis_url = os.environ.get("DATABASE_URL"), os.environ.get("REDIS_URL")
-    if not database_url or not redis_url:
-        raise SystemExit("set DATABASE_URL and REDIS_URL (the bench makes its own database)")
-    env = {
-        **os.environ,
-        "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(32),
-        "DJANGO_SETTINGS_MODULE": "llmgw_site.settings",
-        "LLMGW_HOME": os.environ.get("LLMGW_HOME") or tempfile.mkdtemp(prefix="llmgw-bench-"),
-    }
-    env["DATABASE_URL"] = prepare_database(database_url, env)
-    os.environ.update(env)
-    import django
+    with bench_django(BENCH_DATABASE):
+        measure(args)
 
-    django.setup()
+
+def measure(args: argparse.Namespace) -> None:
     from django.conf import settings
     from django.contrib.auth.models import Group, User
     from django.test import Client
@@ -183,18 +151,16 @@ def main() -> None:
     print(
         f"one heartbeat push ({len(shown)} of the 50 rows shown): {rows / 1024:.1f} KiB, "
         f"rendered in {rows_seconds * 1000:.1f} ms median of 5; "
-        f"{window / rows:.1f}x smaller than the nodes fragment"
+        f"{ratio(window, rows, '.1f')}x smaller than the nodes fragment"
     )
 
 
 def timed_push(fragments, names: list[str], rows) -> tuple[int, float]:
     """The size of one push of the cluster page (bytes) and the median of 5 renders."""
-    times = []
-    for _ in range(5):
-        began = time.perf_counter()
-        push = fragments.render_push("cluster", "", True, names, None, rows)
-        times.append(time.perf_counter() - began)
-    return len(push.html.encode()), statistics.median(times)
+    seconds, push = median_seconds(
+        lambda: fragments.render_push("cluster", "", True, names, None, rows)
+    )
+    return len(push.html.encode()), seconds
 
 
 if __name__ == "__main__":

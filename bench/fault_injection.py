@@ -7,7 +7,9 @@ import signal
 import time
 
 import psutil
-from fault_system import System, retry, wait_for
+
+from bench.fault_system import System, retry
+from bench.processes import wait_for
 
 PROCESS_FAULTS = ["agent", "control-plane", "reconciler", "router", "redis", "postgres"]
 # The engine last: it is killed only once it has served past the reconciler's settling
@@ -36,7 +38,7 @@ def inject(system: System, fault: str, stop_seconds: float) -> tuple[float, str 
         shard_id, pid = min(system.engines().items(), key=lambda item: _started(item[1]))
         # A healthy engine that dies: one that has served past the reconciler's settling
         # time (its death does not grow the profile's replacement backoff).
-        from fleet.reconcile.backoff import SETTLED
+        from fleet.planning.backoff import SETTLED
 
         time.sleep(max(0.0, _started(pid) + SETTLED.total_seconds() + 5 - time.time()))
         os.kill(pid, signal.SIGKILL)

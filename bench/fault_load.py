@@ -1,8 +1,5 @@
 """The load of bench/faults.py and bench/partitions.py: streaming chat clients that count
-what failed and why.
-
-Imported by those scripts, which put the repository on the path first.
-"""
+what failed and why."""
 
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""The system under test of bench/faults.py: `llmgw up`, a standby, and what they report.
-
-Imported by bench/faults.py, which puts the repository on the path first.
-"""
+"""The system under test of bench/faults.py: `llmgw up`, a standby, and what they report."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,25 +12,10 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.processes import REPO, free_port, wait_for
+from bench.processes import stop as stop_processes
+
 REPLICAS = 2
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(condition, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 class System:
@@ -120,21 +101,9 @@ class System:
             )
 
     def stop(self) -> None:
-        for process in self.standby:
-            with _quiet():
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in self.standby:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-        if self.up is not None:
-            with _quiet():
-                os.killpg(self.up.pid, signal.SIGINT)
-            try:
-                self.up.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.up.pid, signal.SIGKILL)
+        stop_processes(*self.standby)
+        if self.up is not None:  # Ctrl-C, as an operator stops it: it stops what it started
+            stop_processes(self.up, sig=signal.SIGINT, timeout=90)
 
     def children(self) -> dict[str, int | None]:
         try:

@@ -1,6 +1,6 @@
 """Crash the whole system while it serves, and count what it cost.
 
-Run: .venv/bin/python bench/faults.py [--injections 10] [--clients 8] [--faults a,b]
+Run: .venv/bin/python -m bench.faults [--injections 10] [--clients 8] [--faults a,b]
                                       [--stop-seconds 30] [--json FILE]
 
 `llmgw up` on a fresh home (embedded PostgreSQL and Redis, one agent) serves the demo
@@ -38,15 +38,11 @@ from pathlib import Path
 
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-# This folder's modules, imported as the script's siblings.
-from fault_injection import FAULTS, PROCESS_FAULTS, inject  # noqa: E402
-from fault_load import REQUEST_TIMEOUT, Load  # noqa: E402
-from fault_system import REPLICAS, System, wait_for  # noqa: E402
-
-from llmgw_cli.demo import smollm2_path  # noqa: E402
+from bench.fault_injection import FAULTS, PROCESS_FAULTS, inject
+from bench.fault_load import REQUEST_TIMEOUT, Load
+from bench.fault_system import REPLICAS, System
+from bench.processes import wait_for
+from llmgw_cli.demo import smollm2_path
 
 # How long the system gets to recover from one injection before the run gives up on it.
 RECOVERY_TIMEOUT = 180.0

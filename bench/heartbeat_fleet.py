@@ -1,7 +1,4 @@
-"""The simulated agents of bench/heartbeats.py: their messages, links and phases.
-
-Imported by bench/heartbeats.py, which puts the repository on the path first.
-"""
+"""The simulated agents of bench/heartbeats.py: their messages, links and phases."""
 
 from __future__ import annotations
 
@@ -13,9 +10,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from heartbeat_floor import PROBE_FIELD_SUFFIX
-from heartbeat_servers import cpu_seconds
-
+from bench.heartbeat_floor import PROBE_FIELD_SUFFIX
+from bench.processes import cpu_seconds
+from bench.report import percentile
 from protocol.inventory import Cpu, Filesystem, Inventory, NodeUsage, ShardUsage
 from protocol.messages import Heartbeat, Register
 
@@ -148,8 +145,9 @@ class Result:
         return self.server_cpu_seconds / max(1, self.sent + self.probes)
 
     def p(self, fraction: float, values: list[float] | None = None) -> float:
-        ordered = sorted(self.latencies if values is None else values)
-        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
+        """A percentile of the round trips (or of ``values``); 0 when nothing was measured."""
+        measured = self.latencies if values is None else values
+        return percentile(measured, fraction) if measured else 0.0
 
     def passes(self, limit: float) -> bool:
         """p99 within ``limit``, and no backlog left to grow: drain within DRAIN_LIMIT (or
@@ -175,7 +173,7 @@ class Bench:
     async def _window(self, result: Result, seconds: float, senders) -> None:
         """Run senders(began, stop_at) beside the probers; fill in timing and CPU."""
         began = time.perf_counter()
-        server_cpu, client_cpu = cpu_seconds(self.pids), time.process_time()
+        server_cpu, client_cpu = cpu_seconds(*self.pids), time.process_time()
         stop_at = began + seconds
         await asyncio.gather(self._probe(stop_at, result), *senders(began, stop_at))
         window_end = time.perf_counter()
@@ -186,7 +184,7 @@ class Bench:
         # Paced: the backlog left at the window's end, less what the barrier costs when idle.
         result.drain = max(0.0, finished - window_end - self.barrier_cost)
         result.elapsed = seconds + result.drain if result.offered else finished - began
-        result.server_cpu_seconds = cpu_seconds(self.pids) - server_cpu
+        result.server_cpu_seconds = cpu_seconds(*self.pids) - server_cpu
         result.server_cpu = result.server_cpu_seconds / (finished - began)
         result.client_cpu = (time.process_time() - client_cpu) / (finished - began)
 

@@ -1,4 +1,5 @@
-"""The processes and the database of bench/heartbeats.py: daphne, llmgw_bench, limits."""
+"""The processes and the database rows of bench/heartbeats.py: daphne, the bench's
+nodes, limits."""
 
 from __future__ import annotations
 
@@ -8,35 +9,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-REPO = Path(__file__).resolve().parent.parent
+from bench.processes import REPO
+
 BENCH_DATABASE = "llmgw_bench"
 NODE_PREFIX = "bench-node-"
-
-
-def bench_database_url(url: str, database: str = BENCH_DATABASE) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path=f"/{database}"))
-
-
-def prepare_database(
-    url: str, env: dict[str, str], database: str = BENCH_DATABASE, clear: bool = True
-) -> float:
-    """Create ``database`` (llmgw_bench) beside the given database if missing, migrate it
-    (``env`` names it), clear old runs' rows unless told not to (a bench that clears its own)."""
-    import psycopg
-
-    began = time.perf_counter()
-    with psycopg.connect(url, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
-        if not exists:
-            conn.execute(f'CREATE DATABASE "{database}"')
-    migrate = [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"]
-    subprocess.run(migrate, cwd=REPO, env=env, check=True)
-    if clear:
-        clear_bench_rows(env["DATABASE_URL"])
-    return time.perf_counter() - began
 
 
 def clear_bench_rows(url: str) -> None:
@@ -115,16 +92,6 @@ async def wait_serving(processes: list[subprocess.Popen], log_paths: list[Path])
             return
         await asyncio.sleep(0.1)
     raise SystemExit(f"daphne did not listen within 60 s: see {log_paths}")
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    import psutil
-
-    total = 0.0
-    for pid in pids:
-        times = psutil.Process(pid).cpu_times()
-        total += times.user + times.system
-    return total
 
 
 def raise_open_files(needed: int) -> None:

@@ -1,6 +1,6 @@
 """Benchmark the agent link: how many nodes control plane processes hold at 5 s heartbeats.
 
-Run: DATABASE_URL=postgresql://… REDIS_URL=redis://… .venv/bin/python bench/heartbeats.py
+Run: DATABASE_URL=postgresql://… REDIS_URL=redis://… .venv/bin/python -m bench.heartbeats
          [--agents 3000] [--processes 1] [--seconds 6] [--p99-limit-ms 1000]
 
 It creates (once) and migrates a database ``llmgw_bench`` on the DATABASE_URL server, so
@@ -54,19 +54,13 @@ import asyncio
 import gc
 import json
 import os
-import secrets
-import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-# This folder's modules, imported as the script's siblings.
-from heartbeat_fleet import (  # noqa: E402
+from bench.database import bench_django
+from bench.heartbeat_fleet import (
     PER_ROUND,
     PROBERS,
     SATURATING_AGENTS,
@@ -76,20 +70,19 @@ from heartbeat_fleet import (  # noqa: E402
     heartbeat_text,
     open_links,
 )
-from heartbeat_floor import PROBER_PREFIX  # noqa: E402
-from heartbeat_servers import (  # noqa: E402
+from bench.heartbeat_floor import PROBER_PREFIX
+from bench.heartbeat_servers import (
     BENCH_DATABASE,
     NODE_PREFIX,
-    bench_database_url,
     clear_bench_rows,
     fresh_rows,
     links_per_process,
-    prepare_database,
     raise_open_files,
     start_daphnes,
     wait_serving,
 )
-from router_overhead import stop  # noqa: E402
+from bench.processes import stop
+from bench.report import ratio
 
 # For the servers' phases, plus linking time per agent; the flush measurement after takes ~15 s.
 HARD_LIMIT_SECONDS = 150
@@ -200,8 +193,7 @@ async def run(args: argparse.Namespace, env: dict[str, str], tokens: dict[str, s
         for link in links:
             link.abort()
         for group in processes.values():
-            for process in group:
-                stop(process)
+            stop(*group)
         gc.enable()
 
 
@@ -246,9 +238,9 @@ def summarize(args: argparse.Namespace, results: dict) -> None:
     )
     print(
         f"saturation heartbeats/s: llmgw {real_sat.handled:.0f}, floor "
-        f"{floor_sat.handled:.0f}; llmgw / floor = {real_sat.handled / floor_sat.handled:.2f}; "
+        f"{floor_sat.handled:.0f}; llmgw / floor = {ratio(real_sat.handled, floor_sat.handled)}; "
         f"per server CPU-second (steadier when other work shares the machine): llmgw / floor "
-        f"= {floor_sat.cpu_per_message / real_sat.cpu_per_message:.2f}"
+        f"= {ratio(floor_sat.cpu_per_message, real_sat.cpu_per_message)}"
     )
     print(
         f"p99 at 5 s heartbeats ({args.agents} agents): llmgw "
@@ -301,35 +293,24 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    database_url = os.environ.get("DATABASE_URL")
-    redis_url = os.environ.get("REDIS_URL")
-    if not database_url or not redis_url:
-        raise SystemExit(
-            "set DATABASE_URL and REDIS_URL: the bench measures the control plane against the "
-            "real PostgreSQL and Redis it would run with (it creates and migrates its own "
-            f"database {BENCH_DATABASE!r} on that PostgreSQL server), not embedded ones"
-        )
     raise_open_files(args.agents + PROBERS + 256)
-    env = {
-        **os.environ,
-        "DATABASE_URL": bench_database_url(database_url),
-        "REDIS_URL": redis_url,
-        "SECRET_KEY": secrets.token_urlsafe(32),
-        "DJANGO_SETTINGS_MODULE": "llmgw_site.settings",
-        "LLMGW_HOME": tempfile.mkdtemp(prefix="llmgw-bench-home-"),
+    extra = {
         "LOG_LEVEL": os.environ.get("LOG_LEVEL", "INFO"),
         "PYTHONUNBUFFERED": "1",
         # Simulated agents link with tokens: the migration path, as old agents do.
         "LLMGW_NODE_AUTH": "token",
     }
-    prepared = prepare_database(database_url, env)
-    print(f"database {BENCH_DATABASE} ready in {prepared:.1f} s", flush=True)
     # This process uses the servers' settings too: tokens signed with their SECRET_KEY
     # through the control plane's own code, and the flush measured on the same database.
-    os.environ.update(env)
-    import django
+    with bench_django(BENCH_DATABASE, **extra) as env:
+        clear_bench_rows(env["DATABASE_URL"])  # an earlier run's, if it was stopped
+        try:
+            measure(args, env)
+        finally:
+            clear_bench_rows(env["DATABASE_URL"])
 
-    django.setup()
+
+def measure(args: argparse.Namespace, env: dict[str, str]) -> None:
     from fleet.pki.tokens import node_token
 
     ids = [f"{NODE_PREFIX}{i:05d}" for i in range(args.agents)]
@@ -345,9 +326,6 @@ def main() -> None:
         summarize(args, asyncio.run(bounded()))
     except TimeoutError:
         raise SystemExit(f"the bench ran past {hard_limit:.0f} s and was stopped") from None
-    finally:
-        clear_bench_rows(env["DATABASE_URL"])
-        shutil.rmtree(env["LLMGW_HOME"], ignore_errors=True)
 
 
 if __name__ == "__main__":

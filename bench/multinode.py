@@ -1,8 +1,8 @@
 """A llama.cpp replica split across two nodes next to one on a single node, same model,
 same run: time to first token and decode speed through the router, and their ratio.
 
-    sudo .venv/bin/python bench/multinode.py                   # 20 requests each, 64 tokens
-    sudo .venv/bin/python bench/multinode.py --requests 40 --threads 2 --json multinode.json
+    sudo .venv/bin/python -m bench.multinode                   # 20 requests each, 64 tokens
+    sudo .venv/bin/python -m bench.multinode --requests 40 --threads 2 --json multinode.json
 
 Two node hosts on fabric ib-a, both control planes, the router and the services host,
 each in a network namespace of its own (llmgw_cli/sim). The catalog holds the demo GGUF
@@ -38,15 +38,11 @@ import time
 from functools import partial
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-# This folder's modules, imported as the script's siblings.
-import multinode_support as support  # noqa: E402
-
-from llmgw_cli.sim import hosts, network  # noqa: E402
-from llmgw_cli.sim.fleet import Tuning, simulated_fleet  # noqa: E402
+from bench import multinode_support as support
+from bench import sim
+from bench.report import print_rows, ratio
+from llmgw_cli.sim import hosts, network
+from llmgw_cli.sim.fleet import Tuning, simulated_fleet
 
 NODES = 2
 FABRIC = "ib-a"
@@ -71,7 +67,7 @@ def main() -> int:
     with simulated_fleet(NODES, directory, demo=False, tuning=tuning) as fleet:
         print(f"fleet up after {time.monotonic() - started:.0f}s", flush=True)
         support.apply_catalog(fleet, support.catalog(options.threads))
-        key = (fleet.directory / "api-key").read_text().strip()
+        key = sim.api_key(fleet)
         missing = support.wait_until_serving(fleet, key, deadline)
         if missing:
             print(f"\nnever answered within the deadline: {', '.join(missing)}", flush=True)
@@ -127,13 +123,16 @@ def number(value: float | None, digits: int = 0) -> str:
 def print_table(rows: list[dict]) -> None:
     header = ("model", "nodes", "requests", "TTFT p50 ms", "TTFT p95 ms", "tokens/s p50")
     print()
-    print(" | ".join(header))
-    print(" | ".join("-" * len(h) for h in header))
-    for row in rows:
-        requests = str(row["requests"]) + (f" ({row['failed']} failed)" if row["failed"] else "")
-        cells = (row["model"], str(row["nodes"]), requests, number(row["ttft_p50_ms"]),
-                 number(row["ttft_p95_ms"]), number(row["tokens_per_s_p50"], 1))  # fmt: skip
-        print(" | ".join(cells))
+    print_rows(
+        header,
+        (
+            (row["model"], str(row["nodes"]),
+             str(row["requests"]) + (f" ({row['failed']} failed)" if row["failed"] else ""),
+             number(row["ttft_p50_ms"]), number(row["ttft_p95_ms"]),
+             number(row["tokens_per_s_p50"], 1))
+            for row in rows
+        ),
+    )  # fmt: skip
     print()
     by_nodes = {row["nodes"]: row for row in rows}
     one, two = by_nodes[1], by_nodes[2]
@@ -143,12 +142,6 @@ def print_table(rows: list[dict]) -> None:
     for row in rows:
         for error in row["errors"]:
             print(f"{row['model']}: failed: {error}")
-
-
-def ratio(numerator: float | None, denominator: float | None) -> str:
-    if numerator is None or not denominator:
-        return "-"
-    return f"{numerator / denominator:.2f}"
 
 
 if __name__ == "__main__":

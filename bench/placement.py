@@ -1,6 +1,6 @@
 """Benchmark placement: 1,000 replicas onto 2,000 simulated 8-GPU nodes with place_batch.
 
-Run: .venv/bin/python bench/placement.py [--nodes 2000] [--replicas 1000] [--repeat 3]
+Run: .venv/bin/python -m bench.placement [--nodes 2000] [--replicas 1000] [--repeat 3]
 
 The baseline is the naive scheduler's floor: every filter run on every node for
 every request, with no scoring and no GPU choice. It is measured in the same
@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from placement import (  # noqa: E402
+from bench.report import ratio
+from placement import (
     CONNECTED,
     DRAINING,
     UNREACHABLE,
@@ -148,8 +145,9 @@ def main() -> None:
         f"baseline, naive filter pass over every node ({len(sample)} requests): "
         f"{naive_per_decision * 1e3:.2f} ms per request"
     )
+    faster = ratio(naive_per_decision, per_decision, ".1f")
     print(
-        f"ratio: {naive_per_decision / per_decision:.1f}x (naive filtering alone / place_batch, "
+        f"ratio: {faster}x (naive filtering alone / place_batch, "
         "per decision; above 1 means place_batch is faster)"
     )
     refused = next((decision for decision in decisions if not decision.placed), None)

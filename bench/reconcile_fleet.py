@@ -141,8 +141,8 @@ def build(nodes: int, models: int, wanted: int, now: datetime) -> Built:
     """Write the fleet; every node heard at ``now``; ~1% of placed replicas still starting."""
     from catalog.models import Engine, Model, Profile, newest_engine_versions
     from fleet.models import Node, Replica, ReplicaState, Shard, ShardState, replica_secret
+    from fleet.planning.snapshot import node_snapshots, placement_request
     from fleet.reconcile.engines import engines_digest, wanted_engines
-    from fleet.reconcile.snapshot import node_snapshots, placement_request
     from placement import place_batch
 
     clear()
@@ -253,7 +253,7 @@ def registers(epoch: int = 1) -> list[tuple[str, object]]:
     """Each node's register as its agent sends it after a control plane restart: its
     inventory, engines, weights and every shard it runs, with the spec it was given."""
     from fleet.models import Node, Replica, ShardState
-    from fleet.reconcile.shard_specs import meeting_points, shard_spec
+    from fleet.planning.shard_specs import meeting_points, shard_spec
     from protocol import messages
     from protocol.engines import EngineInstall
     from protocol.inventory import Inventory

@@ -1,6 +1,6 @@
 """Benchmark the whole control loop at scale: 2,000 nodes, 300 models, 1,000 replicas.
 
-Run: DATABASE_URL=postgresql://… REDIS_URL=redis://… .venv/bin/python bench/reconcile_scale.py
+Run: DATABASE_URL=postgresql://… REDIS_URL=redis://… .venv/bin/python -m bench.reconcile_scale
      [--nodes 2000] [--models 300] [--replicas 1000] [--small 500] [--runs 3]
 
 It creates (once) and migrates a database ``llmgw_reconcile_bench`` on the DATABASE_URL
@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import os
-import secrets
 import shutil
 import signal
 import statistics
@@ -42,12 +40,9 @@ from dataclasses import dataclass
 from io import StringIO
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-# This folder's modules, imported as the script's siblings.
-import reconcile_fleet as fleet  # noqa: E402
-from heartbeat_servers import bench_database_url, prepare_database  # noqa: E402
+from bench import reconcile_fleet as fleet
+from bench.database import bench_django
+from bench.processes import REPO
 
 BENCH_DATABASE = "llmgw_reconcile_bench"
 HARD_LIMIT_SECONDS = 600
@@ -307,37 +302,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="timed runs per step (median)")
     args = parser.parse_args()
 
-    database_url, redis_url = os.environ.get("DATABASE_URL"), os.environ.get("REDIS_URL")
-    if not database_url or not redis_url:
-        raise SystemExit(
-            "set DATABASE_URL and REDIS_URL: the bench measures the control plane against the "
-            "real PostgreSQL and Redis it would run with (it creates and migrates its own "
-            f"database {BENCH_DATABASE!r} on that PostgreSQL server)"
-        )
-    env = {
-        **os.environ,
-        "DATABASE_URL": bench_database_url(database_url, BENCH_DATABASE),
-        "REDIS_URL": redis_url,
-        "SECRET_KEY": secrets.token_urlsafe(32),
-        "DJANGO_SETTINGS_MODULE": "llmgw_site.settings",
-        "LLMGW_HOME": tempfile.mkdtemp(prefix="llmgw-bench-home-"),
-        "LOG_LEVEL": os.environ.get("LOG_LEVEL", "WARNING"),
-    }
-    prepared = prepare_database(database_url, env, BENCH_DATABASE, clear=False)
-    print(f"database {BENCH_DATABASE} ready in {prepared:.1f} s", flush=True)
-    os.environ.update(env)
-    import django
-
-    django.setup()
-    began = time.perf_counter()
-    signal.alarm(HARD_LIMIT_SECONDS)  # bounded: a pass that hangs ends the bench
-    try:
-        run(args, env)
-    finally:
-        fleet.clear()
-        clear_queues(redis_url)
-        shutil.rmtree(env["LLMGW_HOME"], ignore_errors=True)
-    print(f"\nthe bench took {time.perf_counter() - began:.0f} s")
+    with bench_django(BENCH_DATABASE) as env:
+        began = time.perf_counter()
+        signal.alarm(HARD_LIMIT_SECONDS)  # bounded: a pass that hangs ends the bench
+        try:
+            run(args, env)
+        finally:
+            fleet.clear()
+            clear_queues(env["REDIS_URL"])
+        print(f"\nthe bench took {time.perf_counter() - began:.0f} s")
 
 
 if __name__ == "__main__":

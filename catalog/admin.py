@@ -1,13 +1,122 @@
-from django.contrib import admin, messages
+"""The catalog in Django's admin, held to what an apply or the API is held to.
 
-from catalog.actions import delete_row, save_entry, update_key
+Changes follow the ``operators`` group (a staff user with Django's model permissions but
+outside it may look, not change); every form is checked by the catalog file's own rules
+and by who may add code for nodes (``catalog.engine_admin``), each problem shown on the
+form with nothing saved; and saves go through the catalog's verbs (an Event naming the
+user, routers told at once).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django import forms
+from django.contrib import admin, messages
+from django.http import HttpRequest
+
+from catalog.actions.api_keys import update_key
+from catalog.actions.entries import delete_row, save_entry
+from catalog.engine_admin import EngineAdminRequired, check_row
 from catalog.keys import LIMIT_FIELDS, ApiKeyRefused
 from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile
+from catalog.permissions import is_operator
+from catalog.plan import profile_values
+from catalog.schema import EngineEntry, ModelEntry, NamedEntry, ProfileEntry, validate_fields
 
 
-class CatalogEntryAdmin(admin.ModelAdmin):
+class CatalogEntryForm(forms.ModelForm):
+    """A row checked as a catalog file's entry would be, then by who may add code for nodes."""
+
+    entry_class: ClassVar[type[Any]] = NamedEntry
+    user: ClassVar[Any] = None  # who is saving: set per request by the admin
+
+    def entry_values(self) -> dict[str, Any]:
+        """The entry as the form now says it (the row's value where the form has no field)."""
+        return {
+            name: self.cleaned_data[name] if name in self.fields else getattr(self.instance, name)
+            for name in self.entry_class.model_fields
+            if name in self.fields or hasattr(self.instance, name)
+        }
+
+    def columns(self, entry: Any) -> dict[str, Any]:
+        """The row's columns as the checked entry sets them (in the file's one spelling)."""
+        return entry.model_dump()
+
+    def clean(self) -> dict[str, Any]:
+        super().clean()
+        cleaned = self.cleaned_data
+        if self.errors:
+            return cleaned  # a field Django could not even read says so first
+        entry, problems = validate_fields(self.entry_class, self.entry_values())
+        for field, said in problems.items():
+            self.add_error(field if field in self.fields else None, said)
+        if entry is not None:
+            cleaned.update({k: v for k, v in self.columns(entry).items() if k in self.fields})
+        return cleaned
+
+    def _post_clean(self) -> None:
+        super()._post_clean()  # type: ignore[misc]  # the row now holds what would be saved
+        if not self.errors:
+            try:
+                check_row(self.instance, self.user)
+            except EngineAdminRequired as exc:
+                self.add_error(None, exc.problems)
+
+
+class EngineForm(CatalogEntryForm):
+    entry_class = EngineEntry
+
+
+class ModelForm(CatalogEntryForm):
+    entry_class = ModelEntry
+
+    def columns(self, entry: Any) -> dict[str, Any]:
+        return entry.model_dump(exclude={"profiles"})
+
+
+class ProfileForm(CatalogEntryForm):
+    entry_class = ProfileEntry
+
+    def entry_values(self) -> dict[str, Any]:
+        values = super().entry_values()
+        surge, unavailable = (
+            self.cleaned_data.get(name, getattr(self.instance, name))
+            for name in ("rollout_surge", "rollout_unavailable")
+        )
+        return {**values, "rollout": {"surge": surge, "unavailable": unavailable}}
+
+    def columns(self, entry: Any) -> dict[str, Any]:
+        columns = profile_values(entry)
+        if entry.autoscale is not None:
+            columns.pop("replicas")  # the reconciler's to set, as an apply leaves it
+        return columns
+
+
+class OperatorsChange:
+    """Adding, changing and deleting follow the operators group, as on the pages and the
+    API, whatever Django model permissions a staff user holds."""
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return is_operator(request.user)
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        return is_operator(request.user)
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        return is_operator(request.user)
+
+
+class CatalogEntryAdmin(OperatorsChange, admin.ModelAdmin):
     """Saves and deletes through the catalog's verbs: an Event naming the admin, and
     routers told at once, as through the API."""
+
+    form = CatalogEntryForm
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        form.user = request.user  # a class made for this request alone
+        return form
 
     def save_model(self, request, obj, form, change) -> None:
         save_entry(obj, changed=form.changed_data, actor=request.user)
@@ -27,13 +136,20 @@ class CatalogEntryAdmin(admin.ModelAdmin):
             delete_row(row, actor=request.user)
 
 
-class ProfileInline(admin.StackedInline):
+class ProfileInline(OperatorsChange, admin.StackedInline):
     model = Profile
+    form = ProfileForm
     extra = 0
+
+    def get_formset(self, request, obj=None, **kwargs):
+        formset = super().get_formset(request, obj, **kwargs)
+        formset.form.user = request.user  # a class made for this request alone
+        return formset
 
 
 @admin.register(Model)
 class ModelAdmin(CatalogEntryAdmin):
+    form = ModelForm
     list_display = ["name", "source"]
     search_fields = ["name", "source"]
     inlines = [ProfileInline]
@@ -41,12 +157,14 @@ class ModelAdmin(CatalogEntryAdmin):
 
 @admin.register(Profile)
 class ProfileAdmin(CatalogEntryAdmin):
+    form = ProfileForm
     list_display = ["__str__", "engine", "replicas", "gpus_per_rank", "pool"]
     list_filter = ["engine", "pool"]
 
 
 @admin.register(Engine)
 class EngineAdmin(CatalogEntryAdmin):
+    form = EngineForm
     list_display = ["name", "version"]
 
 
@@ -70,6 +188,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return is_operator(request.user)  # as on the API: keys are for operators
 
     def save_model(self, request, obj, form, change) -> None:
         data = form.cleaned_data

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from rest_framework import mixins, viewsets
 from rest_framework import serializers as drf_serializers
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 
-from catalog.actions import (
-    UNCHANGED,
-    create_key,
-    delete_row,
-    revoke_key,
-    save_entry,
-    update_entry,
-    update_key,
-)  # fmt: skip
+from catalog.actions.api_keys import UNCHANGED, create_key, revoke_key, update_key
+from catalog.actions.entries import delete_row, save_entry, update_entry
+from catalog.engine_admin import EngineAdminRequired
 from catalog.keys import LIMIT_FIELDS, ApiKeyRefused
 from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile
 from catalog.permissions import is_operator
@@ -35,13 +33,24 @@ class CatalogEntryViewSet(viewsets.ModelViewSet):
 
     def perform_create(self, serializer) -> None:
         row = serializer.Meta.model(**serializer.validated_data)
-        serializer.instance = save_entry(row, actor=self.request.user)
+        with engine_admins_only():
+            serializer.instance = save_entry(row, actor=self.request.user)
 
     def perform_update(self, serializer) -> None:
-        update_entry(serializer.instance, serializer.validated_data, actor=self.request.user)
+        with engine_admins_only():
+            update_entry(serializer.instance, serializer.validated_data, actor=self.request.user)
 
     def perform_destroy(self, instance) -> None:
         delete_row(instance, actor=self.request.user)
+
+
+@contextmanager
+def engine_admins_only() -> Iterator[None]:
+    """A change only an engine admin may make: 403, each problem naming field, value, group."""
+    try:
+        yield
+    except EngineAdminRequired as exc:
+        raise PermissionDenied({"detail": exc.problems}) from None
 
 
 class EngineViewSet(CatalogEntryViewSet):

@@ -9,7 +9,7 @@ import yaml
 from django.core.management.base import CommandError
 
 from audit.actors import shell_operator
-from catalog.actions import apply_catalog, delete_entry
+from catalog.actions.entries import apply_catalog, delete_entry
 from catalog.models import Fabric, Model, Pool
 from catalog.plan import export_catalog, fit_lines
 from catalog.schema import CatalogError, parse_catalog

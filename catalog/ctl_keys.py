@@ -11,7 +11,7 @@ from django.core.management.base import CommandError
 from django.utils import timezone
 
 from audit.actors import shell_operator
-from catalog.actions import UNCHANGED, create_key, revoke_key, update_key
+from catalog.actions.api_keys import UNCHANGED, create_key, revoke_key, update_key
 from catalog.keys import LIMIT_FIELDS, PRIORITIES, ApiKeyRefused, find_key, key_limits, key_usage
 from catalog.models import ApiKey
 from core.tables import render_json, render_table

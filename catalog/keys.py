@@ -1,5 +1,5 @@
 """The API keys clients send to ``/v1``: how they are drawn and stored, and what routers
-load. Creating and revoking one are verbs in ``catalog.actions``.
+load. Creating and revoking one are verbs in ``catalog.actions.api_keys``.
 
 A key is 32 random bytes, so a single SHA-256 is enough to store it (a slow password
 hash protects guessable secrets; this one cannot be guessed), and the router can check

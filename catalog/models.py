@@ -6,14 +6,14 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 
+from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
-from catalog.default_engines import FROM_CATALOG, FROM_DEFAULT, default_engines
 from catalog.fit.estimate import MemoryEstimate, ModelShape, Needs, estimate, needs
 from core.humanize import format_bytes
 from protocol.engine_serves import effective_serves
-from protocol.engines import WantedEngine, newest_version
+from protocol.engines import DEFAULT_ENGINES, WantedEngine, newest_version
 from protocol.serving import DEFAULT_SERVES
 
 KNOWN_ENGINES = ("llama.cpp", "vllm", "sglang")
@@ -243,6 +243,22 @@ def newest_engine_versions() -> dict[str, str]:
     """Engine name -> the newest version the catalog names (b10991 over b9000), or the
     default build's for an engine it names none of (rule R103)."""
     return newest_by_engine(Engine.objects.values_list("name", "version"))
+
+
+# Where an engine version comes from, in the words pages and llmgw_ctl show.
+FROM_DEFAULT = "default"
+FROM_CATALOG = "catalog"
+FROM_NODE = "found on the node"
+
+
+def default_engines(named: Iterable[str]) -> list[WantedEngine]:
+    """llmgw's default builds (rule R103, protocol.engines.DEFAULT_ENGINES) of the engines
+    not in ``named``, the names the catalog gives versions of: ``engines:`` with a llama.cpp
+    build replaces llama.cpp's default. None when LLMGW_DEFAULT_ENGINES is off."""
+    if not settings.DEFAULT_ENGINES:
+        return []
+    names = set(named)
+    return [engine for engine in DEFAULT_ENGINES if engine.name not in names]
 
 
 def engine_origins() -> dict[tuple[str, str], str]:

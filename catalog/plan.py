@@ -1,7 +1,7 @@
 """What applying a catalog file would change, and the catalog written back as a file.
 
 ``plan_changes`` works out every change first (a plan a person can read), and
-``catalog.actions.apply_catalog`` then makes them all in one transaction, so a refused
+``catalog.actions.entries.apply_catalog`` then makes them all in one transaction, so a refused
 file leaves nothing half-applied. Nothing here writes.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from catalog.default_engines import is_default, spans_nodes_problem
 from catalog.fit.model_files import is_remote, shape_facts
 from catalog.models import (
     Engine,
@@ -28,6 +27,7 @@ from catalog.schema import (
     ProfileEntry,
     RolloutEntry,
 )
+from protocol.engines import DEFAULT_LLAMA_CPP, is_default
 from protocol.units import format_duration, format_size
 
 PROFILE_FIELDS = (
@@ -298,3 +298,16 @@ def export_catalog() -> dict[str, Any]:
     if models:
         data["models"] = models
     return data
+
+
+def spans_nodes_problem(engine: str, version: str, nodes: int) -> str | None:
+    """Why a profile over ``nodes`` nodes cannot run on ``engine`` ``version`` when that is
+    the prebuilt default llama.cpp (no RPC backend); None when it can, or is not it."""
+    if nodes <= 1 or (engine, version) != DEFAULT_LLAMA_CPP.key:
+        return None
+    return (
+        f"nodes: {nodes} splits the model over llama.cpp's RPC backend, which the default "
+        f"llama.cpp ({version}, prebuilt from PyPI) does not have; pin engine_version: to a "
+        "llama.cpp build with rpc-server (one named under engines:, or one the agent files "
+        "name: `make engines` builds one from source), or set nodes: 1"
+    )

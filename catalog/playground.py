@@ -16,7 +16,7 @@ from typing import Any
 from django.utils import timezone
 
 from audit.actors import Actor
-from catalog.actions import create_key
+from catalog.actions.api_keys import create_key
 from catalog.keys import hash_key
 from catalog.models import ApiKey
 

@@ -23,19 +23,19 @@ from pydantic import (
 )
 
 from catalog.models import KNOWN_ENGINES, LAUNCH_MODES, STRATEGIES
+from protocol.engine_args import common_flag_problems
 from protocol.engine_serves import (
     ENGINE_SERVES,
     effective_serves,
     serve_arg_problems,
     serve_problems,
 )
-from protocol.engines import PIP_ENGINES, EngineBuild
+from protocol.engines import PIP_ENGINES, EngineBuild, check_path_token
 from protocol.routing import PREFIX, ROUTING_POLICIES
-from protocol.sources import is_loopback_url
+from protocol.sources import HUB_ID, is_loopback_url
 from protocol.units import parse_duration, parse_size
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 # Counts and durations land in PostgreSQL integer columns, sizes in bigint ones: a larger
 # number is refused here, at its place in the file, not by the database mid-apply.
@@ -115,6 +115,11 @@ class EngineEntry(_Entry):
     builds: list[EngineBuild] = []
 
     _engine = field_validator("name")(_check_engine)
+
+    @field_validator("version")
+    @classmethod
+    def version_is_a_token(cls, value: str) -> str:
+        return check_path_token("version", value)
 
     @model_validator(mode="after")
     def builds_only_for_archives(self) -> EngineEntry:
@@ -209,6 +214,11 @@ class ProfileEntry(_Entry):
 
     _engine = field_validator("engine")(_check_engine)
 
+    @field_validator("engine_version")
+    @classmethod
+    def engine_version_is_a_token(cls, value: str) -> str:
+        return check_path_token("engine_version", value) if value else value
+
     @field_validator("routing")
     @classmethod
     def routing_is_usable(cls, value: str, info: ValidationInfo) -> str:
@@ -261,10 +271,12 @@ class ProfileEntry(_Entry):
 
     @model_validator(mode="after")
     def engine_serves_it(self) -> ProfileEntry:
-        """Refuse what the engine cannot serve (the agent's adapter would, at launch), and
-        keep serves: in one spelling: the fingerprint, and so rolling restarts, follow it."""
+        """Refuse what the engine cannot serve and flags llmgw sets itself (the agent's
+        adapter would, at launch), and keep serves: in one spelling: the fingerprint, and
+        so rolling restarts, follow it."""
         problems = serve_problems(self.engine, self.serves)
         problems += serve_arg_problems(self.engine, self.serves, self.args, self.env)
+        problems += common_flag_problems(self.args)
         if problems:
             raise ValueError("; ".join(problems))
         served = effective_serves(self.engine, self.serves)
@@ -339,6 +351,24 @@ def parse_catalog(text: str, filename: str = "catalog.yaml") -> CatalogFile:
     if problems:
         raise CatalogError(problems)
     return catalog
+
+
+def validate_fields(
+    entry_class: type[_Entry], data: dict[str, Any]
+) -> tuple[_Entry | None, dict[str, list[str]]]:
+    """One entry checked by the file's rules, for a form or the API: the entry, or each
+    problem filed under the field it names (``non_field_errors`` for the entry's own)."""
+    try:
+        return entry_class.model_validate(data), {}
+    except ValidationError as exc:
+        errors: dict[str, list[str]] = {}
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "non_field_errors"
+            message = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                message = f"unknown field {field!r}; check its spelling"
+            errors.setdefault(field, []).append(message)
+        return None, errors
 
 
 def _describe(filename: str, data: Any, error: Any) -> str:

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError as PydanticError
 from rest_framework import serializers
 
 from catalog.models import Engine, Fabric, Model, Pool, Profile
-from catalog.schema import EngineEntry, ModelEntry, ProfileEntry
+from catalog.schema import EngineEntry, ModelEntry, ProfileEntry, validate_fields
 
 
 def _validate_with(entry_class, data: dict, exclude: tuple[str, ...] = ()) -> dict:
     """Run the catalog file's validation on API input, naming each field that fails."""
-    try:
-        entry = entry_class.model_validate(data)
-    except PydanticError as exc:
-        errors: dict[str, list[str]] = {}
-        for error in exc.errors():
-            field = str(error["loc"][0]) if error["loc"] else "non_field_errors"
-            message = error["msg"].removeprefix("Value error, ")
-            if error["type"] == "extra_forbidden":
-                message = f"unknown field {field!r}; check its spelling"
-            errors.setdefault(field, []).append(message)
-        raise serializers.ValidationError(errors) from None
+    entry, errors = validate_fields(entry_class, data)
+    if entry is None:
+        raise serializers.ValidationError(errors)
     return entry.model_dump(exclude=set(exclude))
 
 

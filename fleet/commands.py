@@ -1,7 +1,8 @@
 """Commands down to a node: Celery tasks on the queue ``node-<id>``.
 
 Each carries an expiry, so a command queued for a node that was away is dropped
-rather than obeyed an hour late, and each is idempotent by shard id on the agent.
+rather than obeyed an hour late, and an id the agent obeys once (a captured command put
+back on the queue is refused); each is idempotent by shard id on the agent too.
 Request/reply commands wait at most REPLY_TIMEOUT for the agent's answer.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -63,14 +65,17 @@ def one_connection() -> Iterator[Any]:
 
 
 def send(node_id: str, command: NodeCommand, expires: float, producer: Any = None):
-    """Put a signed, expiring command on the node's queue."""
+    """Put a signed, expiring command on the node's queue, under an id of its own (also its
+    Celery task id) that the agent obeys once."""
     deadline = time.time() + expires
     args = command.args()
-    signature = sign(node_token(node_id), command.task, args, deadline)
+    command_id = uuid.uuid4().hex
+    signature = sign(node_token(node_id), command.task, args, deadline, command_id)
     return current_app.send_task(
         command.task,
         args=args,
-        kwargs={"deadline": deadline, "signature": signature},
+        kwargs={"deadline": deadline, "signature": signature, "command_id": command_id},
+        task_id=command_id,
         queue=node_queue(node_id),
         expires=expires,
         producer=producer,

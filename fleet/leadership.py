@@ -131,17 +131,23 @@ def leader_since(epoch: int, conn: redis.Redis | None = None) -> float | None:
 
 
 def record_links_opened(at: float | None = None, me: str | None = None) -> None:
-    """Say when this control plane began taking agent links (once, as it starts).
+    """Say when this control plane began taking agent links: once per leader term.
+
+    Only the first start under a term's lease counts. Every start ran this, and gave every
+    node a fresh NODE_LOST_AFTER: a process that crash-looped faster than that (or a
+    second process starting) held lost-node detection off for the whole fleet. Without a
+    lease there is no term yet, and the leader's own start will give the grace.
 
     Never raises: without Redis there is no lease either, and the next leader's grace
     covers the silence.
     """
     try:
-        client().set(
-            _links_since_key(me or identity()),
-            str(time.time() if at is None else at),
-            ex=LINKS_SINCE_TTL,
-        )
+        conn = client()
+        lease = current(conn)
+        if lease is None:
+            return
+        key = _links_since_key(me or identity(), lease.epoch)
+        conn.set(key, str(time.time() if at is None else at), ex=LINKS_SINCE_TTL, nx=True)
     except redis.RedisError as exc:
         log.warning("could not record when this control plane began taking links: %s", exc)
 
@@ -153,23 +159,28 @@ def record_deaf(at: float | None = None, me: str | None = None) -> None:
                  ex=LINKS_SINCE_TTL)  # fmt: skip
 
 
-def listening_since(lease: Lease) -> float | None:
+def listening_since(lease: Lease, now: float | None = None) -> float | None:
     """Since when the nodes could be heard without a break: the latest of when this
-    epoch's leader took the lease, when its control plane began taking links, and when
-    it last heard no node at all. A node still reconnecting after any of them (on its
-    own jittered backoff) is given a full NODE_LOST_AFTER from then."""
+    epoch's leader took the lease, when its control plane first took links in this term,
+    and when it last heard no node at all. A node still reconnecting after any of them (on
+    its own jittered backoff) is given a full NODE_LOST_AFTER from then.
+
+    A time in the future is no time any of them happened: anything that can write to
+    Redis could set one to hold detection off for good, so it is ignored.
+    """
+    now = time.time() if now is None else now
     conn = client()
     times = [
         leader_since(lease.epoch, conn),
-        _float(conn.get(_links_since_key(lease.holder))),
+        _float(conn.get(_links_since_key(lease.holder, lease.epoch))),
         _float(conn.get(_deaf_key(lease.holder))),
     ]
-    known = [at for at in times if at is not None]
+    known = [at for at in times if at is not None and at <= now]
     return max(known) if known else None
 
 
-def _links_since_key(holder: str) -> str:
-    return f"{_keys()[0]}:links-since:{holder}"
+def _links_since_key(holder: str, epoch: int) -> str:
+    return f"{_keys()[0]}:links-since:{holder}:{epoch}"
 
 
 def _deaf_key(holder: str) -> str:

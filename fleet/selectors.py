@@ -12,12 +12,18 @@ from django.db.models import Count, Prefetch, Q
 from django.utils import timezone
 
 from audit.models import Event
-from catalog.default_engines import FROM_CATALOG, FROM_DEFAULT, FROM_NODE, is_default
-from catalog.models import Model, engine_origins, newest_engine_versions
+from catalog.models import (
+    FROM_CATALOG,
+    FROM_DEFAULT,
+    FROM_NODE,
+    Model,
+    engine_origins,
+    newest_engine_versions,
+)
 from core.humanize import format_bytes, format_progress
 from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, without_reports
-from fleet.reconcile.backoff import replacement_backoffs
-from protocol.engines import EngineInstall
+from fleet.planning.backoff import replacement_backoffs
+from protocol.engines import EngineInstall, is_default
 from protocol.inventory import Filesystem, Inventory, NodeUsage
 from protocol.serving import DEFAULT_SERVES
 

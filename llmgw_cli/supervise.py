@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 
 from agent_worker.supervision.logrotate import last_lines, rotate_if_large
+from core.files import size_or_zero
 
 # How many output lines a child that is given up on is reported with, read across this
 # many rotated files at most.
@@ -295,12 +296,12 @@ class LogEcho:
     def __init__(self, paths: list[Path], out: Callable[[str], None] | None = None) -> None:
         self.out = out or (lambda text: print(text, end="", flush=True))
         # What earlier runs left in the files is not news.
-        self.offsets = {path: _size(path) for path in paths}
+        self.offsets = {path: size_or_zero(path) for path in paths}
         self.partial: dict[Path, bytes] = {}
 
     def pump(self) -> None:
         for path, offset in self.offsets.items():
-            size = _size(path)
+            size = size_or_zero(path)
             if size < offset:  # truncated by rotation: the new content starts at 0
                 offset = 0
             if size == offset:
@@ -318,13 +319,6 @@ class LogEcho:
             text = "".join(f"{prefix}{line.decode(errors='replace')}\n" for line in lines)
             if text:
                 self.out(text)
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 # prctl(2): orphaned descendants are re-parented to this process instead of PID 1.

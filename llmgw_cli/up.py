@@ -72,7 +72,7 @@ def planned_children(
 
 def control_processes() -> int:
     """LLMGW_CONTROL_PLANE_PROCESSES: daphne processes sharing the agents' links (one per
-    core holds the most; bench/heartbeats.py --processes measures it)."""
+    core holds the most; ``python -m bench.heartbeats --processes N`` measures it)."""
     count = env_int("LLMGW_CONTROL_PLANE_PROCESSES", 1)
     if not 1 <= count <= 64:
         raise SystemExit(

@@ -31,8 +31,9 @@ application = ProtocolTypeRouter(
     }
 )
 
-# Nodes silent while this process was down were not heard by anyone: liveness gives them
-# a full NODE_LOST_AFTER from now to reconnect.
+# Nodes silent while the control plane was down were not heard by anyone: liveness gives
+# them a full NODE_LOST_AFTER from the first start in a leader's term to reconnect (not from
+# every start: a process crash-looping would hold lost-node detection off for good).
 leadership.record_links_opened()
 
 # Everything imported so far lives as long as the process: keep it out of the

@@ -17,5 +17,5 @@ app.conf.beat_schedule = {
     "reconcile": {"task": "fleet.reconcile", "schedule": 2.0, "options": {"expires": 2}},
     "liveness": {"task": "fleet.check_liveness", "schedule": 5.0, "options": {"expires": 5}},
 }
-app.autodiscover_tasks(["fleet", "catalog.fit"])
+app.autodiscover_tasks(["fleet", "catalog"])
 after_setup_logger.connect(quiet_task_chatter)

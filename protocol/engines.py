@@ -13,7 +13,14 @@ import re
 from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 PLATFORMS = ("linux-x86_64", "linux-aarch64")
 # Engines that are Python packages: a node installs them with pip, never from an archive.
@@ -26,6 +33,33 @@ PIP_REQUIREMENT = re.compile(r"^(?P<package>[A-Za-z0-9_.-]+)==(?P<version>[A-Za-
 # "cpu", "cuda", or "cuda>=12.4": the least CUDA version the node's driver must support.
 ACCELERATOR = re.compile(r"^(cpu|cuda(>=\d+(\.\d+)?)?)$")
 EngineStatusWord = Literal["installed", "installing", "waiting", "failed"]
+# An engine's name, version and build name each become one file or directory name on a
+# node (<root>/<engine>/<version>/, engine-downloads/<engine>-<version>/): one path
+# component, never "/", "." or "..", so no catalog can point a root agent elsewhere.
+PATH_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+# Debian policy's package name; above all never "-o …", which apt-get would take as an option.
+DEBIAN_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")
+
+
+def check_path_token(field: str, value: str) -> str:
+    """``value``, or ValueError naming ``field`` unless it is one plain path component."""
+    if not PATH_TOKEN.match(value):
+        raise ValueError(
+            f"{field} {value!r} is not usable as a directory name on a node; use letters, "
+            "digits and . _ + - (64 at most, starting with a letter or digit), no / or .."
+        )
+    return value
+
+
+def check_package_names(packages: Iterable[str]) -> list[str]:
+    """``packages``, or ValueError naming the first that is not a Debian package name."""
+    for package in packages:
+        if not DEBIAN_PACKAGE.match(package):
+            raise ValueError(
+                f"{package!r} is not a Debian package name (lower-case letters, digits and "
+                "+ . -, starting with a letter or digit); list packages only, no apt options"
+            )
+    return list(packages)
 
 
 def natural_key(version: str) -> list[tuple[int, int | str]]:
@@ -53,6 +87,16 @@ class EngineBuild(BaseModel):
     packages: list[str] = Field(default_factory=list, description="apt packages it needs")
     platform: str = "linux-x86_64"
     accelerator: str = "cpu"
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_token(cls, value: str) -> str:
+        return check_path_token("build name", value)
+
+    @field_validator("packages")
+    @classmethod
+    def _debian_packages(cls, value: list[str]) -> list[str]:
+        return check_package_names(value)
 
     @field_validator("platform")
     @classmethod
@@ -118,6 +162,11 @@ class WantedEngine(BaseModel):
     version: str
     builds: list[EngineBuild] = Field(default_factory=list)
 
+    @field_validator("name", "version")
+    @classmethod
+    def _one_path_component(cls, value: str, info: ValidationInfo) -> str:
+        return check_path_token(f"engine {info.field_name}", value)
+
     @property
     def key(self) -> tuple[str, str]:
         return self.name, self.version
@@ -145,3 +194,35 @@ class EngineInstall(BaseModel):
         return (
             f"{self.status}: {self.detail}" if self.detail and not self.installed else self.status
         )
+
+
+# Rule R103: llmgw's default llama.cpp, which a catalog naming no llama.cpp version gets
+# (catalog.models.default_engines; LLMGW_DEFAULT_ENGINES=0 turns it off). xllamacpp is
+# llama.cpp's own server compiled into a wheel (about 34 MB, no dependencies), run by
+# llmgw's launcher with llama-server's flags: it installs in seconds where compiling
+# llama-server took eight minutes on two cores, pinned by version and by each platform's
+# wheel sha256, which the agent's pip requires. It has no RPC backend: no replica across
+# nodes runs on it.
+XLLAMACPP = "2026.10.11549"
+DEFAULT_LLAMA_CPP = WantedEngine(
+    name="llama.cpp",
+    version=f"xllamacpp-{XLLAMACPP}",
+    builds=[
+        EngineBuild(
+            name="xllamacpp-cpu-x86_64", pip=f"xllamacpp=={XLLAMACPP}",
+            sha256="c54e7d13520ecc989c63dc99d55de3065e2f343a91f43f053d16b5e62077c261",
+            platform="linux-x86_64",
+        ),
+        EngineBuild(
+            name="xllamacpp-cpu-aarch64", pip=f"xllamacpp=={XLLAMACPP}",
+            sha256="e2a3e79e775515de4ad197e667f874070446ef9ac9cf2044bc9866bc4c72289e",
+            platform="linux-aarch64",
+        ),
+    ],
+)  # fmt: skip
+DEFAULT_ENGINES = (DEFAULT_LLAMA_CPP,)
+
+
+def is_default(engine: str, version: str) -> bool:
+    """Whether ``engine`` ``version`` is one of llmgw's default builds."""
+    return any(default.key == (engine, version) for default in DEFAULT_ENGINES)

@@ -129,11 +129,14 @@ class Weights(_Message):
 
 
 class CommandRefused(_Message):
-    """A command the agent dropped: unsigned, signed for another node, altered or expired."""
+    """Commands the agent dropped (unsigned, signed for another node, altered, expired or
+    replayed): ``count`` of them since its last report, at most one a minute; the task and
+    reason are the last one's."""
 
     type: Literal["command_refused"] = "command_refused"
     task: str = Field(max_length=200)
     reason: str = Field(max_length=2000)
+    count: int = Field(default=1, ge=1)
 
 
 AgentMessage = Annotated[

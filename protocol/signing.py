@@ -3,8 +3,9 @@
 The key is the node's link token, which both sides already hold; so anything that can
 write to the broker but does not hold the token cannot make a node start, stop or run
 anything, and a command signed for one node is refused by another. The signed text
-covers the task name, its arguments and a deadline, so a captured command cannot be
-replayed with other arguments or obeyed late.
+covers the task name, its arguments, a deadline and the command's own id, so a captured
+command cannot be replayed with other arguments or obeyed late, and the agent, which
+obeys each id once until its deadline, does not obey it twice.
 """
 
 from __future__ import annotations
@@ -20,14 +21,28 @@ class BadSignature(Exception):
     """A command this node must not obey, with the reason."""
 
 
-def _message(task: str, args: list[Any], deadline: float) -> bytes:
+def _message(task: str, args: list[Any], deadline: float, command_id: str) -> bytes:
     return json.dumps(
-        [task, args, round(deadline, 3)], sort_keys=True, separators=(",", ":")
+        [task, args, round(deadline, 3), command_id], sort_keys=True, separators=(",", ":")
     ).encode()
 
 
-def sign(token: str, task: str, args: list[Any], deadline: float) -> str:
-    return hmac.new(token.encode(), _message(task, args, deadline), hashlib.sha256).hexdigest()
+def sign(token: str, task: str, args: list[Any], deadline: float, command_id: str) -> str:
+    message = _message(task, args, deadline, command_id)
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
+
+
+def refuse_at_sight(
+    task: str, deadline: float, signature: str, command_id: str, now: float | None = None
+) -> None:
+    """Raise BadSignature for what no key is needed to refuse: an unsigned command, one
+    without an id, or one past its deadline (checked again, signed, by ``verify``)."""
+    if not signature:
+        raise BadSignature(f"{task} arrived unsigned")
+    if not command_id:
+        raise BadSignature(f"{task} carries no command id, so it could be obeyed twice")
+    if (now if now is not None else time.time()) > deadline:
+        raise BadSignature(f"{task} arrived after its deadline")
 
 
 def verify(
@@ -36,18 +51,16 @@ def verify(
     args: list[Any],
     deadline: float,
     signature: str,
+    command_id: str,
     now: float | None = None,
 ) -> None:
     """Raise BadSignature unless the command was signed for this token and is still due."""
     if not token:
         raise BadSignature("this agent has no token, so it cannot check who sent the command")
-    if not signature:
-        raise BadSignature(f"{task} arrived unsigned")
-    expected = sign(token, task, args, deadline)
+    refuse_at_sight(task, deadline, signature, command_id, now)
+    expected = sign(token, task, args, deadline, command_id)
     if not hmac.compare_digest(expected, signature):
         raise BadSignature(f"{task} was not signed for this node")
-    if (now if now is not None else time.time()) > deadline:
-        raise BadSignature(f"{task} arrived after its deadline")
 
 
 def proof_payload(nonce: str, node_id: str) -> bytes:

@@ -6,7 +6,7 @@ from django.contrib.auth.models import Group, User
 
 from audit.actors import SystemActor
 from catalog.models import Model, Profile
-from catalog.permissions import OPERATORS_GROUP
+from catalog.permissions import ENGINE_ADMINS_GROUP, OPERATORS_GROUP
 from fleet.models import Node, Replica, Shard
 
 # Who acts when a test sets the scene (applies a catalog, moves a replica on): as with
@@ -14,10 +14,13 @@ from fleet.models import Node, Replica, Shard
 SETUP = SystemActor("test setup")
 
 
-def make_user(username: str, *, operator: bool = False, superuser: bool = False) -> User:
+def make_user(
+    username: str, *, operator: bool = False, superuser: bool = False, engine_admin: bool = False
+) -> User:
     user = User.objects.create_user(username, password="pw-" + username, is_superuser=superuser)
-    if operator:
-        user.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
+    groups = [OPERATORS_GROUP] * operator + [ENGINE_ADMINS_GROUP] * engine_admin
+    for name in groups:
+        user.groups.add(Group.objects.get_or_create(name=name)[0])
     return user
 
 

@@ -7,8 +7,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-import psutil
-
+from core import mounts as mount_table
 from protocol.inventory import Filesystem
 
 
@@ -55,23 +54,17 @@ def mount_of(directory: Path, mountpoints: Sequence[str] | None = None) -> str:
     same filesystem, which is how containers usually receive their volumes.
     """
     path = os.path.realpath(_existing(directory))
-    candidates = [
-        mount
-        for mount in (mountpoints if mountpoints is not None else _mountpoints())
-        if path == mount or path.startswith(mount.rstrip("/") + "/")
-    ]
-    if candidates:
-        return max(candidates, key=len)
+    points = mountpoints if mountpoints is not None else _mountpoints()
+    found = mount_table.mount_of(Path(path), [mount_table.Mount(point) for point in points])
+    if found is not None:
+        return found.point
     while not os.path.ismount(path) and path != os.path.dirname(path):
         path = os.path.dirname(path)
     return path
 
 
 def _mountpoints() -> list[str]:
-    try:
-        return [part.mountpoint for part in psutil.disk_partitions(all=True)]
-    except OSError:
-        return []
+    return [mount.point for mount in mount_table.read_mounts()]
 
 
 def _existing(directory: Path) -> Path:

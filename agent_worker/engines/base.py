@@ -13,16 +13,10 @@ from agent_worker.engines.validation import (
     owned_flag_problems,
     parse_rendezvous,
 )
+from protocol.engine_args import COMMON_OWNED_FLAGS
 from protocol.engine_serves import serve_flags, serve_problems, serve_setting_problems
 from protocol.serving import DEFAULT_SERVES
 from protocol.shard import ShardSpec
-
-# Flags every engine's HTTP server takes that llmgw decides for each replica.
-COMMON_OWNED_FLAGS: Mapping[str, str] = {
-    "--host": "llmgw chooses",
-    "--port": "llmgw chooses",
-    "--api-key": "llmgw sets to the replica's own secret, which only the router sends",
-}
 
 
 class EngineAdapter(ABC):

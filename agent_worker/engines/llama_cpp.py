@@ -14,9 +14,10 @@ import os
 from typing import ClassVar
 
 from agent_worker.engines import prebuilt_launcher
-from agent_worker.engines.base import COMMON_OWNED_FLAGS, EngineAdapter, engine_env
+from agent_worker.engines.base import EngineAdapter, engine_env
 from agent_worker.engines.command import LaunchCommand
 from core.gguf import GgufError, block_count
+from protocol.engine_args import COMMON_OWNED_FLAGS
 from protocol.engine_serves import serve_owned_env, serve_owned_flags
 from protocol.shard import ShardSpec
 

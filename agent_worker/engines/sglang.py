@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from agent_worker.engines.base import COMMON_OWNED_FLAGS, EngineAdapter, engine_env
+from agent_worker.engines.base import EngineAdapter, engine_env
 from agent_worker.engines.command import LaunchCommand
+from agent_worker.engines.validation import nccl_node_problems
+from protocol.engine_args import COMMON_OWNED_FLAGS
 from protocol.engine_serves import serve_owned_flags
 from protocol.shard import ShardSpec
 
@@ -48,19 +50,7 @@ class SglangAdapter(EngineAdapter):
     }
 
     def engine_problems(self, spec: ShardSpec) -> list[str]:
-        problems = []
-        if spec.world_size > 1 and not spec.gpus:
-            problems.append(
-                f"SGLang spans nodes over NCCL, which needs GPUs, and rank {spec.rank} "
-                "was given none"
-            )
-        elif spec.world_size > 1 and len(spec.gpus) != spec.tensor_parallel:
-            problems.append(
-                "across nodes each SGLang node runs tensor_parallel GPUs: "
-                f"tensor_parallel is {spec.tensor_parallel} but rank {spec.rank} was given "
-                f"{len(spec.gpus)} GPUs; set tensor_parallel to the GPUs per node"
-            )
-        return problems
+        return nccl_node_problems(spec, "SGLang", "tensor_parallel GPUs")
 
     def commands(self, spec: ShardSpec, binary: str) -> list[LaunchCommand]:
         model = spec.model_path or spec.source

@@ -7,7 +7,7 @@ so whatever can be refused here is refused here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from protocol.shard import ShardSpec
 
@@ -19,6 +19,11 @@ OWNED_ENV: Mapping[str, str] = {
     "NCCL_SOCKET_IFNAME": "llmgw sets it from the fabric's socket_ifname; set that instead",
     "GLOO_SOCKET_IFNAME": "llmgw sets it from the fabric's socket_ifname; set that instead",
 }
+
+# The dynamic loader's own variables: what they name is loaded into the engine, as root.
+# Refused from any profile, whoever signed the command (a control plane can be tampered
+# with), unless this node's own agent file lists them under allow_env:.
+LOADER_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT")
 
 
 def flag_name(arg: str) -> str:
@@ -96,6 +101,16 @@ def owned_env_problems(names: Iterable[object], extra: Mapping[str, str]) -> lis
     ]
 
 
+def loader_env_problems(env: Mapping[str, object], allowed: Collection[str]) -> list[str]:
+    """Refuse the loader's variables (``LOADER_ENV``) that this node's config does not allow."""
+    return [
+        f"env sets {name}, which makes the loader run code in the engine as root; this node "
+        "takes it only if its agent file lists it under allow_env:"
+        for name in LOADER_ENV
+        if name in env and name not in allowed
+    ]
+
+
 def parse_rendezvous(value: str) -> tuple[str, int]:
     """Split ``host:port`` (``[v6]:port`` too) into its parts, or raise ValueError saying why."""
     host, sep, port = value.rpartition(":")
@@ -166,6 +181,25 @@ def gpu_problems(spec: ShardSpec) -> list[str]:
             f"use one of {fits}"
         )
     return problems
+
+
+def nccl_node_problems(spec: ShardSpec, engine: str, each_node_runs: str) -> list[str]:
+    """Return what stops an engine that joins its nodes over NCCL (vLLM, SGLang) from
+    spanning them: every rank needs GPUs, and ``tensor_parallel`` of them, since each node
+    runs one tensor-parallel group (``each_node_runs`` says so in the engine's words)."""
+    if spec.world_size == 1:
+        return []
+    if not spec.gpus:
+        return [
+            f"{engine} spans nodes over NCCL, which needs GPUs, and rank {spec.rank} was given none"
+        ]
+    if len(spec.gpus) != spec.tensor_parallel:
+        return [
+            f"across nodes each {engine} node runs {each_node_runs}: tensor_parallel is "
+            f"{spec.tensor_parallel} but rank {spec.rank} was given {len(spec.gpus)} GPUs; "
+            "set tensor_parallel to the GPUs per node"
+        ]
+    return []
 
 
 def _gpu_list(gpus: Sequence[int]) -> str:

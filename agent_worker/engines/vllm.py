@@ -17,9 +17,10 @@ from __future__ import annotations
 import os
 from typing import ClassVar
 
-from agent_worker.engines.base import COMMON_OWNED_FLAGS, EngineAdapter, engine_env
+from agent_worker.engines.base import EngineAdapter, engine_env
 from agent_worker.engines.command import LaunchCommand
-from agent_worker.engines.validation import parse_rendezvous
+from agent_worker.engines.validation import nccl_node_problems, parse_rendezvous
+from protocol.engine_args import COMMON_OWNED_FLAGS
 from protocol.engine_serves import serve_owned_flags
 from protocol.shard import ShardSpec
 
@@ -58,18 +59,7 @@ class VllmAdapter(EngineAdapter):
     owned_env = {"RAY_ADDRESS": "llmgw points it at the replica's own Ray head"}
 
     def engine_problems(self, spec: ShardSpec) -> list[str]:
-        problems = []
-        if spec.world_size > 1 and not spec.gpus:
-            problems.append(
-                f"vLLM spans nodes over NCCL, which needs GPUs, and rank {spec.rank} was given none"
-            )
-        elif spec.world_size > 1 and len(spec.gpus) != spec.tensor_parallel:
-            problems.append(
-                "across nodes each vLLM node runs one tensor-parallel group: "
-                f"tensor_parallel is {spec.tensor_parallel} but rank {spec.rank} was given "
-                f"{len(spec.gpus)} GPUs; set tensor_parallel to the GPUs per node"
-            )
-        return problems
+        return nccl_node_problems(spec, "vLLM", "one tensor-parallel group")
 
     def commands(self, spec: ShardSpec, binary: str) -> list[LaunchCommand]:
         env = engine_env(spec)

@@ -22,7 +22,7 @@ import httpx
 from agent_worker.weights import outbound
 from agent_worker.weights.names import PARTIAL_SUFFIX
 from agent_worker.weights.sidecar import write_sidecar
-from core.files import fsync_directory
+from core.files import fsync_directory, size_or_zero
 
 log = logging.getLogger("llmgw.agent.weights")
 
@@ -172,11 +172,11 @@ class _Download:
         failures = 0
         while True:
             self._check_abort()
-            before = _size(self.partial)
+            before = size_or_zero(self.partial)
             try:
                 if self._attempt(before):
                     return self._install()
-                problem = f"the body ended at byte {_size(self.partial)} of {self.total}"
+                problem = f"the body ended at byte {size_or_zero(self.partial)} of {self.total}"
             except _Restart as exc:
                 log.warning("fetching %s: %s; starting over", self.source, exc)
                 self.partial.unlink(missing_ok=True)
@@ -189,10 +189,10 @@ class _Download:
             except outbound.OutboundError as exc:
                 self._check_abort()
                 raise WeightFetchError(
-                    f"could not fetch {self.source}: {exc}; {_size(self.partial)} bytes are kept "
-                    "for the next try to resume"
+                    f"could not fetch {self.source}: {exc}; {size_or_zero(self.partial)} bytes "
+                    "are kept for the next try to resume"
                 ) from exc
-            after = _size(self.partial)
+            after = size_or_zero(self.partial)
             # Only breaks that get nowhere count: a flaky link that keeps moving is kept at.
             failures = 1 if after > before else failures + 1
             if failures > settings.attempts:
@@ -233,7 +233,7 @@ class _Download:
                     self.hasher, self.hashed = _hash_file(self.partial), have
                 return True
             self._receive(response, offset)
-        return self.total is None or _size(self.partial) == self.total
+        return self.total is None or size_or_zero(self.partial) == self.total
 
     def _offset(self, response: httpx.Response, have: int) -> int | None:
         """Return where the body starts in the file, or None when the partial is whole."""
@@ -293,7 +293,7 @@ class _Download:
     def _install(self) -> Path:
         target = self.flight.target
         digest = self.hasher.hexdigest()
-        size = _size(self.partial)
+        size = size_or_zero(self.partial)
         expected = self.flight.sha256
         if expected and digest != expected:
             self.partial.unlink(missing_ok=True)
@@ -316,13 +316,6 @@ def _validator(response: httpx.Response) -> str:
     if etag and not etag.startswith("W/"):  # If-Range takes only a strong validator
         return etag
     return response.headers.get("last-modified", "")
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
 
 
 def _hash_file(path: Path) -> hashlib._Hash:

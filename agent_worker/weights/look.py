@@ -2,7 +2,7 @@
 the agent file names to look in (``weights: {look: [...], shared: [...]}``).
 
 A look directory may be a shared filer: a directory declared shared, or one on a network
-filesystem (by ``/proc/mounts``), is reported with a store id, so the control plane counts
+filesystem (by the mount table), is reported with a store id, so the control plane counts
 it once and knows who else sees it. Local storage is never taken for shared.
 """
 
@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.files import size_or_zero
+from core.mounts import MOUNT_TABLE, Mount, mount_of, read_mounts
+
 log = logging.getLogger("llmgw.agent.weights")
 
 NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "cephfs", "ceph", "beegfs", "fuse.cephfs")
@@ -26,18 +29,11 @@ MAX_DEPTH = 3
 class LookDirs:
     look: tuple[Path, ...] = ()
     shared: tuple[Path, ...] = ()  # declared shared (each also looked in)
-    mounts: Path = Path("/proc/mounts")
+    mounts: Path = MOUNT_TABLE
 
     @property
     def all(self) -> tuple[Path, ...]:
         return tuple(dict.fromkeys((*self.look, *self.shared)))
-
-
-@dataclass(frozen=True)
-class Mount:
-    point: str
-    source: str
-    fstype: str
 
 
 def list_look_dirs(dirs: LookDirs) -> list[dict[str, Any]]:
@@ -67,32 +63,6 @@ def store_of(directory: Path, dirs: LookDirs, mounts: Sequence[Mount]) -> str:
     return ""
 
 
-def read_mounts(path: Path) -> list[Mount]:
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    mounts = []
-    for line in lines:
-        fields = line.split()
-        if len(fields) >= 3:
-            # /proc/mounts escapes spaces in paths as \040.
-            point = fields[1].replace("\\040", " ")
-            mounts.append(Mount(point=point, source=fields[0], fstype=fields[2]))
-    return mounts
-
-
-def mount_of(path: Path, mounts: Sequence[Mount]) -> Mount | None:
-    """The mount ``path`` lies on: the longest mount point above it."""
-    best = None
-    for mount in mounts:
-        if path.is_relative_to(mount.point) and (
-            best is None or len(mount.point) > len(best.point)
-        ):
-            best = mount
-    return best
-
-
 def holds_a_model(directory: Path) -> bool:
     """Say whether ``directory`` is, or holds, a model by the rule of ``models_under``."""
     return bool(models_under(directory))
@@ -111,12 +81,12 @@ def models_under(top: Path) -> list[tuple[Path, int]]:
         if len(here.relative_to(top).parts) >= MAX_DEPTH:
             dirs[:] = []
         if is_model_directory(files):
-            found.append((here, sum(_size(here / name) for name in files)))
+            found.append((here, sum(size_or_zero(here / name) for name in files)))
             dirs[:] = []  # a model directory is one model
             continue
         for name in sorted(files):
             if name.endswith(".gguf") and not name.startswith("."):
-                found.append((here / name, _size(here / name)))
+                found.append((here / name, size_or_zero(here / name)))
     return [(path, size) for path, size in found if size]
 
 
@@ -124,10 +94,3 @@ def is_model_directory(files: Iterable[str]) -> bool:
     """A directory whose files include a config.json and at least one .safetensors."""
     names = set(files)
     return "config.json" in names and any(name.endswith(".safetensors") for name in names)
-
-
-def _size(path: Path) -> int:
-    try:
-        return os.stat(path, follow_symlinks=True).st_size
-    except OSError:
-        return 0

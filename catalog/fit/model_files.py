@@ -3,7 +3,7 @@ safetensors directory's ``config.json`` and the files' sizes; for a URL the firs
 of the file (a ranged GET), for a hub id the repository's ``config.json`` and file list.
 
 Local reads are quick (a header, a few stats); the downloads are for a Celery task
-(``catalog.fit.tasks``), never a request. Every failure is a ``ModelFileError`` naming the source.
+(``catalog.tasks``), never a request. Every failure is a ``ModelFileError`` naming the source.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import httpx
 from django.conf import settings
 
 from catalog.fit.estimate import ModelShape
-from catalog.schema import HUB_ID
 from core.gguf import GgufError, GgufHeader, GgufIncomplete, read_header, read_header_bytes
 from core.http import outbound_client
+from protocol.sources import HUB_ID
 
 # A GGUF header is the tokenizer's tables and one line per tensor: a few MiB for most
 # models; fetch this much first, then twice as much until the header ends, up to the cap.

@@ -12,12 +12,13 @@ from datetime import datetime
 from django.db import transaction
 
 from audit.actors import Actor
-from audit.events import record_event
+from audit.events import record_event, record_events
 from audit.models import EventKind
 from catalog.models import Pool
 from core.humanize import no_such
 from fleet import commands
 from fleet.models import Node
+from protocol.engines import WantedEngine
 
 log = logging.getLogger("llmgw.fleet.actions")
 
@@ -81,11 +82,23 @@ def set_node_pool(node_id: str, pool: str, *, actor: Actor) -> bool:
     return True
 
 
-def mark_engines_told(node_ids: list[str], digest: str, now: datetime, *, actor: Actor) -> None:
-    """Note that ``node_ids`` were sent the engine list ``digest`` at ``now``, so each is
-    told again only when that list changes, the node links again, or the list is due anew.
+def mark_engines_told(
+    node_ids: list[str], engines: list[WantedEngine], digest: str, now: datetime, *,
+    actor: Actor,
+) -> None:  # fmt: skip
+    """Note that ``node_ids`` were sent the engine list ``engines`` (``digest``) at ``now``,
+    so each is told again only when that list changes, the node links again, or the list
+    is due anew.
 
-    Bookkeeping, not a decision: no Event. One UPDATE for all of them.
+    The nodes told a list they had not been told record it; a list told again (every ten
+    minutes, or at a new link) records nothing. A read, one UPDATE and one INSERT for
+    all of them, however many.
     """
-    if node_ids:
-        Node.objects.filter(id__in=node_ids).update(engines_told=digest, engines_told_at=now)
+    if not node_ids:
+        return
+    with transaction.atomic():
+        told = Node.objects.filter(id__in=node_ids)
+        news = list(told.exclude(engines_told=digest).values_list("id", flat=True))
+        told.update(engines_told=digest, engines_told_at=now)
+        wanted = ", ".join(f"{engine.name} {engine.version}" for engine in engines) or "none"
+        record_events(EventKind.NODE, news, f"told to have engines: {wanted}", actor=actor)

@@ -1,6 +1,8 @@
 """Verbs on replicas: create one for a profile, start it where placement chose, note why it
-cannot be placed, drain it out of the routing table, stop it, restart it (stop, and let the
-reconciler start a fresh one with the profile's current settings).
+cannot be placed, fail one that did not start in time, drain it out of the routing table,
+stop it, finish its stop, restart it (stop, and let the reconciler start a fresh one with
+the profile's current settings), and say why one on a lost node is kept or how a
+profile's rolling restart stands.
 
 Each says what it did (the replica, or whether it changed anything) and leaves counting
 to its caller: the reconciler's report is the reconciler's.
@@ -17,12 +19,12 @@ from django.utils import timezone
 
 from audit import notices
 from audit.actors import Actor
-from audit.events import record_event
+from audit.events import record_event, record_news
 from audit.models import EventKind
 from catalog.models import Profile, newest_engine_versions
 from fleet import commands
 from fleet.models import Node, Replica, ReplicaState, Shard, ShardState, replica_secret
-from fleet.reconcile.shard_specs import allocate_port, meeting_points, shard_spec, version_on_nodes
+from fleet.planning.shard_specs import allocate_port, meeting_points, shard_spec, version_on_nodes
 from fleet.transitions import transition
 from placement import Decision
 
@@ -114,6 +116,15 @@ def note_unplaceable(replica: Replica, decision: Decision, *, actor: Actor) -> b
     return False
 
 
+def fail_replica(replica_id, reason: str, *, actor: Actor) -> bool:
+    """Mark a starting or ready replica failed for ``reason`` (a start that outlived its
+    profile's startup timeout, say); its replacement waits out the crash loop's backoff.
+    False when it had moved on meanwhile."""
+    failed = transition(Replica, replica_id, ReplicaState.FAILED, reason, actor=actor,
+                        reasons=[reason])  # fmt: skip
+    return failed is not None
+
+
 def drain_replica(
     replica: Replica, now: datetime, profile: Profile, because: str, *, actor: Actor
 ) -> bool:
@@ -160,6 +171,14 @@ def stop_replica(replica: Replica, reason: str, *, actor: Actor, epoch: int | No
     return True
 
 
+def finish_stop(replica_id, *, actor: Actor) -> bool:
+    """Mark a stopping replica stopped: none of its shards can still be running. False when
+    it was not stopping."""
+    stopped = transition(Replica, replica_id, ReplicaState.STOPPED, "every shard has stopped",
+                         actor=actor)  # fmt: skip
+    return stopped is not None
+
+
 def restart_replica(replica_id, *, actor: Actor) -> bool:
     """Mark a replica for replacement: it stops, and the reconciler starts a fresh one.
 
@@ -170,3 +189,16 @@ def restart_replica(replica_id, *, actor: Actor) -> bool:
         replica = Replica.objects.filter(id=replica_id).first()
         # Stopping tells the nodes to stop the engines; the reconciler replaces it.
         return replica is not None and stop_replica(replica, "restart requested", actor=actor)
+
+
+def note_replica_kept(replica_id, why: str, *, actor: Actor) -> bool:
+    """Say why a replica on a lost node keeps its place (no other node can take it, or it
+    serves until its replacement is ready): once, not at every pass. False when that was
+    already the last thing said of it."""
+    return record_news(EventKind.REPLICA, str(replica_id), why, actor=actor) is not None
+
+
+def note_rollout(profile: Profile, news: str, *, actor: Actor) -> bool:
+    """Say how ``profile``'s rolling restart stands (what it waits for, or that it is
+    over): once, not at every pass. False when that was already the last thing said."""
+    return record_news(EventKind.CATALOG, str(profile), news, actor=actor) is not None

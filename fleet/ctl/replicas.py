@@ -4,7 +4,7 @@ why any cannot, and its rolling restarts."""
 from __future__ import annotations
 
 from audit.actors import shell_operator
-from catalog.actions import pause_rollout, resume_rollout
+from catalog.actions.profiles import pause_rollout, resume_rollout
 from core.tables import render_json, render_table
 from fleet.ctl.common import ago, known_model
 from fleet.models import ReplicaState, engine_label

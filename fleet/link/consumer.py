@@ -22,7 +22,7 @@ from django.conf import settings
 
 from audit.actors import AGENT_LINK
 from fleet import leadership
-from fleet.actions import reports
+from fleet.actions import reports, shard_reports
 from fleet.link.heartbeats import batcher
 from fleet.pki.authority import PkiError
 from fleet.pki.tokens import node_token, verify_node_token
@@ -154,9 +154,9 @@ class AgentConsumer(AsyncWebsocketConsumer):
         elif isinstance(message, messages.Heartbeat):
             batcher.record(self.node_id, message.usage.model_dump(mode="json"))
         elif isinstance(message, messages.ShardStatus):
-            await _report(reports.record_shard_status, self.node_id, message)
+            await _report(shard_reports.record_shard_status, self.node_id, message)
         elif isinstance(message, messages.ShardProgress):
-            await _report(reports.record_shard_progress, self.node_id, message)
+            await _report(shard_reports.record_shard_progress, self.node_id, message)
         elif isinstance(message, messages.Engines):
             await _report(reports.update_engines, self.node_id, message)
         elif isinstance(message, messages.Weights):

@@ -18,9 +18,9 @@ from django.utils import timezone
 from audit import notices
 from audit.actors import AGENT_LINK
 from fleet import history
+from fleet.actions.liveness import revive_node
 from fleet.actions.reports import record_qualifications_gained
 from fleet.models import Node, NodeState, known_memory, ram_gained
-from fleet.transitions import transition
 
 log = logging.getLogger("llmgw.fleet.link.heartbeats")
 
@@ -104,7 +104,7 @@ def write_heartbeats(batch: dict[str, tuple[datetime, dict]]) -> None:
     notices.usage_changed(batch.keys())
     # A heartbeat from an unreachable or lost node brings it back (rare; per node).
     for node_id in silent:
-        transition(Node, node_id, NodeState.CONNECTED, "heartbeat received again", actor=AGENT_LINK)
+        revive_node(node_id, actor=AGENT_LINK)
 
 
 batcher = HeartbeatBatcher()

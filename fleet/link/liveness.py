@@ -21,8 +21,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.actors import LIVENESS
+from fleet.actions.liveness import mark_node_lost, mark_node_unreachable
 from fleet.models import Node, NodeState
-from fleet.transitions import transition
 
 log = logging.getLogger("llmgw.fleet.link.liveness")
 
@@ -69,10 +69,10 @@ def check_liveness(
             silence = node.silence(now)
             reason = f"no heartbeat for {int(silence.total_seconds()) if silence else 0}s"
             if liveness == NodeState.LOST and not in_grace:
-                if transition(Node, node_id, NodeState.LOST, reason, actor=LIVENESS):
+                if mark_node_lost(node_id, reason, actor=LIVENESS):
                     report.lost.append(node_id)
-            elif node.state == NodeState.CONNECTED and transition(
-                Node, node_id, NodeState.UNREACHABLE, reason, actor=LIVENESS
+            elif node.state == NodeState.CONNECTED and mark_node_unreachable(
+                node_id, reason, actor=LIVENESS
             ):
                 report.unreachable.append(node_id)
     return report

@@ -24,7 +24,8 @@ from django.shortcuts import redirect
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from catalog.actions import delete_entry, scale_profile
+from catalog.actions.entries import delete_entry
+from catalog.actions.profiles import scale_profile
 from catalog.models import Model, Profile
 from catalog.permissions import is_operator
 from fleet.actions.nodes import drain_node, undrain_node

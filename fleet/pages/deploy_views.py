@@ -1,9 +1,9 @@
 """Deploying from the browser: the new-model page, a profile's edit page and deleting a model.
 
-Operators only. "Plan" shows what the change would do now (``fleet.deploy_plan``) and
+Operators only. "Plan" shows what the change would do now (``fleet.planning.deploy``) and
 changes nothing; deploying, or saving an edit that replaces running replicas, is done only
 for the entry that was planned (its digest comes back with the form), so what is applied
-is what the operator saw. Every change goes through ``catalog.actions.apply_model``, whose
+is what the operator saw. Every change goes through ``catalog.actions.entries.apply_model``, whose
 Event names the operator; deleting a model is a button (``action_views.delete_model``).
 """
 
@@ -12,12 +12,12 @@ from __future__ import annotations
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
-from catalog.actions import apply_model
+from catalog.actions.entries import apply_model
 from catalog.models import Profile
 from catalog.schema import CatalogError
-from fleet.deploy_plan import ModelPlan, plan_model
 from fleet.pages.action_views import operator_page
 from fleet.pages.deploy_form import EditProfileForm, NewModelForm
+from fleet.planning.deploy import ModelPlan, plan_model
 
 # What a deploy whose form changed after its plan is told.
 REPLANNED = "The form changed after it was planned: check this plan, then deploy it."

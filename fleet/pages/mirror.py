@@ -11,7 +11,7 @@ from django.utils import timezone
 from catalog.models import Model
 from core.humanize import format_bytes
 from fleet.models import Node, Shard, ShardState
-from fleet.reconcile.snapshot import node_snapshots, placement_request
+from fleet.planning.snapshot import node_snapshots, placement_request
 from fleet.selectors import progress_line
 from fleet.weights_map import weights_map
 from placement.filters import engine_installed, node_connected, ram_free

@@ -24,9 +24,8 @@ from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from audit.actors import SIGN_IN_THROTTLE
-from audit.events import record_event
-from audit.models import EventKind
 from audit.redis import redis_client
+from fleet.actions.sign_ins import record_lockout
 
 log = logging.getLogger("llmgw.fleet.pages.sign_in")
 
@@ -108,13 +107,7 @@ def note_failure(username: str, address: str) -> Lockout | None:
         log.warning("sign-in throttling is off: cannot count a failure (%s)", exc)
         return None
     lockout = Lockout(username, address, started + window)
-    record_event(
-        EventKind.SIGN_IN,
-        username,
-        f"locked out from {address} for {_minutes(window)} after {failures} failed sign-ins",
-        to_state="locked",
-        actor=SIGN_IN_THROTTLE,
-    )
+    record_lockout(username, address, failures, _minutes(window), actor=SIGN_IN_THROTTLE)
     return lockout
 
 

@@ -99,7 +99,7 @@ def autoscale_profiles(
 ) -> list[str]:
     """Set each autoscaled profile's wanted count from the routers' reports; return why
     each count changed. Without reports (Redis unreadable) demand is unknown: no change."""
-    from catalog.actions import mark_low_demand_since, scale_profile
+    from catalog.actions.profiles import mark_low_demand_since, scale_profile
     from catalog.models import Profile
 
     profiles = list(Profile.objects.exclude(autoscale=None).select_related("model"))

@@ -18,8 +18,7 @@ import logging
 from datetime import datetime
 
 from audit.actors import RECONCILER
-from catalog.default_engines import default_engines
-from catalog.models import Engine
+from catalog.models import Engine, default_engines
 from fleet import commands
 from fleet.actions.nodes import mark_engines_told
 from fleet.models import Node, NodeState
@@ -64,7 +63,7 @@ def tell_nodes_their_engines(now: datetime) -> list[str]:
     except Exception as exc:
         # The broker is away: those not told are told by a later pass (nothing marks them).
         log.warning("could not tell %d node(s) their engines: %s", len(due) - len(told), exc)
-    mark_engines_told(told, digest, now, actor=RECONCILER)
+    mark_engines_told(told, engines, digest, now, actor=RECONCILER)
     return told
 
 

@@ -18,27 +18,27 @@ from django.db.models import Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from audit.actors import RECONCILER
-from audit.events import record_news
-from audit.models import EventKind
 from catalog.models import Profile, newest_engine_versions
 from core.collector import collecting_less
 from fleet.actions.replicas import (
     create_replica,
     drain_replica,
+    fail_replica,
+    finish_stop,
+    note_replica_kept,
     note_unplaceable,
     start_replica,
     stop_replica,
 )
-from fleet.actions.reports import refresh_replica_state
+from fleet.actions.shard_reports import refresh_replica_state
 from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardState
+from fleet.planning.backoff import replacement_backoffs
+from fleet.planning.snapshot import node_snapshots, placement_request
 from fleet.reconcile.autoscale import autoscale_profiles
-from fleet.reconcile.backoff import replacement_backoffs
 from fleet.reconcile.engines import tell_nodes_their_engines
 from fleet.reconcile.report import ReconcileReport
 from fleet.reconcile.rollout import drain_verdict, reports_once, roll_stale
-from fleet.reconcile.snapshot import node_snapshots, placement_request
 from fleet.routing_table import read_inflight_reports
-from fleet.transitions import transition
 from placement import place_batch
 
 log = logging.getLogger("llmgw.reconciler")
@@ -182,7 +182,7 @@ def retire_from_bad_nodes(
         if replica.id in nowhere:
             kept = f"node {node_id} is lost; kept, since no other node can take it"
             news = f"{kept}: {nowhere[replica.id]}"
-            record_news(EventKind.REPLICA, str(replica.id), news, actor=RECONCILER)
+            note_replica_kept(replica.id, news, actor=RECONCILER)
             continue
         elsewhere = f"node {node_id} is {bad[node_id]}; placing the replica elsewhere"
         _stop(replica, elsewhere, report, epoch)
@@ -210,7 +210,7 @@ def _retire_once_replaced(
             report.draining.append(str(replica.id))
     else:
         serving = f"{lost}; serving until its replacement is ready"
-        record_news(EventKind.REPLICA, str(replica.id), serving, actor=RECONCILER)
+        note_replica_kept(replica.id, serving, actor=RECONCILER)
 
 
 def fail_slow_starts(now: datetime, report: ReconcileReport) -> None:
@@ -229,13 +229,12 @@ def fail_slow_starts(now: datetime, report: ReconcileReport) -> None:
         timeout = replica.profile.startup_timeout if replica.profile else 600
         if replica.starting_since and now - replica.starting_since > timedelta(seconds=timeout):
             reason = f"not ready within the profile's startup timeout of {timeout}s"
-            if transition(Replica, replica.id, ReplicaState.FAILED, reason, actor=RECONCILER,
-                          reasons=[reason]):  # fmt: skip
+            if fail_replica(replica.id, reason, actor=RECONCILER):
                 report.failed.append(str(replica.id))
 
 
 def retire_failed(now: datetime, report: ReconcileReport, epoch: int | None = None) -> None:
-    """A failed replica is stopped after its backoff (``fleet.reconcile.backoff``); scale() then
+    """A failed replica is stopped after its backoff (``fleet.planning.backoff``); scale() then
     creates its replacement."""
     failed = list(
         Replica.objects.filter(state=ReplicaState.FAILED).select_related("profile__model")
@@ -351,8 +350,7 @@ def finish_stops(report: ReconcileReport) -> None:
         ]
         if pending:
             continue
-        if transition(Replica, replica.id, ReplicaState.STOPPED, "every shard has stopped",
-                      actor=RECONCILER):  # fmt: skip
+        if finish_stop(replica.id, actor=RECONCILER):
             report.stopped.append(str(replica.id))
 
 

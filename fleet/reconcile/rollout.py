@@ -20,10 +20,8 @@ from typing import Any
 from django.db import transaction
 
 from audit.actors import RECONCILER
-from audit.events import record_news
-from audit.models import EventKind
 from catalog.models import Profile, newest_engine_versions
-from fleet.actions.replicas import create_replica, drain_replica, stop_replica
+from fleet.actions.replicas import create_replica, drain_replica, note_rollout, stop_replica
 from fleet.models import Replica, ReplicaState
 from fleet.reconcile.report import ReconcileReport
 from fleet.routing_table import read_inflight_reports
@@ -117,11 +115,10 @@ def roll_stale(now: datetime, report: ReconcileReport, epoch: int | None = None)
             _drain(rollout, now, report)
             waiting = rollout.waiting()
             if waiting:
-                record_news(EventKind.CATALOG, str(rollout.profile), waiting, actor=RECONCILER)
+                note_rollout(rollout.profile, waiting, actor=RECONCILER)
         if stopped and not rollout.rolling:
-            record_news(
-                EventKind.CATALOG,
-                str(rollout.profile),
+            note_rollout(
+                rollout.profile,
                 f"rollout finished: every replica of {rollout.profile} runs its current "
                 f"settings (fingerprint {rollout.fingerprint})",
                 actor=RECONCILER,

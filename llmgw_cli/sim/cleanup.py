@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 
+from core.mounts import read_mounts
 from llmgw_cli.sim import impair, network
 
 UTS_DIR = f"{network.PREFIX}-uts"  # under the state directory: one file per host
@@ -72,12 +73,7 @@ def _alive(pids: list[int]) -> list[int]:
 
 def uts_mounts() -> list[str]:
     """Mount points of the sims' UTS namespaces, in this mount namespace."""
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4].replace("\\040", " ")
-        if f"/{UTS_DIR}/" in point:
-            points.append(point)
-    return points
+    return [mount.point for mount in read_mounts() if f"/{UTS_DIR}/" in mount.point]
 
 
 def remove_network() -> None:

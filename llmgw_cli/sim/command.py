@@ -64,9 +64,10 @@ def main(argv: list[str]) -> int:
 
 def on_link(options: argparse.Namespace) -> None:
     """cut, heal, impair or unimpair one host's link, by its name in the running sim."""
-    from llmgw_cli.sim import fleet, impair
+    from llmgw_cli.sim import impair
+    from llmgw_cli.sim.state import Fleet, state_dir
 
-    state = fleet.Fleet.load(fleet.state_dir())
+    state = Fleet.load(state_dir())
     if state is None or not network.our_namespaces():
         raise network.SimError("no simulated fleet here: llmgw sim up --nodes N starts one")
     host = state.host(options.host).name  # an unknown name is refused, naming the hosts
@@ -83,16 +84,16 @@ def on_link(options: argparse.Namespace) -> None:
 
 def exec_on_host(host: str, argv: list[str]) -> int:
     """Replace this process with ``argv`` on ``host``, in that host's environment."""
-    from llmgw_cli.sim import fleet
+    from llmgw_cli.sim.state import REPO, Fleet, state_dir
 
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
         raise network.SimError("nothing to run: llmgw sim exec HOST -- COMMAND …")
-    state = fleet.Fleet.load(fleet.state_dir())
+    state = Fleet.load(state_dir())
     if state is None:
         raise network.SimError("no simulated fleet here: llmgw sim up --nodes N starts one")
     command = state.command(host, argv)
-    os.chdir(fleet.REPO)
+    os.chdir(REPO)
     os.execvpe(command[0], command, state.env.get(host, dict(os.environ)))  # noqa: S606 (argv, no shell)
     return 127  # not reached

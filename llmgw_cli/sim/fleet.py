@@ -1,143 +1,32 @@
-"""Bring the simulated fleet up and down, and find it again from another process.
+"""Bring the simulated fleet up and down, and say how it stands.
 
 Everything lives under the state directory (``$LLMGW_HOME/sim``): the services' data,
 the control planes' home and CA, one bundle, agent directory and weights directory per
-node, every process's log, and ``state.json`` recording hosts, pids and environments so
-that ``sim down``, ``sim exec`` and a later ``sim up`` find what this one made.
+node, every process's log, and ``state.json`` (``state``) recording hosts, pids and
+environments so that ``sim down``, ``sim exec`` and a later ``sim up`` find what this one
+made. Waiting for each part to come up is ``probes``'.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-import psutil
-
-from core.env import llmgw_home
-from core.files import write_atomically
 from core.secret_files import ensure_private_dir
 from llmgw_cli.demo import demo_catalog
 from llmgw_cli.local_engine import local_engines
 from llmgw_cli.sim import cleanup, fabric, hosts, impair, network, services
 from llmgw_cli.sim.hosts import Host
+from llmgw_cli.sim.probes import START_TIMEOUT, leads, listening, node_rows, wait_for
+from llmgw_cli.sim.state import Fleet, state_dir
 
-REPO = Path(__file__).resolve().parents[2]
-STATE_FILE = "state.json"
 NETWORK = "198.18.0.0"
-START_TIMEOUT = 120  # seconds for any one thing to come up, on a busy 2-core machine
-LEASE_KEY = "llmgw:leader"
-
-
-def state_dir() -> Path:
-    return llmgw_home() / "sim"
-
-
-@dataclass
-class Fleet:
-    """What ``state.json`` records: the hosts, the processes, each host's environment."""
-
-    directory: Path
-    hosts: list[Host]
-    processes: list[dict] = field(default_factory=list)  # host, name, pid, started, log
-    env: dict[str, dict[str, str]] = field(default_factory=dict)
-    router_url: str = ""
-
-    def host(self, name: str) -> Host:
-        for host in self.hosts:
-            if host.name == name:
-                return host
-        names = ", ".join(h.name for h in self.hosts)
-        raise network.SimError(f"no simulated host {name!r}; the hosts are {names}")
-
-    def uts_file(self, name: str) -> Path:
-        return self.directory / cleanup.UTS_DIR / name
-
-    def command(self, name: str, argv: list[str]) -> list[str]:
-        """``argv`` as run on host ``name``."""
-        return network.host_command(self.host(name).name, self.uts_file(name), argv)
-
-    @property
-    def nodes(self) -> list[Host]:
-        return [h for h in self.hosts if h.role == "node"]
-
-    def save(self) -> None:
-        data = {
-            "hosts": [asdict(h) for h in self.hosts],
-            "processes": self.processes,
-            "env": self.env,
-            "router_url": self.router_url,
-        }
-        write_atomically(self.directory / STATE_FILE, json.dumps(data, indent=2) + "\n")
-        (self.directory / STATE_FILE).chmod(0o600)  # the environments carry passwords
-
-    @classmethod
-    def load(cls, directory: Path) -> Fleet | None:
-        try:
-            data = json.loads((directory / STATE_FILE).read_text())
-        except (OSError, ValueError):
-            return None
-        return cls(
-            directory,
-            [Host(**h) for h in data["hosts"]],
-            data.get("processes", []),
-            data.get("env", {}),
-            data.get("router_url", ""),
-        )
-
-    def start(self, host: str, name: str, argv: list[str]) -> subprocess.Popen:
-        """Start ``argv`` on ``host`` in a session of its own, logging under logs/."""
-        log_path = self.directory / "logs" / f"{host}-{name}.log"
-        with log_path.open("ab") as log:
-            popen = subprocess.Popen(
-                self.command(host, argv), env=self.env[host], cwd=REPO, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        self.record(host, name, popen.pid, log_path, argv)
-        return popen
-
-    def restart(self, host: str, name: str) -> subprocess.Popen:
-        """Start ``name`` on ``host`` again as it was started last (after a kill)."""
-        for process in reversed(self.processes):
-            if (process["host"], process["name"]) == (host, name) and process.get("argv"):
-                return self.start(host, name, process["argv"])
-        raise network.SimError(f"no process {name!r} was started on {host}")
-
-    def record(
-        self, host: str, name: str, pid: int, log_path: Path, argv: list[str] | None = None
-    ) -> None:
-        started = psutil.Process(pid).create_time()
-        self.processes.append(
-            {"host": host, "name": name, "pid": pid, "started": started, "log": str(log_path),
-             "argv": argv or []}
-        )  # fmt: skip
-        self.save()
-
-    def run(self, host: str, argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-        """Run ``argv`` to its end on ``host``, in that host's environment."""
-        return subprocess.run(
-            self.command(host, argv), env=self.env[host], cwd=REPO, capture_output=True,
-            text=True, timeout=timeout, check=False,
-        )  # fmt: skip
-
-    def pid(self, host: str, name: str) -> int:
-        """The pid of the latest ``name`` process started on ``host`` (to kill or stop it)."""
-        for process in reversed(self.processes):
-            if (process["host"], process["name"]) == (host, name):
-                return process["pid"]
-        raise network.SimError(f"no process {name!r} was started on {host}")
-
-    def recorded_pids(self) -> list[tuple[int, float]]:
-        return [(p["pid"], p["started"]) for p in self.processes]
 
 
 # Environments
@@ -187,70 +76,6 @@ def agent_env(directory: Path, node: Host) -> dict[str, str]:
         "LLMGW_ENGINES": local_engines(),
         "PYTHONUNBUFFERED": "1",
     }
-
-
-# Waiting
-
-
-def wait_for(condition: Callable[[], object], what: str, timeout: float = START_TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = condition()
-        except Exception:  # not up yet: refused, unreachable, a table not migrated
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise network.SimError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
-
-
-def listening(host: Host, port: int) -> bool:
-    def connect() -> bool:
-        with socket.socket() as sock:
-            sock.settimeout(1)
-            return sock.connect_ex((host.address, port)) == 0
-
-    return network.in_host(host.name, connect)
-
-
-def leader(fleet: Fleet) -> str:
-    """The control plane holding the lease, as seen from the services host."""
-    import redis
-
-    def read() -> str:
-        conn = redis.Redis.from_url(fleet.env[hosts.SERVICES]["REDIS_URL"], socket_timeout=2)
-        raw = conn.get(LEASE_KEY)
-        holder = raw.decode() if isinstance(raw, bytes) else str(raw or "")
-        return holder.rpartition("|")[0]  # "ws://cp1:8000|EPOCH"
-
-    return network.in_host(hosts.SERVICES, read)
-
-
-def node_rows(fleet: Fleet) -> list[tuple[str, str, str]]:
-    """(id, state, address) of every node the database knows, read on the services host."""
-    import psycopg
-
-    def read() -> list[tuple[str, str, str]]:
-        url = fleet.env[hosts.SERVICES]["DATABASE_URL"]
-        with psycopg.connect(url, connect_timeout=2) as conn:
-            return conn.execute("SELECT id, state, address FROM fleet_node ORDER BY id").fetchall()
-
-    return network.in_host(hosts.SERVICES, read)
-
-
-def node_fabrics(fleet: Fleet) -> dict[str, list[str]]:
-    """Each node's fabrics as its last register reported them."""
-    import psycopg
-
-    def read() -> dict[str, list[str]]:
-        url = fleet.env[hosts.SERVICES]["DATABASE_URL"]
-        with psycopg.connect(url, connect_timeout=2) as conn:
-            rows = conn.execute("SELECT id, inventory FROM fleet_node ORDER BY id").fetchall()
-        return {node: [f["name"] for f in (inv or {}).get("fabrics", [])] for node, inv in rows}
-
-    return network.in_host(hosts.SERVICES, read)
 
 
 # Up, down
@@ -326,7 +151,7 @@ def start_services(fleet: Fleet, tuning: Tuning) -> None:
             fleet.env[other.name] = {**env, **tuning.control_env}
         else:
             fleet.env[other.name] = {**agent_env(fleet.directory, other), **tuning.agent_env}
-    fleet.save()
+    fleet.write()
     network.run(*fleet.command(host.name, services.postgres_command(home, host.address)))
     pid = int((home / "postgres" / "postmaster.pid").read_text().split("\n", 1)[0])
     fleet.record(host.name, "postgres", pid, home / "postgres" / "log")
@@ -372,15 +197,11 @@ def start_control_planes(fleet: Fleet) -> None:
             wait_for(partial(leads, fleet, name), f"{name} to take the leader's lease")
 
 
-def leads(fleet: Fleet, name: str) -> bool:
-    return leader(fleet) == f"ws://{name}:{hosts.CONTROL_PORT}"
-
-
 def start_router(fleet: Fleet) -> None:
     host = fleet.host(hosts.ROUTER)
     fleet.start(host.name, "router", hosts.router_command(host))
     fleet.router_url = f"http://{host.address}:{hosts.ROUTER_PORT}"
-    fleet.save()
+    fleet.write()
     say(f"router: {fleet.router_url}/v1")
     wait_for(lambda: listening(host, hosts.ROUTER_PORT), "the router")
 
@@ -427,7 +248,7 @@ def down(directory: Path | None = None, quiet: bool = False) -> None:
     cleanup.remove_everything(recorded)
     if fleet is not None:
         fleet.processes = []
-        fleet.save()
+        fleet.write()
 
 
 def stop_postgres_quietly(home: Path) -> None:

@@ -108,3 +108,12 @@ def test_infiniband_sysfs_root_comes_from_the_file_and_the_environment(tmp_path)
     assert str(loaded.infiniband_root) == "/x/ib"
     with pytest.raises(AgentConfigError, match="infiniband_root: 'fake-ib' is not an absolute"):
         config(tmp_path, "infiniband_root: fake-ib\n")
+
+
+def test_the_loader_variables_a_node_allows_come_from_the_file_and_the_environment(tmp_path):
+    assert config(tmp_path).allow_env == ()  # none unless the node's owner says so
+    assert config(tmp_path, "allow_env: [LD_LIBRARY_PATH]\n").allow_env == ("LD_LIBRARY_PATH",)
+    loaded = config(tmp_path, "allow_env: [LD_LIBRARY_PATH]\n", LLMGW_AGENT_ALLOW_ENV="LD_AUDIT, ")
+    assert loaded.allow_env == ("LD_AUDIT",)
+    with pytest.raises(AgentConfigError, match="allow_env: must be a list of names"):
+        config(tmp_path, "allow_env: LD_PRELOAD\n")

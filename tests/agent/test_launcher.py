@@ -103,6 +103,27 @@ def test_a_refused_profile_fails_at_once_naming_every_problem(node):
     assert "model file /nowhere/model.gguf is not on this node" in failed.reason
 
 
+@pytest.mark.parametrize("name", ["LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT"])
+def test_a_loader_variable_is_refused_whoever_signed_the_command(node, name):
+    # The control plane lets only engine admins set these; a node does not take its word.
+    launcher, transitions, _progress, _engines = node
+    spec = spec_for("/nowhere/model.gguf", free_port(), env={name: "/w/evil.so"})
+    assert launcher.start(spec) == "failed"
+    [failed] = transitions
+    assert f"env sets {name}, which makes the loader run code in the engine as root" in (
+        failed.reason
+    )
+    assert "lists it under allow_env:" in failed.reason
+
+
+def test_a_loader_variable_this_nodes_config_allows_is_taken(node):
+    launcher, transitions, _progress, _engines = node
+    launcher.allowed_env = ("LD_LIBRARY_PATH",)
+    spec = spec_for("/nowhere/model.gguf", free_port(), env={"LD_LIBRARY_PATH": "/opt/cuda"})
+    assert launcher.start(spec) == "failed"  # for its missing file alone
+    assert "LD_LIBRARY_PATH" not in transitions[0].reason, transitions[0].reason
+
+
 def test_an_unusable_source_is_refused(node):
     launcher, transitions, _progress, _engines = node
     assert launcher.start(spec_for("ftp://example.com/model.gguf", free_port())) == "failed"

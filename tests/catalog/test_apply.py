@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from catalog.actions import apply_catalog, delete_entry
+from catalog.actions.entries import apply_catalog, delete_entry
 from catalog.models import Engine, Model, Pool, Profile
 from catalog.plan import export_catalog
 from catalog.schema import CatalogError
@@ -104,6 +104,12 @@ def entry(path, value):
 
 PROFILE = ("models", 0, "profiles", 0)
 REFUSALS = [
+    pytest.param(
+        entry((*PROFILE, "args"), ["--host", "0.0.0.0"]),
+        "catalog.yaml: models[0] (gemma-3-270m): profiles[0] (cpu): args sets --host, which "
+        "llmgw chooses; remove it",
+        id="owned-flag",
+    ),
     pytest.param(
         entry((*PROFILE, "engine"), "llamacpp"),
         "catalog.yaml: models[0] (gemma-3-270m): profiles[0] (cpu): engine: unknown engine "
@@ -233,3 +239,58 @@ def test_an_engine_build_a_node_could_not_use_is_refused_naming_the_field(engine
     assert any(problem in p for p in refused.value.problems), refused.value.problems
     if engine == "llama.cpp":
         assert any("builds" in p for p in refused.value.problems), refused.value.problems
+
+
+ENGINE_NAMES = """
+engines:
+  - name: llama.cpp
+    version: "{version}"
+    builds:
+      - name: "{build}"
+        url: https://example.org/b.tar.gz
+        sha256: "{sha}"
+"""
+
+
+@pytest.mark.parametrize(
+    ("version", "build", "problem"),
+    [
+        ("b1/../x", "b", "engines[0] (llama.cpp): version: version 'b1/../x' is not usable"),
+        ("..", "b", "engines[0] (llama.cpp): version: version '..' is not usable"),
+        ("b1", "../b", "builds[0] (../b): name: build name '../b' is not usable"),
+    ],
+    ids=["version-climbs", "version-dotdot", "build-climbs"],
+)
+def test_an_engine_version_or_build_that_is_not_one_directory_name_is_refused(
+    version, build, problem
+):
+    # A node joins both into the paths it downloads to and deletes, as root.
+    text = ENGINE_NAMES.format(version=version, build=build, sha="a" * 64)
+
+    with pytest.raises(CatalogError) as refused:
+        apply_catalog(text, actor=SETUP)
+
+    assert any(problem in p for p in refused.value.problems), refused.value.problems
+    assert not Engine.objects.exists()
+
+
+def test_a_profile_pinning_an_engine_version_that_climbs_out_is_refused():
+    text = entry((*PROFILE, "engine_version"), "b1/../x")
+
+    with pytest.raises(CatalogError) as refused:
+        apply_catalog(text, actor=SETUP)
+
+    assert any("engine_version: engine_version 'b1/../x' is not usable" in p
+               for p in refused.value.problems), refused.value.problems  # fmt: skip
+
+
+def test_build_packages_that_apt_would_read_as_options_are_refused():
+    text = ENGINE_BUILD.format(
+        engine="llama.cpp", sha="a" * 64, field='packages: [hello, "-o", "DPkg::Pre-Invoke::=sh"]'
+    )
+
+    with pytest.raises(CatalogError) as refused:
+        apply_catalog(text, actor=SETUP)
+
+    assert any("packages: '-o' is not a Debian package name" in p
+               for p in refused.value.problems), refused.value.problems  # fmt: skip

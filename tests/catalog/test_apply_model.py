@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from audit.models import Event
-from catalog.actions import apply_catalog, apply_model
+from catalog.actions.entries import apply_catalog, apply_model
 from catalog.models import Model, Profile
 from catalog.schema import CatalogError, ModelEntry
 from tests.catalog.catalogs import CATALOG

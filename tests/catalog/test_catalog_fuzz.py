@@ -8,7 +8,7 @@ import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from catalog.models import Engine, Model, Profile
 from catalog.schema import CatalogError
 from tests.factories import SETUP

@@ -8,7 +8,8 @@ import re
 import pytest
 from django.core.management import CommandError
 
-from catalog.models import Model
+from audit.models import Event
+from catalog.models import Engine, Model
 from llmgw_cli.demo import demo_catalog
 from tests.catalog.catalogs import CATALOG
 from tests.ctl import ctl
@@ -30,6 +31,19 @@ def test_apply_prints_changes_and_a_count(catalog_file):
     assert "+ model gemma-3-270m" in output
     assert output.strip().endswith("changed 6 entries")
     assert ctl("apply", "-f", str(catalog_file)).strip() == "changed 0 entries"
+
+
+def test_apply_at_the_shell_declares_engines_for_an_operator_who_is_no_engine_admin(
+    catalog_file, operator, monkeypatch
+):
+    # Whoever runs llmgw_ctl holds the database and SECRET_KEY: root on the control plane.
+    monkeypatch.delenv("SUDO_USER", raising=False)
+    monkeypatch.setattr("audit.actors.getpass.getuser", lambda: operator.username)
+
+    ctl("apply", "-f", str(catalog_file))
+
+    assert Engine.objects.filter(name="llama.cpp", version="b6000").exists()
+    assert Event.objects.get(reason__startswith="applied 6 change(s)").actor == operator
 
 
 def test_apply_dry_run_changes_nothing(catalog_file):

@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from audit.models import Event
 from audit.redis import redis_client
-from catalog.actions import create_key, revoke_key, update_key
+from catalog.actions.api_keys import create_key, revoke_key, update_key
 from catalog.keys import ApiKeyRefused, active_keys
 from catalog.models import ApiKey
 from protocol.rate_limits import counter_keys

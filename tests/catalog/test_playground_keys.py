@@ -9,7 +9,7 @@ import time_machine
 from django.utils import timezone
 
 from audit.models import Event
-from catalog.actions import revoke_key
+from catalog.actions.api_keys import revoke_key
 from catalog.keys import active_keys, hash_key
 from catalog.models import ApiKey
 from catalog.playground import PlaygroundKey, playground_key

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from catalog.models import Model, Profile
 from catalog.plan import export_catalog
 from catalog.schema import CatalogError, parse_catalog

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from django.core.management import call_command
 
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from catalog.models import Profile
 from catalog.plan import export_catalog
 from catalog.schema import CatalogError

@@ -26,7 +26,7 @@ def queued_commands(node_id: str, *, orders: bool = False) -> list[tuple[str, li
 
 
 def queued_signatures(node_id: str, *, orders: bool = False) -> list[dict]:
-    """The signing kwargs (deadline, signature) of the same commands, oldest first."""
+    """The signing kwargs (deadline, signature, command_id) of the same commands, oldest first."""
     return [kwargs for _task, _args, kwargs in _queued(node_id, orders)]
 
 

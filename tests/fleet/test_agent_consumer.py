@@ -125,7 +125,7 @@ async def test_heartbeats_are_written_in_a_batch():
 async def test_a_fake_agent_reporting_shards_rebuilds_its_replicas():
     import uuid
 
-    from catalog.actions import apply_catalog
+    from catalog.actions.entries import apply_catalog
     from fleet.models import Replica
     from protocol.shard import ShardSpec
 

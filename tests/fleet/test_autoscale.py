@@ -73,7 +73,8 @@ models:
 
 @pytest.mark.django_db
 def test_an_autoscaled_profile_starts_at_min_and_apply_leaves_its_count_alone():
-    from catalog.actions import apply_catalog, scale_profile
+    from catalog.actions.entries import apply_catalog
+    from catalog.actions.profiles import scale_profile
     from catalog.models import Profile
 
     apply_catalog(CATALOG, actor=SETUP)
@@ -105,7 +106,7 @@ def test_an_autoscaled_profile_starts_at_min_and_apply_leaves_its_count_alone():
     ids=["min-over-max", "zero-target", "negative-min", "no-max", "bad-duration"],
 )
 def test_a_bad_autoscale_is_refused_naming_the_field(autoscale, message):
-    from catalog.actions import apply_catalog
+    from catalog.actions.entries import apply_catalog
     from catalog.models import Profile
     from catalog.schema import CatalogError
 
@@ -120,7 +121,7 @@ def test_a_bad_autoscale_is_refused_naming_the_field(autoscale, message):
 @pytest.mark.django_db
 def test_the_reconciler_scales_by_what_the_routers_report(django_capture_on_commit_callbacks):
     from audit.models import Event
-    from catalog.actions import apply_catalog
+    from catalog.actions.entries import apply_catalog
     from catalog.models import Profile
     from fleet.reconcile.autoscale import autoscale_profiles
 
@@ -152,7 +153,8 @@ def test_the_last_scaling_shows_in_status_and_on_the_model_page(client, reader):
 
     from django.core.management import call_command
 
-    from catalog.actions import apply_catalog, scale_profile
+    from catalog.actions.entries import apply_catalog
+    from catalog.actions.profiles import scale_profile
     from catalog.models import Profile
 
     apply_catalog(CATALOG, actor=SETUP)

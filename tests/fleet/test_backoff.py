@@ -20,7 +20,7 @@ from audit.actors import AGENT_LINK
 from fleet import selectors
 from fleet.actions.reports import register_node, update_engines
 from fleet.models import Replica
-from fleet.reconcile.backoff import replacement_backoff, replacement_backoffs, replacement_delay
+from fleet.planning.backoff import replacement_backoff, replacement_backoffs, replacement_delay
 from fleet.reconcile.passes import reconcile, retire_failed
 from fleet.reconcile.report import ReconcileReport
 from fleet.transitions import transition

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from django.db import connections
 
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from fleet.models import Replica, ReplicaState, Shard
 from fleet.reconcile.passes import reconcile
 from tests.factories import SETUP

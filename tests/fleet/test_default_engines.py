@@ -15,14 +15,20 @@ from django.core.management import call_command
 from pydantic import ValidationError
 
 from catalog.actions import apply_catalog
-from catalog.default_engines import DEFAULT_LLAMA_CPP, FROM_CATALOG, FROM_DEFAULT, FROM_NODE
-from catalog.models import Profile, engine_origins, newest_engine_versions
+from catalog.models import (
+    FROM_CATALOG,
+    FROM_DEFAULT,
+    FROM_NODE,
+    Profile,
+    engine_origins,
+    newest_engine_versions,
+)
 from catalog.schema import CatalogError
 from fleet.ctl.engines import engine_rows
 from fleet.reconcile.engines import wanted_engines
 from fleet.selectors import engine_row
 from protocol.commands import CONVERGE_ENGINES
-from protocol.engines import EngineBuild, EngineInstall, WantedEngine
+from protocol.engines import DEFAULT_LLAMA_CPP, EngineBuild, EngineInstall, WantedEngine
 from tests.factories import SETUP
 from tests.fleet.links import link, reconcile_now
 from tests.fleet.queues import queued_commands

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from audit.models import Event
-from catalog.actions import apply_model
+from catalog.actions.entries import apply_model
 from catalog.models import Model, Profile
 from catalog.schema import CatalogError, ModelEntry
-from fleet.deploy_plan import entry_digest, plan_model
 from fleet.models import Replica, ReplicaState
+from fleet.planning.deploy import entry_digest, plan_model
 from tests.factories import make_replica
 from tests.pages.rows import heartbeating_node
 

@@ -14,9 +14,10 @@ from django.core.management import call_command
 from django.test import Client
 
 from audit.actors import AGENT_LINK
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from catalog.models import Profile
-from fleet.actions.reports import record_shard_status, register_node, update_engines
+from fleet.actions.reports import register_node, update_engines
+from fleet.actions.shard_reports import record_shard_status
 from fleet.models import Replica, Shard
 from fleet.reconcile.passes import reconcile
 from fleet.routing_table import routing_snapshot

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from catalog.actions import apply_catalog
-from catalog.fit.tasks import read_model_file_task
+from catalog.actions.entries import apply_catalog
 from catalog.models import Model, Profile
+from catalog.tasks import read_model_file_task
 from fleet.models import Replica
-from fleet.reconcile.snapshot import placement_request
+from fleet.planning.snapshot import placement_request
 from tests.agent.weights_server import WeightsServer
 from tests.factories import SETUP
 from tests.fleet.cluster import connect, run

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from audit.actors import AGENT_LINK
-from catalog.actions import apply_catalog
-from fleet.actions import reports
+from catalog.actions.entries import apply_catalog
+from fleet.actions import reports, shard_reports
 from fleet.actions.reports import link_node
 from fleet.models import Node, Replica, Shard, ShardState
 from protocol import messages
@@ -45,7 +45,7 @@ def test_link_node_settles_the_shards_the_node_no_longer_runs(
     run(django_capture_on_commit_callbacks)
     shard = Shard.objects.get()
     ready = messages.ShardStatus(shard_id=shard.id, state="ready")
-    reports.record_shard_status(node_ids[0], ready, actor=AGENT_LINK)
+    shard_reports.record_shard_status(node_ids[0], ready, actor=AGENT_LINK)
 
     link_node(
         node_ids[0], register(node_ids[0]), actor=AGENT_LINK

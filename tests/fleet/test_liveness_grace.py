@@ -1,5 +1,6 @@
-"""Silence says nothing while nobody could hear it: after a failover or a restart of the
-control plane that takes the agents' links, every node gets a full NODE_LOST_AFTER."""
+"""Silence says nothing while nobody could hear it: after a failover, or the first start
+in a leader's term of the control plane that takes the agents' links, every node gets a
+full NODE_LOST_AFTER; a restart after that, or a time in the future, gives none."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+import time_machine
 from django.utils import timezone
 
 from fleet import leadership
@@ -96,3 +98,47 @@ def test_a_node_silent_a_full_lost_after_past_the_deafness_is_lost(lease_key):
     Node.objects.filter(id__in=["node02", "node03"]).update(last_heartbeat=timezone.now())
 
     assert check_liveness_task()["lost"] == ["node01"]
+
+
+def test_a_control_plane_that_keeps_restarting_does_not_hold_lost_detection_off(lease_key):
+    # A daphne that OOMs every 30 s starts again each time (finding 19): its grace is the
+    # term's first start, not every start, so a node that died is lost all the same.
+    lost_after = 60
+    with time_machine.travel(time.time(), tick=False) as clock:
+        leading_for(lease_key, 3600)
+        node = silent_node(200)
+        lost_at = None
+        for seconds in range(0, 2 * lost_after + 1, 30):
+            leadership.record_links_opened()  # the process starts again
+            if node in check_liveness_task()["lost"]:
+                lost_at = seconds
+                break
+            clock.shift(30)
+
+    assert lost_at is not None, "still not lost after 2 x NODE_LOST_AFTER"
+    assert lost_at >= lost_after  # the first start's grace held, once
+
+
+@pytest.mark.parametrize("record", [leadership.record_links_opened, leadership.record_deaf])
+def test_a_grace_said_to_start_in_the_future_is_ignored(lease_key, record):
+    # What anything that can write to Redis could set, to hold detection off for good.
+    leading_for(lease_key, 3600)
+    node = silent_node(90)
+    record(at=time.time() + 24 * 3600)
+
+    assert check_liveness_task()["lost"] == [node]
+
+
+def test_a_leader_that_just_took_over_gives_nodes_time_to_relink_however_often_it_starts(
+    lease_key,
+):
+    with time_machine.travel(time.time(), tick=False) as clock:
+        leading_for(lease_key, 10)  # a failover 10 s ago: nodes are still finding it
+        node = silent_node(90)
+        for _restart in range(3):
+            leadership.record_links_opened()
+            assert check_liveness_task()["lost"] == []
+            clock.shift(15)
+        clock.shift(30)  # a full NODE_LOST_AFTER since the failover
+
+        assert check_liveness_task()["lost"] == [node]

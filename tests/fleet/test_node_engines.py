@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from audit.actors import AGENT_LINK
 from audit.models import Event
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from fleet.actions.nodes import drain_node, undrain_node
 from fleet.actions.reports import update_engines
 from fleet.models import Node, Replica
@@ -77,7 +77,7 @@ def test_a_linked_node_is_told_the_catalogs_engines_signed_for_it_alone(
     ]
     [signed, _] = queued_signatures(node_ids[0], orders=True)
     task, args = CONVERGE_ENGINES, [engines]
-    verify(node_token(node_ids[0]), task, args, signed["deadline"], signed["signature"])
+    verify(node_token(node_ids[0]), task, args, **signed)
 
 
 def test_a_node_is_told_again_on_a_catalog_change_a_relink_and_every_ten_minutes(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
-from fleet.reconcile.shard_specs import allocate_port
+from fleet.planning.shard_specs import allocate_port
 from tests.factories import make_node, make_replica, make_shard
 
 pytestmark = pytest.mark.django_db

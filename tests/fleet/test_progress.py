@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from audit.actors import AGENT_LINK
-from fleet.actions.reports import (
+from fleet.actions.reports import register_node
+from fleet.actions.shard_reports import (
     adopt_reported_shards,
     record_shard_progress,
     record_shard_status,
-    register_node,
 )
 from fleet.models import Node, ShardState
 from fleet.transitions import transition

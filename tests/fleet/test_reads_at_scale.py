@@ -25,11 +25,11 @@ from fleet import models
 from fleet.actions.reports import link_node
 from fleet.metrics import FleetCollector
 from fleet.models import Node, ReplicaState, ShardState
+from fleet.planning.shard_specs import MeetingPoints, shard_spec
+from fleet.planning.snapshot import node_snapshots
 from fleet.reconcile import engines as engine_orders
 from fleet.reconcile.engines import engines_digest, tell_nodes_their_engines, wanted_engines
 from fleet.reconcile.passes import reconcile
-from fleet.reconcile.shard_specs import MeetingPoints, shard_spec
-from fleet.reconcile.snapshot import node_snapshots
 from fleet.routing_table import routing_snapshot
 from fleet.selectors import model_rows
 from protocol import messages

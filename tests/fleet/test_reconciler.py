@@ -12,16 +12,16 @@ from django.utils import timezone
 
 from audit.actors import AGENT_LINK
 from audit.models import Event
-from catalog.actions import apply_catalog
-from fleet.actions.reports import (
+from catalog.actions.entries import apply_catalog
+from fleet.actions.reports import register_node
+from fleet.actions.shard_reports import (
     adopt_reported_shards,
     forget_unreported_shards,
     record_shard_status,
-    register_node,
 )
 from fleet.models import Node, Replica, Shard, replica_secret
 from fleet.pki.tokens import node_token
-from fleet.reconcile.backoff import replacement_delay
+from fleet.planning.backoff import replacement_delay
 from fleet.routing_table import routing_snapshot
 from fleet.transitions import transition
 from protocol import messages
@@ -81,9 +81,9 @@ def test_a_model_added_is_placed_and_start_shard_reaches_the_nodes_queue(
     assert spec.api_key == replica.secret and spec.fingerprint == replica.fingerprint
     # Signed with the node's own token: only that node will obey it.
     [signed] = queued_signatures(node_ids[0])
-    verify(node_token(node_ids[0]), task, args, signed["deadline"], signed["signature"])
+    verify(node_token(node_ids[0]), task, args, **signed)
     with pytest.raises(BadSignature):
-        verify(node_token(node_ids[1]), task, args, signed["deadline"], signed["signature"])
+        verify(node_token(node_ids[1]), task, args, **signed)
     # A second pass changes nothing and sends nothing more.
     assert not run(django_capture_on_commit_callbacks).did_anything()
     assert len(queued_commands(node_ids[0])) == 1
@@ -273,7 +273,7 @@ def test_a_slow_start_fails_after_the_timeout_and_is_replaced(
     run(django_capture_on_commit_callbacks)
     shard = Shard.objects.get()
     # Progress rides beside the state and must not reset the startup timer.
-    from fleet.actions.reports import record_shard_progress
+    from fleet.actions.shard_reports import record_shard_progress
 
     record_shard_status(
         node_ids[0], messages.ShardStatus(shard_id=shard.id, state="fetching"), actor=AGENT_LINK

@@ -11,13 +11,13 @@ from django.utils import timezone
 
 from audit.actors import AGENT_LINK
 from audit.models import Event
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from catalog.models import Profile
-from fleet.actions.reports import (
+from fleet.actions.reports import register_node
+from fleet.actions.shard_reports import (
     adopt_reported_shards,
     forget_unreported_shards,
     record_shard_status,
-    register_node,
 )
 from fleet.models import Replica, Shard, replica_secret
 from fleet.reconcile.passes import reconcile
@@ -261,7 +261,7 @@ def test_an_unexpected_gpu_user_is_shown_on_the_node_and_recorded_once(node_ids)
 
 
 def test_a_rebuilt_replicas_gpus_are_taken_when_placing_the_next(node_ids):
-    from fleet.reconcile.snapshot import node_snapshots, placement_request
+    from fleet.planning.snapshot import node_snapshots, placement_request
     from placement import place
 
     apply_catalog(catalog(replicas=2, gpus=2), actor=SETUP)

@@ -20,9 +20,11 @@ from django.utils import timezone
 
 from audit.actors import AGENT_LINK
 from audit.models import Event
-from catalog.actions import apply_catalog, pause_rollout, resume_rollout
+from catalog.actions.entries import apply_catalog
+from catalog.actions.profiles import pause_rollout, resume_rollout
 from catalog.models import Model, Profile
-from fleet.actions.reports import record_shard_status, register_node
+from fleet.actions.reports import register_node
+from fleet.actions.shard_reports import record_shard_status
 from fleet.models import Replica, Shard
 from fleet.reconcile.passes import reconcile
 from fleet.reconcile.rollout import rollout_status

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.reconcile.shard_specs import MeetingPoints, shard_spec
+from fleet.planning.shard_specs import MeetingPoints, shard_spec
 from fleet.routing_table import routing_snapshot
 from protocol.routing import ReplicaEndpoint, RoutableModel, RoutingSnapshot
 from tests.factories import make_model, make_node, make_profile, make_replica, make_shard

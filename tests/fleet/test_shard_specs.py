@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.reconcile.shard_specs import MeetingPoints, meeting_points, shard_spec
+from fleet.planning.shard_specs import MeetingPoints, meeting_points, shard_spec
 from placement import FabricSnapshot
 from protocol.shard import FabricAssignment
 from tests.factories import make_node, make_replica, make_shard

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleet.reconcile.snapshot import node_snapshots
+from fleet.planning.snapshot import node_snapshots
 from placement import FabricSnapshot, PlacementRequest, place
 from protocol.inventory import AdapterPort, FabricAdapter, NodeUsage, UsableFabric
 from tests.factories import make_node, make_profile, make_replica, make_shard

@@ -16,11 +16,11 @@ from agent_worker.discovery.infiniband import discover_adapters, usable_fabrics
 from agent_worker.weights import WeightStore
 from agent_worker.weights.look import LookDirs, list_look_dirs
 from audit.actors import AGENT_LINK
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from fleet.actions.reports import register_node, update_weights
 from fleet.models import Node
 from fleet.pages.mirror import mirror_detail
-from fleet.reconcile.snapshot import node_snapshots
+from fleet.planning.snapshot import node_snapshots
 from fleet.weights_map import model_weights, weights_map
 from protocol import messages
 from tests.agent.fakes.sysfs import add_adapter

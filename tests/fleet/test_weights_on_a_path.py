@@ -10,11 +10,11 @@ import pytest
 from django.utils import timezone
 
 from audit.actors import AGENT_LINK
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from catalog.models import Profile
 from fleet.actions.reports import register_node
 from fleet.models import Node, ReplicaState, ShardState
-from fleet.reconcile.snapshot import node_snapshots, placement_request
+from fleet.planning.snapshot import node_snapshots, placement_request
 from fleet.weights_map import weights_map
 from placement import place
 from protocol import messages

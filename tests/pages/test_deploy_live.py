@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import expect
 
 from audit.models import Event
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from catalog.models import ApiKey, Model
 from fleet.models import Replica, ReplicaState
 from llmgw_cli.demo import demo_catalog, smollm2_path

@@ -11,11 +11,11 @@ import pytest
 from django.test import Client
 
 from audit.models import Event
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from catalog.models import Model, Profile
-from fleet.deploy_plan import entry_digest
 from fleet.models import ReplicaState
 from fleet.pages.deploy_views import REPLANNED, RESTARTS
+from fleet.planning.deploy import entry_digest
 from tests.factories import SETUP, make_replica
 from tests.pages.rows import heartbeating_node
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 from playwright.sync_api import expect
 
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from catalog.models import Profile
 from fleet import commands
 from fleet.link.liveness import check_liveness

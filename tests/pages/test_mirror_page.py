@@ -7,7 +7,8 @@ import pytest
 from playwright.sync_api import expect
 
 from audit.actors import AGENT_LINK
-from fleet.actions.reports import record_shard_progress, update_weights
+from fleet.actions.reports import update_weights
+from fleet.actions.shard_reports import record_shard_progress
 from fleet.models import ShardState
 from protocol import messages
 from tests.factories import make_user

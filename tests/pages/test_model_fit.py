@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from tests.factories import SETUP
 from tests.gguf_files import llama_model
 

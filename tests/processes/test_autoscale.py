@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from audit.models import Event
-from catalog.actions import apply_catalog, create_key
+from catalog.actions.api_keys import create_key
+from catalog.actions.entries import apply_catalog
 from catalog.models import Profile
 from fleet.models import Replica
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog

@@ -15,10 +15,10 @@ import psutil
 import pytest
 
 from catalog.actions import apply_catalog, create_key
-from catalog.default_engines import DEFAULT_LLAMA_CPP
 from fleet.models import Node, Replica, Shard
 from fleet.pki.tokens import node_token
 from llmgw_cli.demo import demo_catalog
+from protocol.engines import DEFAULT_LLAMA_CPP
 from tests.factories import SETUP
 from tests.processes.support import (
     agent,

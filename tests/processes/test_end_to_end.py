@@ -11,7 +11,8 @@ import httpx
 import psutil
 import pytest
 
-from catalog.actions import apply_catalog, create_key
+from catalog.actions.api_keys import create_key
+from catalog.actions.entries import apply_catalog
 from fleet import commands
 from fleet.models import Node, Replica, Shard
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog

@@ -1,7 +1,7 @@
 """The fault suite, shortened: each fault once while clients stream, invariants only.
 
-``bench/faults.py`` prints the figures; here the same run (one injection of each fault)
-must keep the promises, whatever the timings: no healthy engine restarted, no request
+``python -m bench.faults`` prints the figures; here the same run (one injection of each
+fault) must keep the promises, whatever the timings: no healthy engine restarted, no request
 hung, every replica ready again, nodes not marked lost, and the database agreeing with
 what the agent runs.
 """
@@ -29,7 +29,7 @@ def test_one_injection_of_each_fault_keeps_every_invariant(tmp_path):
     skip = ("DATABASE_URL", "REDIS_URL", "LLMGW_HOME")
     env = {k: v for k, v in os.environ.items() if k not in skip}
     run = subprocess.run(
-        [sys.executable, "bench/faults.py", "--injections", "1", "--clients", "4",
+        [sys.executable, "-m", "bench.faults", "--injections", "1", "--clients", "4",
          "--stop-seconds", "20", "--json", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip

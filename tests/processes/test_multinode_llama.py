@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from audit.models import Event
-from catalog.actions import apply_catalog, create_key
+from catalog.actions.api_keys import create_key
+from catalog.actions.entries import apply_catalog
 from fleet.models import Node, Replica, Shard
 from fleet.pki.tokens import node_token
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog

@@ -1,4 +1,4 @@
-"""The short partition run: bench/partitions.py on its short clock, invariants only.
+"""The short partition run: ``python -m bench.partitions --short``, invariants only.
 
 A real fleet in network namespaces (three node hosts, two control planes, a router, the
 services host) under eight streaming clients. No timing is asserted; every row must
@@ -35,7 +35,7 @@ NO_FAILURES = {"P1", "P3", "P5", "P7"}
 def test_every_partition_scenario_keeps_its_invariants(tmp_path):
     out = tmp_path / "partitions.json"
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    argv = [sys.executable, "bench/partitions.py", "--short", "--only", ",".join(SHORT_RUN),
+    argv = [sys.executable, "-m", "bench.partitions", "--short", "--only", ",".join(SHORT_RUN),
             "--dir", str(tmp_path / "sim"), "--json", str(out)]  # fmt: skip
     try:
         run = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

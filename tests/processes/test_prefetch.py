@@ -12,7 +12,8 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from catalog.actions import apply_catalog, scale_profile
+from catalog.actions.entries import apply_catalog
+from catalog.actions.profiles import scale_profile
 from catalog.models import Profile
 from fleet.models import Node, Shard
 from fleet.pki.tokens import node_token

@@ -18,12 +18,12 @@ from django.utils import timezone
 from websockets.sync.client import connect
 
 from audit.models import Event
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from catalog.models import Profile
 from fleet import commands
 from fleet.models import Node, Replica, Shard, replica_secret
 from fleet.pki.tokens import node_token
-from fleet.reconcile.shard_specs import MeetingPoints, shard_spec
+from fleet.planning.shard_specs import MeetingPoints, shard_spec
 from protocol import messages
 from tests.factories import SETUP
 from tests.fleet.inventories import inventory

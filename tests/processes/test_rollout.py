@@ -25,7 +25,8 @@ import httpx
 import psutil
 import pytest
 
-from catalog.actions import apply_catalog, create_key
+from catalog.actions.api_keys import create_key
+from catalog.actions.entries import apply_catalog
 from fleet.models import Node, Replica
 from fleet.pki.tokens import node_token
 from fleet.routing_table import read_inflight_reports

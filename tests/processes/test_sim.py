@@ -16,7 +16,8 @@ from agent_worker.engines.llama_cpp import rpc_server_beside
 from llmgw_cli.demo import DEMO_MODEL, demo_catalog, smollm2_path
 from llmgw_cli.local_engine import wheel_llama_server
 from llmgw_cli.sim import cleanup, network
-from llmgw_cli.sim.fleet import Fleet, leader, node_fabrics
+from llmgw_cli.sim.probes import leader, node_fabrics
+from llmgw_cli.sim.state import Fleet
 from tests.processes.support import REPO, wait_until
 from tests.processes.up_support import fresh_home, remove_home
 

@@ -9,8 +9,8 @@ import signal
 import httpx
 import pytest
 
-from catalog.default_engines import DEFAULT_LLAMA_CPP
 from llmgw_cli.local_engine import wheel_llama_server
+from protocol.engines import DEFAULT_LLAMA_CPP
 from tests.processes.support import wait_until
 from tests.processes.up_support import Up, answers, fresh_home, remove_home
 

@@ -18,8 +18,8 @@ import openai
 import psutil
 import pytest
 
-from catalog.default_engines import DEFAULT_LLAMA_CPP
 from llmgw_cli.demo import DEMO_EMBEDDINGS_MODEL, DEMO_MODEL, smollm2_path
+from protocol.engines import DEFAULT_LLAMA_CPP
 from tests.processes.support import wait_until
 from tests.processes.up_support import Up, fresh_home, remove_home
 

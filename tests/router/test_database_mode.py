@@ -12,7 +12,7 @@ from django.conf import settings
 from rest_framework.authtoken.models import Token
 
 from audit.models import Event
-from catalog.actions import create_key, revoke_key
+from catalog.actions.api_keys import create_key, revoke_key
 from fleet import traffic
 from fleet.models import Replica, ReplicaState, ShardState
 from fleet.transitions import transition

@@ -14,7 +14,7 @@ import openai
 import pytest
 from django.conf import settings
 
-from catalog.actions import create_key
+from catalog.actions.api_keys import create_key
 from fleet.models import ReplicaState, ShardState
 from llmgw_cli.local_engine import wheel_llama_server
 from tests.factories import SETUP, make_model, make_node, make_profile, make_replica, make_shard

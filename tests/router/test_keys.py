@@ -9,7 +9,7 @@ import redis
 from django.conf import settings
 from django.core.management import CommandError
 
-from catalog.actions import create_key, revoke_key
+from catalog.actions.api_keys import create_key, revoke_key
 from catalog.keys import ApiKeyRefused, active_keys, hash_key
 from catalog.models import ApiKey
 from fleet.models import Replica, ReplicaState

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import yaml
 
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from catalog.models import Profile
 from catalog.plan import export_catalog
 from catalog.schema import CatalogError, parse_catalog, prefix_cache_switched_off

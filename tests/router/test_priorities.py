@@ -13,7 +13,7 @@ import httpx
 import pytest
 from django.conf import settings
 
-from catalog.actions import create_key
+from catalog.actions.api_keys import create_key
 from fleet.models import ReplicaState, ShardState
 from fleet.routing_table import read_inflight_reports
 from tests.factories import SETUP, make_model, make_node, make_profile, make_replica, make_shard

@@ -9,9 +9,9 @@ import pytest
 
 from agent_worker.engines.install import InstallError, NodeTarget, PipSettings, choose_build
 from agent_worker.engines.install.prebuilt import install_prebuilt_llama
-from catalog.default_engines import DEFAULT_LLAMA_CPP
 from core.env import llmgw_home
 from llmgw_cli.local_engine import wheel_llama_server
+from protocol.engines import DEFAULT_LLAMA_CPP
 
 LLAMA_BUILDS = ("source", "prebuilt")
 

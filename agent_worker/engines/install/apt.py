@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent_worker.engines.install.errors import InstallError
+from protocol.engines import check_package_names
 
 LOCK_WORDS = ("could not get lock", "unable to lock", "is another process using it")
 APT_LOCKS = ("/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock", "/var/lib/apt/lists/lock")
@@ -53,6 +54,10 @@ def install_packages(
     packages: list[str], settings: AptSettings, say: Callable[[str, str], None]
 ) -> None:
     """Install what dpkg lacks of ``packages``; ``say(status, detail)`` reports how it goes."""
+    try:  # checked by the control plane too; a node does not take that on trust
+        check_package_names(packages)
+    except ValueError as exc:
+        raise InstallError(f"this build's packages: {exc}; refused") from None
     missing = [package for package in packages if not dpkg_has(package, settings)]
     if not missing:
         return
@@ -66,7 +71,8 @@ def install_packages(
     deadline = settings.clock() + settings.lock_wait
     # Not fatal alone: one unreachable third-party repository fails it, lists or not.
     update_failure = _run_apt(["update"], missing, settings, deadline, say)
-    install = ["install", "-y", "--no-install-recommends", *missing]
+    # "--": whatever follows is a package, never an option (-o would run any command).
+    install = ["install", "-y", "--no-install-recommends", "--", *missing]
     failure = _run_apt(install, missing, settings, deadline, say)
     if failure is not None:
         if update_failure is not None:
@@ -76,7 +82,7 @@ def install_packages(
 
 def dpkg_has(package: str, settings: AptSettings) -> bool:
     """Say whether dpkg has ``package`` installed (not merely known, or removed)."""
-    command = [*settings.query, "-W", "--showformat=${Status}", package]
+    command = [*settings.query, "-W", "--showformat=${Status}", "--", package]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=60,
                               stdin=subprocess.DEVNULL)  # fmt: skip

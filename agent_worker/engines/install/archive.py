@@ -4,6 +4,11 @@ Every member is checked before anything is written: an absolute path, a ``..`` p
 link whose target leaves the directory (or a hard link to no member), a device file or
 a fifo refuses the whole archive, naming the member. Links that stay inside are fine:
 llama.cpp's libraries are ``libggml.so -> libggml.so.0 -> libggml.so.0.26.0``.
+
+Where a link leads is worked out as the disk will: through every other link the archive
+holds, wherever it lies in the archive (``d -> .`` then ``e -> d/d/d/..`` reads ``d/d``
+but is the directory's parent). Python's own tar filter checks this too, but had bypasses
+(CVE-2025-4517, fixed in 3.11.13 only), and nodes run the Python they have.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ def unpack(archive: Path, into: Path) -> None:
                 names = {posixpath.normpath(member.name) for member in members}
                 for member in members:
                     _check_tar_member(member, names, name)
+                _check_links_on_disk(members, name)
                 tar.extractall(into, members=members, filter="tar")
         else:
             raise InstallError(f"{name} is neither a tar archive nor a zip; llmgw unpacks "
@@ -82,6 +88,63 @@ def _check_tar_member(member: tarfile.TarInfo, names: set[str], archive: str) ->
         raise InstallError(f"{archive}: member {member.name!r} is a device or fifo; refused")
     elif not (member.isfile() or member.isdir()):
         raise InstallError(f"{archive}: member {member.name!r} is of an unknown type; refused")
+
+
+# More hops than any real release needs (Linux itself gives up after 40).
+MAX_LINK_HOPS = 40
+
+
+def _check_links_on_disk(members: list[tarfile.TarInfo], archive: str) -> None:
+    """Refuse a member or link target that leaves the directory once links are followed,
+    and a link whose path another member also names (which one wins depends on order)."""
+    links: dict[str, str] = {}
+    seen: set[str] = set()
+    for member in members:
+        path = posixpath.normpath(member.name)
+        if member.issym():
+            links[path] = member.linkname
+        if path in seen and path in links:
+            raise InstallError(f"{archive}: names {path!r} twice, once as a link; refused")
+        seen.add(path)
+    for member in members:
+        path = posixpath.normpath(member.name)
+        _follow(posixpath.dirname(path), links, member.name, archive)
+        if member.issym():
+            _follow(posixpath.join(posixpath.dirname(path), member.linkname), links,
+                    member.name, archive, target=member.linkname)  # fmt: skip
+        elif member.islnk():
+            _follow(member.linkname, links, member.name, archive, target=member.linkname)
+
+
+def _follow(
+    path: str, links: dict[str, str], member: str, archive: str, target: str | None = None
+) -> str:
+    """``path`` (from the archive's top) with every link in it followed; InstallError when
+    that leaves the top, naming ``member`` (and ``target``, the link's own)."""
+    parts: list[str] = []
+    pending = path.split("/")
+    hops = 0
+    while pending:
+        part = pending.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not parts:
+                what = f"link {member!r} points to {target!r}" if target else f"member {member!r}"
+                raise InstallError(f"{archive}: {what}, outside; refused")
+            parts.pop()
+            continue
+        parts.append(part)
+        followed = links.get("/".join(parts))
+        if followed is not None:
+            hops += 1
+            if hops > MAX_LINK_HOPS:
+                raise InstallError(f"{archive}: {member!r} goes through links in a loop; refused")
+            if followed.startswith("/"):  # refused as a member already; never followed
+                raise InstallError(f"{archive}: {member!r} goes through an absolute link; refused")
+            parts.pop()  # a link's target is read from the directory that holds it
+            pending = followed.split("/") + pending
+    return "/".join(parts)
 
 
 def _check_zip_member(zipped: zipfile.ZipFile, info: zipfile.ZipInfo, archive: str) -> None:

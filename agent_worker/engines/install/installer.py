@@ -34,6 +34,7 @@ from agent_worker.engines.install.layout import (
     put_in_place,
     write_marker,
 )
+from agent_worker.engines.install.paths import inside, path_token
 from agent_worker.engines.install.prebuilt import install_prebuilt_llama
 from agent_worker.engines.install.python_env import PipSettings, install_python_engine
 from agent_worker.engines.llama_cpp import RPC_SERVERS
@@ -226,11 +227,8 @@ class EngineInstaller:
         self.on_change()
 
     def _install_one(self, engine: WantedEngine) -> str:
-        for part in (engine.name, engine.version):
-            if part in ("", ".", "..") or "/" in part or "\\" in part:
-                raise InstallError(f"{part!r} is not one directory name; an engine's name and "
-                                   "version become a path under the install root")  # fmt: skip
-        final = self.settings.root / engine.name / engine.version
+        name = path_token("engine name", engine.name)
+        final = inside(self.settings.root, name, path_token("engine version", engine.version))
         if final.is_symlink() or (final.exists() and not (final / MARKER).exists()):
             raise InstallError(f"{final} is there and not llmgw's; move it away to install")
         if engine.name in PIP_ENGINES:
@@ -259,7 +257,8 @@ class EngineInstaller:
 
     def _install_archive(self, engine: WantedEngine, build: EngineBuild, final: Path) -> str:
         filename = Path(unquote(urlparse(build.url).path)).name or f"{build.name}.tar.gz"
-        downloads = self.settings.downloads / f"{engine.name}-{engine.version}"
+        downloads = inside(self.settings.downloads, f"{engine.name}-{engine.version}")
+        inside(downloads, filename)
         self.settings.staging.mkdir(parents=True, exist_ok=True)
         staged = Path(tempfile.mkdtemp(dir=self.settings.staging, prefix=f"{engine.name}-"))
         try:

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from django.utils import timezone
 
 from audit.actors import Actor
-from catalog.actions import apply_model
+from catalog.actions.entries import apply_model
 from catalog.fit.model_files import is_remote, shape_facts
 from catalog.models import Model, Profile, newest_engine_versions
 from catalog.plan import Change, profile_values
 from catalog.schema import ModelEntry
 from fleet.models import Replica, ReplicaState
-from fleet.reconcile.snapshot import node_snapshots, placement_request
+from fleet.planning.snapshot import node_snapshots, placement_request
 from placement import Decision, PlacementRequest, place_batch
 
 
@@ -59,7 +59,7 @@ def entry_digest(entry: ModelEntry) -> str:
 
 
 def plan_model(entry: ModelEntry, *, creating: bool, actor: Actor) -> ModelPlan:
-    """Plan ``entry`` (see ``catalog.actions.apply_model``) without changing anything;
+    """Plan ``entry`` (see ``catalog.actions.entries.apply_model``) without changing anything;
     raises CatalogError as applying it would."""
     changes = apply_model(entry, creating=creating, dry_run=True, actor=actor)
     changed = {change.name: change.action for change in changes if change.kind == "profile"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from catalog.actions import MODEL_FILE_READER, READ_MODEL_FILE_TASK, record_model_shape
+from catalog.actions.shapes import MODEL_FILE_READER, READ_MODEL_FILE_TASK, record_model_shape
 from catalog.fit.model_files import shape_facts
 
 
