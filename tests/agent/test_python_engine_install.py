@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
@@ -13,15 +12,9 @@ from agent_worker.engines.install.python_env import PipSettings, install_python_
 from protocol.engines import WantedEngine
 from tests.agent.engine_archives import make_installer, wheel
 
+pytestmark = pytest.mark.usefixtures("pip_without_this_machines_config")
+
 VLLM_MAIN = "import sys\ndef main():\n    print({said!r})\n    sys.exit({code})\n"
-
-
-@pytest.fixture(autouse=True)
-def pip_without_this_machines_config(monkeypatch):
-    """Only the test's wheels: this machine's pip.conf and PIP_* name mirrors and constraints."""
-    for name in [name for name in os.environ if name.startswith("PIP_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from django.core.management import call_command
 from pydantic import ValidationError
 
-from catalog.actions import apply_catalog
+from catalog.actions.entries import apply_catalog
 from catalog.models import (
     FROM_CATALOG,
     FROM_DEFAULT,

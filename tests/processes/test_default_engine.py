@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from catalog.actions import apply_catalog, create_key
+from catalog.actions.api_keys import create_key
+from catalog.actions.entries import apply_catalog
 from fleet.models import Node, Replica, Shard
 from fleet.pki.tokens import node_token
 from llmgw_cli.demo import demo_catalog

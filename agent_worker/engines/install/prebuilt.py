@@ -21,7 +21,7 @@ from agent_worker.engines.install.errors import InstallError
 from agent_worker.engines.install.python_env import (
     VENV_TIMEOUT,
     PipSettings,
-    is_empty_dir,
+    refuse_occupied,
     run_step,
 )
 from protocol.engines import EngineBuild
@@ -45,8 +45,7 @@ def install_prebuilt_llama(
     left at ``target_dir``.
     """
     label = f"llama.cpp {version} ({build.pip})"
-    if target_dir.is_symlink() or (target_dir.exists() and not is_empty_dir(target_dir)):
-        raise InstallError(f"{target_dir} is not an empty directory; llmgw leaves it alone")
+    refuse_occupied(target_dir)
     try:
         say("creating a virtualenv")
         venv = [pip.python, "-m", "venv", "--without-pip", str(target_dir)]

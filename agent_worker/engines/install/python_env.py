@@ -70,8 +70,7 @@ def install_python_engine(
     """
     if engine not in REQUIREMENTS:
         raise InstallError(f"llmgw installs {', '.join(REQUIREMENTS)} with pip, not {engine}")
-    if target_dir.is_symlink() or (target_dir.exists() and not is_empty_dir(target_dir)):
-        raise InstallError(f"{target_dir} is not an empty directory; llmgw leaves it alone")
+    refuse_occupied(target_dir)
     spec, executable = REQUIREMENTS[engine]
     requirement = spec.format(version=version)
     try:
@@ -134,6 +133,12 @@ def _tail(output: str, count: int = 3) -> str:
     lines = [line for line in lines if not line.lower().startswith(PIP_NOISE)]
     errors = [line for line in lines if line.startswith("ERROR")]
     return " / ".join((errors or lines)[-count:])
+
+
+def refuse_occupied(target_dir: Path) -> None:
+    """Refuse a link, or a directory holding anything: not llmgw's to make a venv in."""
+    if target_dir.is_symlink() or (target_dir.exists() and not is_empty_dir(target_dir)):
+        raise InstallError(f"{target_dir} is not an empty directory; llmgw leaves it alone")
 
 
 def is_empty_dir(path: Path) -> bool:
