@@ -33,6 +33,12 @@ class NodeEngines:
         if self.installer is not None:
             self.installer.want(engines)
 
+    def shard_ended(self) -> None:
+        """A shard stopped: the engine version it pinned, if nothing wants it any more, is
+        removed by a pass now rather than at the next ten-minute one."""
+        if self.installer is not None:
+            self.installer.wake()
+
     def statuses(self) -> list[EngineInstall]:
         """Every engine version here with its status: llmgw's installs, then the named."""
         managed = self.installer.statuses() if self.installer is not None else []

@@ -317,6 +317,8 @@ class AgentRuntime:
                 seq=transition.seq,
             )
         )
+        if transition.state in ("stopped", "failed"):
+            self.engines.shard_ended()
 
     # -- commands --------------------------------------------------------------------
 

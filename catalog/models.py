@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
+from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
 from catalog.fit.estimate import MemoryEstimate, ModelShape, Needs, estimate, needs
 from core.humanize import format_bytes
 from protocol.engine_serves import effective_serves
-from protocol.engines import WantedEngine, newest_version
+from protocol.engines import DEFAULT_ENGINES, WantedEngine, newest_version
 from protocol.serving import DEFAULT_SERVES
 
 KNOWN_ENGINES = ("llama.cpp", "vllm", "sglang")
@@ -239,11 +240,44 @@ class Profile(models.Model):
 
 
 def newest_engine_versions() -> dict[str, str]:
-    """Engine name -> the newest version the catalog names (b10991 over b9000)."""
-    versions: dict[str, list[str]] = {}
-    for name, version in Engine.objects.values_list("name", "version"):
-        versions.setdefault(name, []).append(version)
-    return {name: newest_version(names) for name, names in versions.items()}
+    """Engine name -> the newest version the catalog names (b10991 over b9000), or the
+    default build's for an engine it names none of (rule R103)."""
+    return newest_by_engine(Engine.objects.values_list("name", "version"))
+
+
+# Where an engine version comes from, in the words pages and llmgw_ctl show.
+FROM_DEFAULT = "default"
+FROM_CATALOG = "catalog"
+FROM_NODE = "found on the node"
+
+
+def default_engines(named: Iterable[str]) -> list[WantedEngine]:
+    """llmgw's default builds (rule R103, protocol.engines.DEFAULT_ENGINES) of the engines
+    not in ``named``, the names the catalog gives versions of: ``engines:`` with a llama.cpp
+    build replaces llama.cpp's default. None when LLMGW_DEFAULT_ENGINES is off."""
+    if not settings.DEFAULT_ENGINES:
+        return []
+    names = set(named)
+    return [engine for engine in DEFAULT_ENGINES if engine.name not in names]
+
+
+def engine_origins() -> dict[tuple[str, str], str]:
+    """(engine, version) -> where each version nodes are told to have comes from: the
+    catalog's ``engines:``, or llmgw's default for an engine it names none of."""
+    named = set(Engine.objects.values_list("name", "version"))
+    origins = dict.fromkeys(named, FROM_CATALOG)
+    origins.update({d.key: FROM_DEFAULT for d in default_engines(name for name, _ in named)})
+    return origins
+
+
+def newest_by_engine(versions: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Engine name -> the newest of ``versions`` (name, version), defaults filling in."""
+    by_engine: dict[str, list[str]] = {}
+    for name, version in versions:
+        by_engine.setdefault(name, []).append(version)
+    newest = {name: newest_version(names) for name, names in by_engine.items()}
+    newest.update({engine.name: engine.version for engine in default_engines(newest)})
+    return newest
 
 
 def profile_fingerprint(model: Model, profile: Profile, engine_version: str) -> str:

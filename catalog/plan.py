@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from catalog.fit.model_files import is_remote, shape_facts
-from catalog.models import Engine, Fabric, Model, Pool, Profile, newest_engine_versions
+from catalog.models import (
+    Engine,
+    Fabric,
+    Model,
+    Pool,
+    Profile,
+    newest_by_engine,
+    newest_engine_versions,
+)
 from catalog.schema import (
     CatalogError,
     CatalogFile,
@@ -19,7 +27,7 @@ from catalog.schema import (
     ProfileEntry,
     RolloutEntry,
 )
-from protocol.engines import newest_version
+from protocol.engines import DEFAULT_LLAMA_CPP, is_default
 from protocol.units import format_duration, format_size
 
 PROFILE_FIELDS = (
@@ -62,11 +70,11 @@ def _show(name: str, value: Any) -> str:
 
 def check_references(catalog: CatalogFile, filename: str, *, prune: bool) -> None:
     pools = {pool.name for pool in catalog.pools}
-    engines = {(engine.name, engine.version) for engine in catalog.engines}
+    engines = _engines_after(catalog, prune=prune)
     if not prune:
         pools |= set(Pool.objects.values_list("name", flat=True))
-        engines |= set(Engine.objects.values_list("name", "version"))
     declared_engines = {name for name, _version in engines}
+    newest = newest_by_engine(engines)
     problems = []
     for index, model in enumerate(catalog.models):
         for pindex, profile in enumerate(model.profiles):
@@ -87,6 +95,10 @@ def check_references(catalog: CatalogFile, filename: str, *, prune: bool) -> Non
                     f"{where}: engine_version: {profile.engine} {profile.engine_version} is not "
                     f"declared; declared: {', '.join(known)}"
                 )
+            version = profile.engine_version or newest.get(profile.engine, "")
+            spanning = spans_nodes_problem(profile.engine, version, profile.nodes)
+            if spanning:
+                problems.append(f"{where}: {spanning}")
     if problems:
         raise CatalogError(problems)
 
@@ -192,14 +204,16 @@ def fit_lines(catalog: CatalogFile) -> list[str]:
 
 
 def _newest_after(catalog: CatalogFile, *, prune: bool) -> dict[str, str]:
-    """Engine name -> the newest version the catalog will name once the file is applied."""
+    """Engine name -> the newest version the catalog will name once the file is applied
+    (a default's for an engine it will name none of)."""
+    return newest_by_engine(_engines_after(catalog, prune=prune))
+
+
+def _engines_after(catalog: CatalogFile, *, prune: bool) -> set[tuple[str, str]]:
     versions = {(engine.name, engine.version) for engine in catalog.engines}
     if not prune:
         versions |= set(Engine.objects.values_list("name", "version"))
-    by_engine: dict[str, list[str]] = {}
-    for name, version in versions:
-        by_engine.setdefault(name, []).append(version)
-    return {name: newest_version(found) for name, found in by_engine.items()}
+    return versions
 
 
 def _newest_version_change(
@@ -212,6 +226,8 @@ def _newest_version_change(
     old, new = profile.resolved_engine_version(before), after.get(entry.engine, "")
     if old == new:
         return {}
+    if is_default(entry.engine, new):
+        return {f"engine_version (llmgw's default {entry.engine})": (old, new)}
     return {f"engine_version (the catalog's newest {entry.engine})": (old, new)}
 
 
@@ -282,3 +298,16 @@ def export_catalog() -> dict[str, Any]:
     if models:
         data["models"] = models
     return data
+
+
+def spans_nodes_problem(engine: str, version: str, nodes: int) -> str | None:
+    """Why a profile over ``nodes`` nodes cannot run on ``engine`` ``version`` when that is
+    the prebuilt default llama.cpp (no RPC backend); None when it can, or is not it."""
+    if nodes <= 1 or (engine, version) != DEFAULT_LLAMA_CPP.key:
+        return None
+    return (
+        f"nodes: {nodes} splits the model over llama.cpp's RPC backend, which the default "
+        f"llama.cpp ({version}, prebuilt from PyPI) does not have; pin engine_version: to a "
+        "llama.cpp build with rpc-server (one named under engines:, or one the agent files "
+        "name: `make engines` builds one from source), or set nodes: 1"
+    )

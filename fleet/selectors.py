@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -12,11 +12,18 @@ from django.db.models import Count, Prefetch, Q
 from django.utils import timezone
 
 from audit.models import Event
-from catalog.models import Model, newest_engine_versions
+from catalog.models import (
+    FROM_CATALOG,
+    FROM_DEFAULT,
+    FROM_NODE,
+    Model,
+    engine_origins,
+    newest_engine_versions,
+)
 from core.humanize import format_bytes, format_progress
 from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, without_reports
 from fleet.planning.backoff import replacement_backoffs
-from protocol.engines import EngineInstall
+from protocol.engines import EngineInstall, is_default
 from protocol.inventory import Filesystem, Inventory, NodeUsage
 from protocol.serving import DEFAULT_SERVES
 
@@ -206,8 +213,13 @@ def _percent(part: float | None, whole: float | None) -> float | None:
     return max(0.0, min(100.0, 100.0 * part / whole))
 
 
-def engine_row(install: EngineInstall) -> dict[str, Any]:
-    """One engine version on a node, as pages, ``llmgw_ctl nodes --json`` and the API say it."""
+def engine_row(
+    install: EngineInstall, origins: Mapping[tuple[str, str], str] | None = None
+) -> dict[str, Any]:
+    """One engine version on a node, as pages, ``llmgw_ctl nodes --json`` and the API say it.
+
+    ``origins`` (``engine_origins()``, read once for every row) adds where it came from;
+    the cluster page, which shows no origin, reads no more for its thousands of rows."""
     return {
         "engine": install.engine,
         "version": install.version,
@@ -216,11 +228,27 @@ def engine_row(install: EngineInstall) -> dict[str, Any]:
         "detail": install.detail,
         "words": install.words,
         "installed": install.installed,
+        "origin": "" if origins is None else engine_origin(install, origins),
     }
 
 
-def node_row(node: Node, now: datetime) -> dict[str, Any]:
-    """A node as the cluster and node pages show it: its latest use against what it has.
+def engine_origin(install: EngineInstall, origins: Mapping[tuple[str, str], str]) -> str:
+    """Where a node's engine version came from: the default, the catalog, or the node itself
+    (its agent file); an install llmgw made that nothing names any more says so."""
+    if not install.managed:
+        return FROM_NODE
+    key = (install.engine, install.version)
+    if key in origins:
+        return origins[key]
+    was = FROM_DEFAULT if is_default(*key) else FROM_CATALOG
+    return f"{was}, no longer named (removed once no shard runs on it)"
+
+
+def node_row(
+    node: Node, now: datetime, origins: Mapping[tuple[str, str], str] | None = None
+) -> dict[str, Any]:
+    """A node as the cluster and node pages show it: its latest use against what it has
+    (with ``origins``, where each engine version came from: the node page).
 
     Usage that is not fresh is still shown, marked stale, rather than hidden.
     """
@@ -228,7 +256,7 @@ def node_row(node: Node, now: datetime) -> dict[str, Any]:
     fresh = node.usage_fresh_at(now)
     memory_total = (usage.memory_total if usage else 0) or (facts.memory_total if facts else None)
     installs = node.engine_installs()
-    engines = None if installs is None else [engine_row(install) for install in installs]
+    engines = None if installs is None else [engine_row(i, origins) for i in installs]
     filesystems = (usage.filesystems if usage else []) or (facts.filesystems if facts else [])
     cpu_percent = usage.cpu_percent if usage else None
     memory_used = usage.memory_used if usage else None
@@ -311,7 +339,8 @@ def node_detail(node_id: str) -> dict[str, Any] | None:
                 "progress": progress_line(shard.progress),
             }
         )
-    return {"row": node_row(node, now), "node": node, "shards": shards, "now": now}
+    row = node_row(node, now, engine_origins())
+    return {"row": row, "node": node, "shards": shards, "now": now}
 
 
 def model_detail(name: str) -> dict[str, Any] | None:

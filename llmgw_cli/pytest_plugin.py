@@ -38,6 +38,11 @@ def isolate_xdist_worker(environ=os.environ) -> None:
 
 isolate_xdist_worker()
 configure_services()
+# Without llmgw's default engines (rule R103), in this process's settings and in every
+# process a test starts: a test's nodes run the engines the test gives them, where a
+# default would have each placement wait for a pip install. The tests of the default, and
+# `llmgw up`'s, turn it on (settings.DEFAULT_ENGINES, LLMGW_DEFAULT_ENGINES=1).
+os.environ["LLMGW_DEFAULT_ENGINES"] = "0"
 
 
 def pytest_sessionfinish(session, exitstatus):

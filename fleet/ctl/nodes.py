@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 
 from audit.actors import shell_operator
+from catalog.models import engine_origins
 from core.collector import collecting_less
 from core.humanize import format_bytes
 from core.tables import render_json, render_table
@@ -84,7 +85,7 @@ def node_token_command(options, out) -> None:
     out.write(node_token(options["node"]))
 
 
-def _node_row(node: Node) -> dict:
+def _node_row(node: Node, origins: dict[tuple[str, str], str]) -> dict:
     facts, usage = node.inventory_facts(), node.latest_usage()
     installs = node.engine_installs()
     return {
@@ -96,7 +97,7 @@ def _node_row(node: Node) -> dict:
             f"{format_bytes(usage.memory_used)}/{format_bytes(usage.memory_total)}" if usage else ""
         ),
         "gpus": len(facts.gpus) if facts else 0,
-        "engines": None if installs is None else [engine_row(install) for install in installs],
+        "engines": None if installs is None else [engine_row(i, origins) for i in installs],
         "warnings": "; ".join(node.warnings),
         "last_heartbeat": ago(node.last_heartbeat),
     }
@@ -104,7 +105,8 @@ def _node_row(node: Node) -> dict:
 
 def nodes_command(options, out) -> None:
     with collecting_less():  # every node's reports, decoded and read back
-        rows = [_node_row(node) for node in Node.objects.defer("weights")]
+        origins = engine_origins()
+        rows = [_node_row(node, origins) for node in Node.objects.defer("weights")]
     if options["json"]:
         # Indented for a terminal; a pipe (jq, a script) gets it on one line, at a fleet's
         # size several times faster.

@@ -18,7 +18,7 @@ import logging
 from datetime import datetime
 
 from audit.actors import RECONCILER
-from catalog.models import Engine
+from catalog.models import Engine, default_engines
 from fleet import commands
 from fleet.actions.nodes import mark_engines_told
 from fleet.models import Node, NodeState
@@ -32,8 +32,10 @@ TOLD_PER_PASS = 50
 
 
 def wanted_engines() -> list[WantedEngine]:
-    """Every engine version the catalog names: each node should have them all."""
-    return [engine.wanted() for engine in Engine.objects.order_by("name", "version")]
+    """Every engine version the catalog names, and the default build of each engine it
+    names none of (rule R103): each node should have them all."""
+    named = [engine.wanted() for engine in Engine.objects.order_by("name", "version")]
+    return named + default_engines(engine.name for engine in named)
 
 
 def engines_digest(engines: list[WantedEngine]) -> str:

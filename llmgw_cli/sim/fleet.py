@@ -51,6 +51,10 @@ def control_env(directory: Path, fleet_hosts: list[Host], database: str, redis: 
         "DATABASE_URL": database,
         "REDIS_URL": redis,
         "ALLOWED_HOSTS": ",".join([*names, *addresses, "127.0.0.1", "localhost"]),
+        # No default engines (R103): the simulated nodes run the llama-server this
+        # environment has, named in their agent files, the one with rpc-server that the
+        # sim's replicas across nodes need; nor need they reach a package index.
+        "LLMGW_DEFAULT_ENGINES": "0",
         "PYTHONUNBUFFERED": "1",
     }
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import tarfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -104,3 +107,30 @@ def leftovers(home: Path, keep: tuple[str, ...] = ()) -> list[str]:
                 continue  # the directories themselves (and engines/llama.cpp) may stay
             found.append(str(relative))
     return found
+
+
+def wheel(directory: Path, name: str, version: str, files: dict[str, str],
+          scripts: dict[str, str] | None = None, extras: tuple[str, ...] = ()) -> Path:  # fmt: skip
+    """Write ``{name}-{version}-py3-none-any.whl`` holding ``files`` and console scripts."""
+    dist = f"{name}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    metadata += "".join(f"Provides-Extra: {extra}\n" for extra in extras)
+    contents = dict(files)
+    contents[f"{dist}/METADATA"] = metadata
+    contents[f"{dist}/WHEEL"] = (
+        "Wheel-Version: 1.0\nGenerator: llmgw-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
+    if scripts:
+        lines = "".join(f"{script} = {target}\n" for script, target in scripts.items())
+        contents[f"{dist}/entry_points.txt"] = f"[console_scripts]\n{lines}"
+    record = []
+    for member, text in contents.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{member},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"{dist}/RECORD,,")
+    contents[f"{dist}/RECORD"] = "\n".join(record) + "\n"
+    path = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in contents.items():
+            archive.writestr(member, text)
+    return path

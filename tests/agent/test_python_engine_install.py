@@ -3,57 +3,18 @@
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import os
 import subprocess
-import zipfile
-from pathlib import Path
 
 import pytest
 
 from agent_worker.engines.install import InstallError
 from agent_worker.engines.install.python_env import PipSettings, install_python_engine
 from protocol.engines import WantedEngine
-from tests.agent.engine_archives import make_installer
+from tests.agent.engine_archives import make_installer, wheel
 
-
-def wheel(directory: Path, name: str, version: str, files: dict[str, str],
-          scripts: dict[str, str] | None = None, extras: tuple[str, ...] = ()) -> Path:  # fmt: skip
-    """Write ``{name}-{version}-py3-none-any.whl`` holding ``files`` and console scripts."""
-    dist = f"{name}-{version}.dist-info"
-    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-    metadata += "".join(f"Provides-Extra: {extra}\n" for extra in extras)
-    contents = dict(files)
-    contents[f"{dist}/METADATA"] = metadata
-    contents[f"{dist}/WHEEL"] = (
-        "Wheel-Version: 1.0\nGenerator: llmgw-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    )
-    if scripts:
-        lines = "".join(f"{script} = {target}\n" for script, target in scripts.items())
-        contents[f"{dist}/entry_points.txt"] = f"[console_scripts]\n{lines}"
-    record = []
-    for member, text in contents.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
-        record.append(f"{member},sha256={digest.decode()},{len(text.encode())}")
-    record.append(f"{dist}/RECORD,,")
-    contents[f"{dist}/RECORD"] = "\n".join(record) + "\n"
-    path = directory / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as archive:
-        for member, text in contents.items():
-            archive.writestr(member, text)
-    return path
-
+pytestmark = pytest.mark.usefixtures("pip_without_this_machines_config")
 
 VLLM_MAIN = "import sys\ndef main():\n    print({said!r})\n    sys.exit({code})\n"
-
-
-@pytest.fixture(autouse=True)
-def pip_without_this_machines_config(monkeypatch):
-    """Only the test's wheels: this machine's pip.conf and PIP_* name mirrors and constraints."""
-    for name in [name for name in os.environ if name.startswith("PIP_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
 
 
 @pytest.fixture(scope="module")

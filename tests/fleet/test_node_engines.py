@@ -15,16 +15,15 @@ from audit.actors import AGENT_LINK
 from audit.models import Event
 from catalog.actions.entries import apply_catalog
 from fleet.actions.nodes import drain_node, undrain_node
-from fleet.actions.reports import register_node, update_engines
+from fleet.actions.reports import update_engines
 from fleet.models import Node, Replica
 from fleet.pki.tokens import node_token
-from fleet.reconcile.passes import reconcile
 from protocol import messages
 from protocol.commands import CONVERGE_ENGINES, DRAIN
 from protocol.engines import EngineInstall, WantedEngine
 from protocol.signing import verify
 from tests.factories import SETUP
-from tests.fleet.inventories import inventory
+from tests.fleet.links import link, reconcile_now
 from tests.fleet.queues import clear_queue, queued_commands, queued_signatures
 
 pytestmark = pytest.mark.django_db
@@ -53,18 +52,6 @@ models:
         engine_version: b6000
         memory: 1GiB
 """
-
-
-def link(node_id: str, *installs: EngineInstall, now=None) -> Node:
-    register = messages.Register(
-        inventory=inventory(node_id), engines_probed=True, engines=list(installs)
-    )
-    return register_node(node_id, register, now=now, actor=AGENT_LINK)
-
-
-def reconcile_now(capture, now=None):
-    with capture(execute=True):
-        return reconcile(now=now)
 
 
 def orders(node_id: str) -> list[tuple[str, list]]:

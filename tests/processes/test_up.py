@@ -9,6 +9,8 @@ import signal
 import httpx
 import pytest
 
+from llmgw_cli.local_engine import wheel_llama_server
+from protocol.engines import DEFAULT_LLAMA_CPP
 from tests.processes.support import wait_until
 from tests.processes.up_support import Up, answers, fresh_home, remove_home
 
@@ -55,17 +57,19 @@ def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_p
             "the local node in /metrics",
         )
         assert b"llmgw_node_up{" in metrics.content
-        # Another terminal with the same home reaches the same database and Redis.
-        other = up.manage("llmgw_ctl", "nodes", "--json")
-        assert other.returncode == 0, other.stderr[-2000:]
-        [node] = json.loads(other.stdout)
+        # Another terminal with the same home reaches the same database and Redis. With no
+        # catalog at all, the node installs llmgw's default llama.cpp on link (rule R103).
+        node = wait_until(lambda: _node_with_default_engine(up), 180, "the default llama.cpp")
         assert node["state"] == "connected"
-        # No archive needed: the demo's engine is the wheel, named by `llmgw up` itself.
-        [engine] = node["engines"]
-        assert (engine["engine"], engine["status"], engine["managed"]) == (
-            "llama.cpp", "installed", False,
+        engines = {engine["version"]: engine for engine in node["engines"]}
+        default = engines.pop(DEFAULT_LLAMA_CPP.version)
+        assert (default["engine"], default["managed"], default["origin"]) == (
+            "llama.cpp", True, "default",
         )  # fmt: skip
-        assert engine["detail"] == "named in the agent file"
+        # The llama-server `make engines` built, when there is one, is named by `llmgw up`.
+        assert [(e["detail"], e["origin"]) for e in engines.values()] == (
+            [("named in the agent file", "found on the node")] if wheel_llama_server() else []
+        )
         # It linked by its own local certificate: no token, no set-up.
         assert (home / "agent-tls" / "node.pem").exists()
         assert oct((home / "agent-tls" / "node-key.pem").stat().st_mode)[-3:] == "600"
@@ -86,3 +90,11 @@ def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_p
             assert httpx.get(f"{base}/accounts/login/", timeout=5).status_code == 200
     finally:
         up.stop()
+
+
+def _node_with_default_engine(up: Up) -> dict | None:
+    listed = up.manage("llmgw_ctl", "nodes", "--json")
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    [node] = json.loads(listed.stdout)
+    versions = {e["version"]: e["status"] for e in node["engines"] or []}
+    return node if versions.get(DEFAULT_LLAMA_CPP.version) == "installed" else None

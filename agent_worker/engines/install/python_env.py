@@ -70,21 +70,20 @@ def install_python_engine(
     """
     if engine not in REQUIREMENTS:
         raise InstallError(f"llmgw installs {', '.join(REQUIREMENTS)} with pip, not {engine}")
-    if target_dir.is_symlink() or (target_dir.exists() and not _is_empty_dir(target_dir)):
-        raise InstallError(f"{target_dir} is not an empty directory; llmgw leaves it alone")
+    refuse_occupied(target_dir)
     spec, executable = REQUIREMENTS[engine]
     requirement = spec.format(version=version)
     try:
         say("creating a virtualenv")
         venv = [pip.python, "-m", "venv", str(target_dir)]
-        _run(venv, f"creating a virtualenv for {engine} {version}", VENV_TIMEOUT)
+        run_step(venv, f"creating a virtualenv for {engine} {version}", VENV_TIMEOUT)
         say(f"pip install {requirement}")
         python = str(target_dir / "bin" / "python")
         # No progress bar: nobody reads it here, and for gigabytes of wheels it is most
         # of the output held in memory.
         command = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
                    "--progress-bar", "off", *pip.index_args(), requirement]  # fmt: skip
-        _run(command, f"pip install {requirement}", pip.timeout)
+        run_step(command, f"pip install {requirement}", pip.timeout)
         say(f"checking {engine}")
         _check(engine, version, target_dir, version_timeout)
     except BaseException:
@@ -99,7 +98,7 @@ def _check(engine: str, version: str, target_dir: Path, timeout: float) -> None:
     """Run the engine as the adapter will, and hold it to the version pip was asked for."""
     if engine == "vllm":
         what = f"checking vllm {version}: vllm --version"
-        output = _run([str(target_dir / "bin" / "vllm"), "--version"], what, timeout)
+        output = run_step([str(target_dir / "bin" / "vllm"), "--version"], what, timeout)
         # vLLM may log before it answers; the version has to be there as a whole word,
         # so 0.6.30 is not 0.6.3 (a local label such as 0.6.3+cu124 is: pip takes it).
         if not re.search(rf"(?<![\d.]){re.escape(version)}(?!\w|\.\w)", output):
@@ -108,14 +107,14 @@ def _check(engine: str, version: str, target_dir: Path, timeout: float) -> None:
     # The tagged import probe.py runs, so the check and the probe read the same version;
     # cwd "/" (run_bounded's) so a stray sglang/ folder where the agent runs is not it.
     what = f"checking sglang {version}: importing sglang"
-    output = _run([str(target_dir / "bin" / "python"), "-c", SGLANG_IMPORT], what, timeout)
+    output = run_step([str(target_dir / "bin" / "python"), "-c", SGLANG_IMPORT], what, timeout)
     tagged = [line for line in output.splitlines() if line.startswith(SGLANG_VERSION_TAG)]
     said = tagged[-1].removeprefix(SGLANG_VERSION_TAG).strip() if tagged else ""
     if said != version:
         raise InstallError(f"{what} gives version {said or 'none'!r}, not {version}")
 
 
-def _run(command: list[str], what: str, timeout: float) -> str:
+def run_step(command: list[str], what: str, timeout: float) -> str:
     """Run ``command`` bounded, without the agent's venv; return its output, or raise
     naming ``what`` with the process's last meaningful lines."""
     env = {key: value for key, value in os.environ.items() if key not in DROPPED_ENV}
@@ -136,7 +135,13 @@ def _tail(output: str, count: int = 3) -> str:
     return " / ".join((errors or lines)[-count:])
 
 
-def _is_empty_dir(path: Path) -> bool:
+def refuse_occupied(target_dir: Path) -> None:
+    """Refuse a link, or a directory holding anything: not llmgw's to make a venv in."""
+    if target_dir.is_symlink() or (target_dir.exists() and not is_empty_dir(target_dir)):
+        raise InstallError(f"{target_dir} is not an empty directory; llmgw leaves it alone")
+
+
+def is_empty_dir(path: Path) -> bool:
     try:
         return not any(path.iterdir())
     except OSError:  # a file, or unreadable: not ours to use either way
