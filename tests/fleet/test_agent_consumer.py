@@ -135,7 +135,7 @@ async def test_a_fake_agent_reporting_shards_rebuilds_its_replicas():
         actor=SETUP,
     )
     from catalog.models import Profile
-    from fleet.models import replica_secret
+    from fleet.pki.keys import replica_secret
 
     fingerprint = await sync_to_async(lambda: Profile.objects.get().fingerprint())()
     replica_id = str(uuid.uuid4())
@@ -220,3 +220,54 @@ async def test_the_link_tells_a_registering_node_the_epoch_that_leads(settings):
     conn.delete(*conn.keys(settings.LEADER_LEASE_KEY + "*"))
 
     assert (answer["type"], answer.get("epoch")) == ("linked", lease.epoch), (answer, lease)
+
+
+def challenged(address: str = "10.9.8.7") -> WebsocketCommunicator:
+    """A socket that asks for the certificate challenge, from ``address``."""
+    headers = [(b"x-llmgw-node", b"node01"), (b"x-llmgw-auth", b"certificate")]
+    ws = WebsocketCommunicator(application(), "/agent/", headers=headers)
+    ws.scope["client"] = [address, 40000]
+    return ws
+
+
+async def test_a_socket_that_never_answers_the_challenge_is_closed(settings):
+    # Each one held a descriptor and a consumer for as long as daphne kept it (24 h).
+    settings.LLMGW_NODE_AUTH = "certificate"
+    settings.LINK_PROOF_TIMEOUT = 0.2
+    ws = challenged()
+    await ws.connect()
+    assert json.loads(await ws.receive_from())["type"] == "challenge"
+    refusal = json.loads(await ws.receive_from(timeout=5))
+    assert refusal["type"] == "refused"
+    assert "did not answer the challenge within 0.2 s" in refusal["reason"]
+    assert (await ws.receive_output(timeout=5))["type"] == "websocket.close"
+
+
+async def test_the_101st_unproven_socket_from_one_address_is_refused(settings):
+    settings.LLMGW_NODE_AUTH = "certificate"
+    settings.LINK_PENDING_PER_ADDRESS = 100
+    pending = [challenged() for _ in range(100)]
+    try:
+        for ws in pending:
+            await ws.connect()
+            assert json.loads(await ws.receive_from())["type"] == "challenge"
+        one_more = challenged()
+        await one_more.connect()
+        refusal = json.loads(await one_more.receive_from())
+        assert refusal["type"] == "refused"
+        assert "100 links from 10.9.8.7 are waiting to prove themselves" in refusal["reason"]
+        assert "LLMGW_LINK_PENDING_PER_ADDRESS" in refusal["reason"]
+        assert await consumer_ended(one_more)
+
+        elsewhere = challenged("10.9.8.8")  # another address is not held up by this one's
+        await elsewhere.connect()
+        assert json.loads(await elsewhere.receive_from())["type"] == "challenge"
+        await elsewhere.disconnect()
+        await pending.pop().disconnect()  # one that goes away frees its place
+        again = challenged()
+        await again.connect()
+        assert json.loads(await again.receive_from())["type"] == "challenge"
+        pending.append(again)
+    finally:
+        for ws in pending:
+            await ws.disconnect()
