@@ -41,6 +41,8 @@ MANAGE = str(REPO / "manage.py")
 STOP_GRACE_SECONDS = 10
 # Under the home: each child's pid while `llmgw up` runs.
 UP_STATE_FILE = "up.json"
+# Under the home: the password of the router's database role (0600).
+ROUTER_PASSWORD_FILE = "router-db-password"  # noqa: S105 (a file name)
 
 
 def planned_children(
@@ -117,8 +119,29 @@ def ensure_local_certificate(python: str, env: dict[str, str], home: Path) -> No
     subprocess.run([*ctl, "onboard", socket.gethostname(), "--servers",
                     env["LLMGW_AGENT_SERVERS"], "--out", str(bundle), "--reuse",
                     "--certificate-only"], env=env, check=True, capture_output=True)  # fmt: skip
+    # The CA a control plane's "linked" answer is checked against: without it the agent
+    # would take no command key.
+    env.setdefault("LLMGW_AGENT_CA", str(bundle / "ca.pem"))
     env.setdefault("LLMGW_AGENT_CERT", str(bundle / "node.pem"))
     env.setdefault("LLMGW_AGENT_KEY", str(bundle / "node-key.pem"))
+
+
+def router_environment(python: str, env: dict[str, str], home: Path) -> dict[str, str]:
+    """The router's environment: the database as its own role (``llmgw_ctl router-role``:
+    it reads the snapshot and adds usage, nothing more), and none of the control plane's
+    keys (it runs with its own settings, which read none)."""
+    router = {k: v for k, v in env.items() if k not in ("SECRET_KEY", "LLMGW_FLEET_KEY")}
+    made = subprocess.run(
+        [python, MANAGE, "llmgw_ctl", "router-role", "--password-file",
+         str(home / ROUTER_PASSWORD_FILE)],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if made.returncode == 0:
+        router["DATABASE_URL"] = made.stdout.strip().splitlines()[-1]
+    else:  # a DATABASE_URL whose user may not make roles: said, and the router still starts
+        why = (made.stderr.strip().splitlines() or ["no reason given"])[-1]
+        print(f"the router reads the database with the control plane's rights: {why}", flush=True)
+    return router
 
 
 def ensure_admin(python: str, env: dict[str, str], home: Path) -> None:
@@ -185,6 +208,7 @@ def run(argv: list[str] | None = None) -> int:
     ensure_local_certificate(python, env, home)
     apply_demo(python, env, home)
     key_file = ensure_api_key(python, env, home)
+    router_env = router_environment(python, env, home)
 
     control_port = env_int("LLMGW_PORT", 8000)
     router_port = env_int("LLMGW_ROUTER_PORT", 8080)
@@ -192,8 +216,8 @@ def run(argv: list[str] | None = None) -> int:
     control_socket = listening_socket("127.0.0.1", control_port)
     fd = control_socket.fileno()
     processes = [
-        ProcessChild(name, command, logs / f"{name}.log", env, REPO,
-                     pass_fds=(fd,) if name.startswith("control-plane") else ())
+        ProcessChild(name, command, logs / f"{name}.log", router_env if name == "router" else env,
+                     REPO, pass_fds=(fd,) if name.startswith("control-plane") else ())
         for name, command in planned_children(python, fd, router_port, control_processes())
     ]  # fmt: skip
     supervisor = ChildSupervisor([*services, *processes])

@@ -8,12 +8,11 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from core.env import env_bool, env_float, env_int, env_list, env_str, llmgw_home
-from core.redis_urls import RedisURL, RedisURLError, parse_redis_url
 from core.secret_files import ensure_private_dir, read_or_create_secret
+from llmgw_site.services import database, read_redis_url, required_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 LLMGW_HOME = ensure_private_dir(llmgw_home())  # secrets, sockets and data: the owner's alone
@@ -97,43 +96,12 @@ TEMPLATES = [
 ]
 
 
-def _required_url(name: str, what: str) -> str:
-    """A service URL from the environment. Settings start nothing: the entry points
-    (`llmgw`, manage.py, the test runner, `celery -A llmgw_cli`) put the embedded
-    servers' URLs here when none is configured."""
-    url = env_str(name)
-    if not url:
-        raise ImproperlyConfigured(
-            f"{name} is not set. Start llmgw through `llmgw`, `manage.py` or "
-            f"`celery -A llmgw_cli`, which start an embedded {what} when none is configured, "
-            f"or set {name} to your {what}'s URL."
-        )
-    return url
-
-
-DATABASE_URL = _required_url("DATABASE_URL", "PostgreSQL")
-DATABASES = {
-    # Persistent connections: closing one per request fell to ~150 msg/s on the link.
-    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True),
-}
-# A unix-socket URL (?host=/dir) arrives as an option; HOST is where Django looks.
-if DATABASES["default"].get("OPTIONS", {}).get("host"):
-    DATABASES["default"]["HOST"] = DATABASES["default"]["OPTIONS"].pop("host")
+DATABASE_URL = required_url("DATABASE_URL", "PostgreSQL")
+DATABASES = {"default": database(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = _required_url("REDIS_URL", "Redis")
-
-
-def _read_redis_url(url: str) -> RedisURL:
-    """REDIS_URL read once, its password and TLS options (``rediss://…?ssl_ca_certs=``)
-    handed to each library; a TLS file that is missing stops every process here."""
-    try:
-        return parse_redis_url(url, "REDIS_URL")
-    except RedisURLError as exc:
-        raise ImproperlyConfigured(str(exc)) from None
-
-
-_redis = _read_redis_url(REDIS_URL)  # lower case: not a setting itself
+REDIS_URL = required_url("REDIS_URL", "Redis")
+_redis = read_redis_url(REDIS_URL)  # lower case: not a setting itself
 
 CHANNEL_LAYERS = {
     "default": {

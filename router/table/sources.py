@@ -1,6 +1,7 @@
 """Where the routing table and keys come from, and how they are kept fresh.
 
-``DatabaseSource`` reads through Django's ORM on one dedicated thread. Why the ORM and
+``DatabaseSource`` reads through Django's ORM on one dedicated thread, under the router's
+own settings (``llmgw_site/router_settings.py``: no SECRET_KEY, a role that reads). Why the ORM and
 not psycopg directly: the schema has one definition (models and migrations) shared with
 the control plane, and reads happen only off the request path (start-up, a pub/sub
 notification, every ``refresh_seconds``), where the ORM's cost does not matter. One
@@ -36,6 +37,8 @@ logger = logging.getLogger(__name__)
 # A load's result: the table, and the keys (None when authentication is off).
 Loaded = tuple[RoutingSnapshot, list[dict[str, Any]] | None]
 
+# The router's Django settings: what it reads, and no secret of the fleet's.
+ROUTER_SETTINGS = "llmgw_site.router_settings"
 # After a failed reload or a lost Redis connection, try again this soon.
 RETRY_SECONDS = 1.0
 
@@ -74,11 +77,14 @@ class DatabaseSource:
     def _setup(self) -> None:
         if self._django_ready:
             return
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
         import django
-
-        django.setup()
         from django.conf import settings
+
+        if not settings.configured:
+            # Its own settings, whatever the environment names for the control plane's
+            # processes: the router reads no SECRET_KEY and no fleet key.
+            os.environ["DJANGO_SETTINGS_MODULE"] = ROUTER_SETTINGS
+        django.setup()
 
         # redis-py's spelling of the URL's TLS options (ssl_cert_reqs=required, not CERT_…).
         self.redis_url = parse_redis_url(settings.REDIS_URL, "REDIS_URL").client_url
