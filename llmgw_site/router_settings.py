@@ -12,8 +12,7 @@ DJANGO_SETTINGS_MODULE its environment names.
 
 from __future__ import annotations
 
-from core.env import env_str
-from llmgw_site.services import database, read_redis_url, required_url
+from llmgw_site.services import database, logging_config, read_redis_url, required_url
 
 # The models the snapshot reads, and the apps their foreign keys reach.
 INSTALLED_APPS = [
@@ -36,10 +35,4 @@ USE_I18N = False
 USE_TZ = True
 TIME_ZONE = "UTC"
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-}
+LOGGING = logging_config()

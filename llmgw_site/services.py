@@ -38,6 +38,19 @@ def database(url: str) -> dict[str, Any]:
     return entry
 
 
+def logging_config() -> dict[str, Any]:
+    """Every process logs plainly to its standard error, at LOG_LEVEL."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+        "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+        # pgserver narrates every handle it opens and closes.
+        "loggers": {"pgserver": {"level": "WARNING"}},
+    }
+
+
 def read_redis_url(url: str) -> RedisURL:
     """REDIS_URL read once, its password and TLS options (``rediss://…?ssl_ca_certs=``)
     handed to each library; a TLS file that is missing stops every process here."""

@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from core.env import env_bool, env_float, env_int, env_list, env_str, llmgw_home
 from core.secret_files import ensure_private_dir, read_or_create_secret
-from llmgw_site.services import database, read_redis_url, required_url
+from llmgw_site.services import database, logging_config, read_redis_url, required_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 LLMGW_HOME = ensure_private_dir(llmgw_home())  # secrets, sockets and data: the owner's alone
@@ -161,15 +161,7 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
 }
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    # pgserver narrates every handle it opens and closes.
-    "loggers": {"pgserver": {"level": "WARNING"}},
-}
+LOGGING = logging_config()
 
 # Node liveness (seconds). DESIGN.md: unreachable after 15 s of silence, lost after 60 s.
 NODE_UNREACHABLE_AFTER = env_int("LLMGW_NODE_UNREACHABLE_AFTER", 15)

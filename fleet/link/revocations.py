@@ -17,17 +17,15 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Protocol
 
-import redis.asyncio as aioredis
 from channels.db import database_sync_to_async
 from django.conf import settings
 
 from core.redis_urls import parse_redis_url
+from core.subscriptions import listen_forever
 from fleet.pki.revocation import REVOKED_CHANNEL, revoked_links
 
 log = logging.getLogger("llmgw.fleet.link")
 
-# After a lost Redis connection, subscribe again this soon.
-RETRY_SECONDS = 1.0
 # How long a link waits for this process's first subscription before it is answered: a
 # revocation right after a process starts must not slip past a subscription half made.
 SUBSCRIBE_WAIT = 2.0
@@ -104,25 +102,12 @@ class LiveLinks:
 
     async def _listen(self) -> None:
         url = parse_redis_url(settings.REDIS_URL, "REDIS_URL").client_url
-        while True:
-            client = None
-            try:
-                # Pings the idle subscription, so a silently dropped connection is noticed.
-                client = aioredis.Redis.from_url(url, health_check_interval=30)
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
-                await pubsub.subscribe(REVOKED_CHANNEL)
-                self._subscribed.set()
-                async for message in pubsub.listen():
-                    node_id = message["data"].decode(errors="replace")
-                    await self.close_revoked([node_id])
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("revocation notices lost (%s); subscribing again", exc)
-            finally:
-                if client is not None:
-                    await client.aclose()
-            await asyncio.sleep(RETRY_SECONDS)
+
+        async def close_if_revoked(data: bytes) -> None:
+            await self.close_revoked([data.decode(errors="replace")])
+
+        await listen_forever(lambda: url, REVOKED_CHANNEL, close_if_revoked,
+                             self._subscribed.set, log, "revocation notices")  # fmt: skip
 
 
 live_links = LiveLinks()

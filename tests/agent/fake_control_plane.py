@@ -13,6 +13,16 @@ from websockets.asyncio.server import serve
 from protocol.signing import linked_hmac, linked_payload
 
 
+class Canned:
+    """A message that serialises to fixed JSON; the link only ever serialises messages."""
+
+    def __init__(self, **fields) -> None:
+        self.fields = fields
+
+    def model_dump_json(self) -> str:
+        return json.dumps(self.fields)
+
+
 @dataclass(frozen=True)
 class Signer:
     """A certificate and its key, that signs "linked" answers (a control plane's, or not)."""

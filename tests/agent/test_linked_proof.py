@@ -17,8 +17,7 @@ from agent_worker import link as link_module
 from agent_worker.identity import NodeIdentity
 from agent_worker.link import AgentLink, LinkCallbacks
 from fleet.pki import authority
-from tests.agent.fake_control_plane import FakeControlPlane, Signer
-from tests.agent.test_link import Canned
+from tests.agent.fake_control_plane import Canned, FakeControlPlane, Signer
 from tests.support.polling import wait_until_async
 
 TOKEN = "node01.the-token"

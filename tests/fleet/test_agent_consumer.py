@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -12,40 +11,11 @@ from channels.testing import WebsocketCommunicator
 from fleet.link.heartbeats import batcher
 from fleet.models import Node
 from fleet.pki.tokens import node_token
-from fleet.websockets import websocket_urlpatterns
 from protocol import messages
 from tests.factories import SETUP
-from tests.fleet.inventories import inventory
+from tests.fleet.link_sockets import application, communicator, consumer_ended, linked, register
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-def application():
-    from channels.routing import URLRouter
-
-    return URLRouter(websocket_urlpatterns)
-
-
-def communicator(node_id: str, token: str | None = None) -> WebsocketCommunicator:
-    headers = [(b"x-llmgw-node", node_id.encode())]
-    if token is not False:
-        headers.append((b"authorization", f"Bearer {token or node_token(node_id)}".encode()))
-    return WebsocketCommunicator(application(), "/agent/", headers=headers)
-
-
-def register(node_id: str, **fields) -> str:
-    return messages.Register(
-        inventory=inventory(node_id), engines_probed=True, **fields
-    ).model_dump_json()
-
-
-async def linked(node_id: str) -> WebsocketCommunicator:
-    ws = communicator(node_id)
-    connected, _ = await ws.connect()
-    assert connected
-    await ws.send_to(text_data=register(node_id))
-    assert json.loads(await ws.receive_from())["type"] == "linked"
-    return ws
 
 
 async def test_register_creates_the_node_connected():
@@ -53,15 +23,6 @@ async def test_register_creates_the_node_connected():
     node = await sync_to_async(Node.objects.get)(id="node01")
     assert (node.state, node.address, node.engines) == ("connected", "10.0.0.1", [])
     await ws.disconnect()
-
-
-async def consumer_ended(ws: WebsocketCommunicator, within: float = 2.0) -> bool:
-    """True once the consumer has finished by itself: a refused link leaves nothing running."""
-    for _ in range(int(within / 0.05)):
-        if ws.future.done():
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 async def test_a_link_without_a_token_is_refused_with_the_fix():

@@ -23,7 +23,7 @@ from fleet.pki.revocation import REVOKED_CHANNEL
 from fleet.pki.tokens import node_token
 from protocol import messages
 from tests.factories import SETUP
-from tests.fleet.test_agent_consumer import application, communicator, consumer_ended, register
+from tests.fleet.link_sockets import application, communicator, consumer_ended, register
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
