@@ -62,6 +62,7 @@ def init_ca(directory: Path | None = None, force: bool = False) -> Path:
             )
         cert_path.unlink(missing_ok=True)
         key_path.unlink(missing_ok=True)
+        (directory / LINK_SIGNER).unlink(missing_ok=True)  # the old CA's: agents would refuse it
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_NAME)])
     now = timezone.now()
