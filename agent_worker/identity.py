@@ -1,5 +1,6 @@
-"""The node's certificate and key (``tls: {cert, key}`` in the agent file), and the proof
-of possession a link answers the control plane's challenge with."""
+"""The node's certificate and key (``tls: {cert, key}`` in the agent file), the proof of
+possession a link answers the control plane's challenge with, and the CA (``tls: ca``) a
+control plane's own proof is checked against."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from protocol.signing import proof_payload
 
 
 class NodeIdentity:
-    def __init__(self, cert_file: str, key_file: str) -> None:
+    def __init__(self, cert_file: str, key_file: str, ca_file: str = "") -> None:
         self.cert_pem = Path(cert_file).read_bytes()
+        # Without it no control plane can prove itself, and the agent takes no command key.
+        self.ca_pem = Path(ca_file).read_bytes() if ca_file else b""
         key = serialization.load_pem_private_key(Path(key_file).read_bytes(), None)
         if not isinstance(key, ec.EllipticCurvePrivateKey):
             raise ValueError(f"{key_file} is not the EC key of an llmgw node certificate")

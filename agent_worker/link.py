@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import random
+import secrets
 import ssl
 import threading
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ from pydantic import BaseModel
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from agent_worker.control_plane_proof import LinkedAnswerRefused, check_linked_answer
 from agent_worker.identity import NodeIdentity
 from protocol.messages import CLOSE_BAD_MESSAGE, Heartbeat, Register
 
@@ -97,10 +99,10 @@ class AgentLink:
         self.servers = list(servers)
         self.node_id = node_id
         self.token = token
-        # With a certificate the agent proves itself by it, and learns its command key
-        # from the control plane once proven; with a token, the token is that key.
+        # With a certificate the agent proves itself by it, else by its token; either way it
+        # learns its command key from a "linked" answer whose sender proved itself.
         self.identity = identity
-        self.command_key = "" if identity else token
+        self.command_key = ""
         self.callbacks = callbacks
         self.heartbeat_interval = heartbeat_interval
         self.ssl_context = ssl_context
@@ -193,7 +195,9 @@ class AgentLink:
     async def _session(self, server: str) -> bool:
         """One connection's life; True if it linked (however it ended)."""
         url = agent_url(server)
-        headers = {"X-Llmgw-Node": self.node_id}
+        # The control plane signs its "linked" answer over this: good for this link only.
+        nonce = secrets.token_hex(16)
+        headers = {"X-Llmgw-Node": self.node_id, "X-Llmgw-Link-Nonce": nonce}
         if self.identity is not None:
             headers["X-Llmgw-Auth"] = "certificate"
         else:
@@ -238,14 +242,14 @@ class AgentLink:
             log.warning("control plane %s refused the link: %s", url, answer.get("reason", first))
             await ws.close()
             return False
-        if self.identity is not None:
-            self.command_key = str(answer.get("command_key") or self.command_key)
-        self._learn_epoch(answer)
+        if not self._take_key(answer, url, nonce):
+            await ws.close()
+            return False
         log.info("linked to control plane %s as %s", url, self.node_id)
         self.connected_to = url
         self.sessions += 1
         try:
-            await self._linked(ws)
+            await self._linked(ws, url, nonce)
         except ConnectionClosed as exc:
             self._log_close(url, exc, linked=True)
         finally:
@@ -265,14 +269,30 @@ class AgentLink:
         await ws.send(json.dumps(proof))
         return True
 
-    async def _linked(self, ws: ClientConnection) -> None:
+    def _take_key(self, answer: dict, url: str, nonce: str) -> bool:
+        """Take the command key (and the epoch) of a "linked" answer whose sender proved
+        itself; of any other, nothing: the link is not kept and commands wait for a key."""
+        try:
+            self.command_key = check_linked_answer(
+                answer, nonce, self.node_id, token="" if self.identity else self.token,
+                ca_pem=self.identity.ca_pem if self.identity else None,
+            )  # fmt: skip
+        except LinkedAnswerRefused as exc:
+            self.command_key = ""
+            log.error('control plane %s answered "linked" but did not prove itself (%s); not '
+                      "linked to it, and no command key taken", url, exc)  # fmt: skip
+            return False
+        self._learn_epoch(answer)
+        return True
+
+    async def _linked(self, ws: ClientConnection, url: str, nonce: str) -> None:
         assert self._stop is not None
         sending = asyncio.Lock()
         tasks = [
             asyncio.create_task(self._heartbeats(ws)),
             asyncio.create_task(self._send_outbox(ws, sending)),
             asyncio.create_task(self._register_when_asked(ws, sending)),
-            asyncio.create_task(self._read(ws)),
+            asyncio.create_task(self._read(ws, url, nonce)),
             asyncio.create_task(self._stop.wait()),
         ]
         try:
@@ -333,14 +353,16 @@ class AgentLink:
                         self._statements = {kind: text, **self._statements}
                 raise
 
-    async def _read(self, ws: ClientConnection) -> None:
+    async def _read(self, ws: ClientConnection, url: str, nonce: str) -> None:
         async for message in ws:
             answer = _decode(message)
             if answer.get("type") == "error":
                 log.error("control plane refused a message: %s", answer.get("reason"))
             elif answer.get("type") == "linked":  # the answer to a later register
-                self.command_key = str(answer.get("command_key") or self.command_key)
-                self._learn_epoch(answer)
+                if not self._take_key(answer, url, nonce):
+                    return  # ends the session
+            elif answer.get("type") == "refused":  # a link closed by the control plane
+                log.warning("control plane %s closed the link: %s", url, answer.get("reason"))
             else:
                 log.info("control plane says: %s", message)
 

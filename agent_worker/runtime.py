@@ -410,7 +410,7 @@ class AgentRuntime:
         node by it, answering the control plane's challenge."""
         if not (self.config.cert_file and self.config.key_file):
             return None
-        return NodeIdentity(self.config.cert_file, self.config.key_file)
+        return NodeIdentity(self.config.cert_file, self.config.key_file, self.config.ca_file)
 
     def _ssl_context(self) -> ssl.SSLContext | None:
         if not any(s.startswith(("wss://", "https://")) for s in self.config.servers):

@@ -140,7 +140,8 @@ def _profile_shape(m: int, models: int) -> dict:
 def build(nodes: int, models: int, wanted: int, now: datetime) -> Built:
     """Write the fleet; every node heard at ``now``; ~1% of placed replicas still starting."""
     from catalog.models import Engine, Model, Profile, newest_engine_versions
-    from fleet.models import Node, Replica, ReplicaState, Shard, ShardState, replica_secret
+    from fleet.models import Node, Replica, ReplicaState, Shard, ShardState
+    from fleet.pki.keys import replica_secret
     from fleet.planning.snapshot import node_snapshots, placement_request
     from fleet.reconcile.engines import engines_digest, wanted_engines
     from placement import place_batch

@@ -20,7 +20,7 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 
 from fleet import leadership
 from fleet.models import Node
-from fleet.pki.tokens import node_token
+from fleet.pki.keys import command_key
 from protocol.commands import (
     AnnounceEpoch,
     CollectWeights,
@@ -64,13 +64,25 @@ def one_connection() -> Iterator[Any]:
         yield producer
 
 
-def send(node_id: str, command: NodeCommand, expires: float, producer: Any = None):
+def send(
+    node_id: str,
+    command: NodeCommand,
+    expires: float,
+    producer: Any = None,
+    key_generation: str | None = None,
+):
     """Put a signed, expiring command on the node's queue, under an id of its own (also its
-    Celery task id) that the agent obeys once."""
+    Celery task id) that the agent obeys once.
+
+    Signed with the key of the node's latest link (``key_generation``, read from its row
+    when not given): a node that has not linked since a revocation holds no key it verifies.
+    """
+    if key_generation is None:
+        key_generation = _key_generation(node_id)
     deadline = time.time() + expires
     args = command.args()
     command_id = uuid.uuid4().hex
-    signature = sign(node_token(node_id), command.task, args, deadline, command_id)
+    signature = sign(command_key(node_id, key_generation), command.task, args, deadline, command_id)
     return current_app.send_task(
         command.task,
         args=args,
@@ -80,6 +92,11 @@ def send(node_id: str, command: NodeCommand, expires: float, producer: Any = Non
         expires=expires,
         producer=producer,
     )
+
+
+def _key_generation(node_id: str) -> str:
+    found = Node.objects.filter(id=node_id).values_list("key_generation", flat=True).first()
+    return found or ""
 
 
 def send_start_shard(node_id: str, spec: ShardSpec) -> None:
@@ -102,17 +119,24 @@ def announce_epoch(epoch: int) -> None:
     """Tell every node the epoch of the leader that just took the lease (lost nodes too:
     one that comes back reads its queue first)."""
     with one_connection() as producer:
-        for node_id in Node.objects.values_list("id", flat=True):
-            send(node_id, AnnounceEpoch(epoch=epoch), EPOCH_EXPIRES, producer)
+        for node_id, generation in Node.objects.values_list("id", "key_generation"):
+            send(node_id, AnnounceEpoch(epoch=epoch), EPOCH_EXPIRES, producer, generation)
 
 
-def send_converge_engines(node_id: str, engines: list[WantedEngine], producer: Any = None) -> None:
-    send(node_id, ConvergeEngines(engines=engines), CONVERGE_EXPIRES, producer)
+def send_converge_engines(
+    node_id: str,
+    engines: list[WantedEngine],
+    producer: Any = None,
+    key_generation: str | None = None,
+) -> None:
+    send(node_id, ConvergeEngines(engines=engines), CONVERGE_EXPIRES, producer, key_generation)
 
 
-def send_drain(node_id: str, draining: bool, producer: Any = None) -> None:
+def send_drain(
+    node_id: str, draining: bool, producer: Any = None, key_generation: str | None = None
+) -> None:
     """Tell the agent to take no new shards (or to take them again)."""
-    send(node_id, Drain(draining=draining), CONVERGE_EXPIRES, producer)
+    send(node_id, Drain(draining=draining), CONVERGE_EXPIRES, producer, key_generation)
 
 
 def read_logs(node_id: str, source: str = "agent", lines: int = 200) -> dict:

@@ -11,7 +11,6 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import models
-from django.utils.crypto import salted_hmac
 from pydantic import BaseModel, ValidationError
 
 from core.humanize import format_bytes
@@ -20,8 +19,6 @@ from protocol.inventory import Inventory, NodeUsage
 from protocol.messages import WeightFile
 
 log = logging.getLogger("llmgw.fleet")
-
-REPLICA_SECRET_SALT = "llmgw.replica-secret"  # noqa: S105 (a salt, not a secret)
 
 # A heartbeat older than this is not the node's current use: pages grey it out, /metrics
 # leaves it out and placement trusts the inventory's totals instead. Twelve heartbeats
@@ -107,6 +104,9 @@ class Node(models.Model):
     # The latest heartbeat's measurements (protocol NodeUsage as JSON), with its time.
     usage = models.JSONField(default=dict, blank=True)
     usage_reported_at = models.DateTimeField(null=True, blank=True)
+    # What its command key derives from (fleet.pki.keys): the serial of the certificate its
+    # latest link proved, or token… for a token link. Not secret: the key needs the fleet key.
+    key_generation = models.CharField(max_length=80, blank=True)
 
     class Meta:
         ordering = ["id"]
@@ -256,15 +256,6 @@ def unexpected_gpu_user_warning(user: dict) -> str:
         f"({user.get('cmdline') or user.get('name')}); llmgw did not start it and leaves it "
         "running, so the GPU memory it holds is not free"
     )
-
-
-def replica_secret(replica_id: object) -> str:
-    """The engine secret of a replica, derived from its id with the control plane's key.
-
-    A node that reports a replica the database does not know cannot have chosen a
-    secret the control plane would take for its own.
-    """
-    return salted_hmac(REPLICA_SECRET_SALT, str(replica_id), algorithm="sha256").hexdigest()[:48]
 
 
 class Replica(models.Model):

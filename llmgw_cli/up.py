@@ -108,6 +108,16 @@ def browser_settings(env: dict[str, str], control_port: int, router_port: int) -
     env.setdefault("LLMGW_ROUTER_CORS_ORIGINS", ",".join(origins))
 
 
+def router_environment(env: dict[str, str], setup: dict) -> dict[str, str]:
+    """The router's environment: the database as its own role (made by up_setup: it reads
+    the snapshot and adds usage, nothing more), and none of the control plane's keys (it
+    runs with its own settings, which read none)."""
+    router = {k: v for k, v in env.items() if k not in ("SECRET_KEY", "LLMGW_FLEET_KEY")}
+    if setup.get("router_database_url"):
+        router["DATABASE_URL"] = setup["router_database_url"]
+    return router
+
+
 def report_startup(
     python: str, env: dict[str, str], marks: dict[str, float], router_url: str, key_file: Path
 ) -> None:
@@ -147,6 +157,10 @@ def run(argv: list[str] | None = None) -> int:
     bundle = home / "agent-tls"
     env.setdefault("LLMGW_AGENT_CERT", str(bundle / "node.pem"))
     env.setdefault("LLMGW_AGENT_KEY", str(bundle / "node-key.pem"))
+    # The CA a control plane's "linked" answer is checked against: without it the agent
+    # would take no command key.
+    env.setdefault("LLMGW_AGENT_CA", str(bundle / "ca.pem"))
+    router_env = router_environment(env, setup)
     key_file = home / "api-key"
 
     control_port = env_int("LLMGW_PORT", 8000)
@@ -155,8 +169,8 @@ def run(argv: list[str] | None = None) -> int:
     control_socket = listening_socket("127.0.0.1", control_port)
     fd = control_socket.fileno()
     processes = [
-        ProcessChild(name, command, logs / f"{name}.log", env, REPO,
-                     pass_fds=(fd,) if name.startswith("control-plane") else ())
+        ProcessChild(name, command, logs / f"{name}.log", router_env if name == "router" else env,
+                     REPO, pass_fds=(fd,) if name.startswith("control-plane") else ())
         for name, command in planned_children(python, fd, router_port, control_processes())
     ]  # fmt: skip
     supervisor = ChildSupervisor([*services, *processes])

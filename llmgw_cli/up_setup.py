@@ -26,7 +26,9 @@ from core.files import write_atomically
 from core.secret_files import write_secret_file
 from llmgw_cli.demo import demo_catalog
 
-SETUP_FILE = "up-setup.json"
+SETUP_FILE = "up-setup.json"  # 0600, as core.files writes every file: it names a password
+# Under the home: the password of the router's database role (0600).
+ROUTER_PASSWORD_FILE = "router-db-password"  # noqa: S105 (a file name)
 
 
 @contextmanager
@@ -116,6 +118,23 @@ def ensure_api_key(home: Path) -> Path:
     return key_file
 
 
+def ensure_router_role(home: Path) -> str:
+    """The router's own database role (``llmgw_ctl router-role``): it reads the routing
+    snapshot and adds usage rows, nothing more. Its DATABASE_URL; "" (said why) when this
+    database's user may not make roles, and the router reads with the control plane's rights."""
+    from django.core.management.base import CommandError
+    from django.db import DatabaseError
+
+    password_file = str(home / ROUTER_PASSWORD_FILE)
+    try:
+        made = manage("llmgw_ctl", "router-role", "--password-file", password_file, quiet=True)
+    except (CommandError, DatabaseError) as refused:
+        print(f"the router reads the database with the control plane's rights: {refused}",
+              flush=True)  # fmt: skip
+        return ""
+    return made.strip().splitlines()[-1]
+
+
 def stop_replicas_left_stopped(node_id: str, state_dir: Path) -> list[str]:
     """Stop the live replicas on this node whose engines no longer run: `llmgw up` stopped
     them when it last stopped (or the machine restarted). Stopped, the reconciler replaces
@@ -150,7 +169,8 @@ def main() -> int:
     ensure_local_certificate(home)
     demo = apply_demo(home)
     ensure_api_key(home)
-    result = {"migrated": migrated, "demo": demo}
+    router_url = ensure_router_role(home)
+    result = {"migrated": migrated, "demo": demo, "router_database_url": router_url}
     write_atomically(home / SETUP_FILE, json.dumps(result) + "\n")
     return 0
 

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 
-import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from core.env import env_bool, env_int, env_list, env_str, llmgw_home
-from core.redis_urls import RedisURL, RedisURLError, parse_redis_url
+from core.env import env_bool, env_float, env_int, env_list, env_str, llmgw_home
 from core.secret_files import ensure_private_dir, read_or_create_secret
+from llmgw_site.services import database, logging_config, read_redis_url, required_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 LLMGW_HOME = ensure_private_dir(llmgw_home())  # secrets, sockets and data: the owner's alone
@@ -25,7 +26,20 @@ def _secret_key() -> str:
     return read_or_create_secret(LLMGW_HOME / "secret_key", lambda: secrets.token_urlsafe(50))
 
 
+def _fleet_key(home: Path, environ: Mapping[str, str] = os.environ) -> str:
+    """The key node command keys and replica secrets derive from: the control plane's alone.
+
+    Not SECRET_KEY, which every Django process loads: a process that holds this key can
+    sign commands every node obeys as root. Control planes on several hosts must share it
+    (LLMGW_FLEET_KEY, like SECRET_KEY); on one host the home's file is shared already.
+    """
+    return environ.get("LLMGW_FLEET_KEY") or read_or_create_secret(
+        home / "fleet_key", lambda: secrets.token_urlsafe(50)
+    )
+
+
 SECRET_KEY = _secret_key()
+LLMGW_FLEET_KEY = _fleet_key(LLMGW_HOME)
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
@@ -82,43 +96,12 @@ TEMPLATES = [
 ]
 
 
-def _required_url(name: str, what: str) -> str:
-    """A service URL from the environment. Settings start nothing: the entry points
-    (`llmgw`, manage.py, the test runner, `celery -A llmgw_cli`) put the embedded
-    servers' URLs here when none is configured."""
-    url = env_str(name)
-    if not url:
-        raise ImproperlyConfigured(
-            f"{name} is not set. Start llmgw through `llmgw`, `manage.py` or "
-            f"`celery -A llmgw_cli`, which start an embedded {what} when none is configured, "
-            f"or set {name} to your {what}'s URL."
-        )
-    return url
-
-
-DATABASE_URL = _required_url("DATABASE_URL", "PostgreSQL")
-DATABASES = {
-    # Persistent connections: closing one per request fell to ~150 msg/s on the link.
-    "default": dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True),
-}
-# A unix-socket URL (?host=/dir) arrives as an option; HOST is where Django looks.
-if DATABASES["default"].get("OPTIONS", {}).get("host"):
-    DATABASES["default"]["HOST"] = DATABASES["default"]["OPTIONS"].pop("host")
+DATABASE_URL = required_url("DATABASE_URL", "PostgreSQL")
+DATABASES = {"default": database(DATABASE_URL)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-REDIS_URL = _required_url("REDIS_URL", "Redis")
-
-
-def _read_redis_url(url: str) -> RedisURL:
-    """REDIS_URL read once, its password and TLS options (``rediss://…?ssl_ca_certs=``)
-    handed to each library; a TLS file that is missing stops every process here."""
-    try:
-        return parse_redis_url(url, "REDIS_URL")
-    except RedisURLError as exc:
-        raise ImproperlyConfigured(str(exc)) from None
-
-
-_redis = _read_redis_url(REDIS_URL)  # lower case: not a setting itself
+REDIS_URL = required_url("REDIS_URL", "Redis")
+_redis = read_redis_url(REDIS_URL)  # lower case: not a setting itself
 
 CHANNEL_LAYERS = {
     "default": {
@@ -178,15 +161,7 @@ SPECTACULAR_SETTINGS = {
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
 }
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    # pgserver narrates every handle it opens and closes.
-    "loggers": {"pgserver": {"level": "WARNING"}},
-}
+LOGGING = logging_config()
 
 # Node liveness (seconds). DESIGN.md: unreachable after 15 s of silence, lost after 60 s.
 NODE_UNREACHABLE_AFTER = env_int("LLMGW_NODE_UNREACHABLE_AFTER", 15)
@@ -211,6 +186,16 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("LLMGW_API_MAX_BODY", 2621440)
 # The largest agent message taken off the link: a register of a big node is well under
 # 1 MiB, so a larger frame is a broken or hostile agent, refused before it is parsed.
 LINK_MAX_FRAME = env_int("LLMGW_LINK_MAX_FRAME", 4 * 1024 * 1024)
+# Seconds a socket at /agent/ may take to answer the certificate challenge; an agent
+# answers in milliseconds, and one that does not holds a descriptor for nothing.
+LINK_PROOF_TIMEOUT = env_float("LLMGW_LINK_PROOF_TIMEOUT", 10.0)
+# Sockets from one address that may wait to prove themselves at once, per process: agents
+# behind one NAT relinking together each take milliseconds, while a flood of unanswered
+# challenges from one address is held to this many (each costs a consumer and a descriptor).
+LINK_PENDING_PER_ADDRESS = env_int("LLMGW_LINK_PENDING_PER_ADDRESS", 100)
+# Seconds between the link's own look at the database for revoked nodes still linked: the
+# safety net behind the notice `ca revoke` publishes, for one lost while Redis was away.
+REVOCATION_RECHECK = env_float("LLMGW_REVOCATION_RECHECK", 30.0)
 # With no web server in front (llmgw up), daphne serves /static/ itself.
 SERVE_STATIC = env_bool("LLMGW_SERVE_STATIC", True)
 # Engines listen from here upward on each node (two ports per shard: HTTP and rendezvous).

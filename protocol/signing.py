@@ -1,8 +1,10 @@
 """Commands to a node carry a signature only that node and the control plane can make.
 
-The key is the node's link token, which both sides already hold; so anything that can
-write to the broker but does not hold the token cannot make a node start, stop or run
-anything, and a command signed for one node is refused by another. The signed text
+The key is the node's command key, which the control plane derives from its own fleet key
+and the certificate the node linked with, and tells the node over that proven link; so
+anything that can write to the broker but does not hold the key cannot make a node start,
+stop or run anything, a command signed for one node is refused by another, and one signed
+for a revoked certificate is refused by the node's next. The signed text
 covers the task name, its arguments, a deadline and the command's own id, so a captured
 command cannot be replayed with other arguments or obeyed late, and the agent, which
 obeys each id once until its deadline, does not obey it twice.
@@ -67,3 +69,15 @@ def proof_payload(nonce: str, node_id: str) -> bytes:
     """What an agent signs with its node certificate's key to prove a link is its own; the
     control plane's fresh nonce makes every proof good for one link only."""
     return f"llmgw-link-proof\n{nonce}\n{node_id}".encode()
+
+
+def linked_payload(nonce: str, node_id: str, command_key: str, epoch: int) -> bytes:
+    """What the control plane signs in its "linked" answer: the agent's own nonce for this
+    link, so an answer is good for that link only, and everything the agent takes from it."""
+    return f"llmgw-linked\n{nonce}\n{node_id}\n{command_key}\n{epoch}".encode()
+
+
+def linked_hmac(token: str, payload: bytes) -> str:
+    """The "linked" answer's proof to an agent that links by token: only the control plane
+    that issued the token can make it."""
+    return hmac.new(token.encode(), payload, hashlib.sha256).hexdigest()

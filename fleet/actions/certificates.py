@@ -13,8 +13,9 @@ from django.utils import timezone
 from audit.actors import Actor
 from audit.events import record_event
 from audit.models import EventKind
-from fleet.models import NodeCertificate
+from fleet.models import Node, NodeCertificate
 from fleet.pki.authority import Issued, sign_node_certificate
+from fleet.pki.revocation import announce_revoked
 
 
 def issue_node_certificate(
@@ -41,14 +42,19 @@ def issue_node_certificate(
 
 
 def revoke_node_certificates(node_id: str, *, actor: Actor) -> int:
-    """Revoke every certificate issued to ``node_id``; how many were still valid.
+    """Revoke every certificate issued to ``node_id``, and with them its token; how many
+    certificates were still valid.
 
-    Every control plane refuses them from the next link on.
+    Every control plane refuses them from the next link on, and the one holding the node's
+    link closes it once this commits. Commands signed from now on use a key the revoked
+    certificate never derived, and its next certificate brings another.
     """
     with transaction.atomic():
         revoked = NodeCertificate.objects.filter(node_id=node_id, revoked_at=None).update(
             revoked_at=timezone.now()
         )
         if revoked:
+            Node.objects.filter(id=node_id).update(key_generation="")
             record_event(EventKind.NODE, node_id, f"revoked {revoked} certificate(s)", actor=actor)
+            transaction.on_commit(lambda: announce_revoked(node_id))
     return revoked

@@ -23,7 +23,8 @@ from audit.events import record_event, record_news
 from audit.models import EventKind
 from catalog.models import Profile, newest_engine_versions
 from fleet import commands
-from fleet.models import Node, Replica, ReplicaState, Shard, ShardState, replica_secret
+from fleet.models import Node, Replica, ReplicaState, Shard, ShardState
+from fleet.pki.keys import replica_secret
 from fleet.planning.shard_specs import allocate_port, meeting_points, shard_spec, version_on_nodes
 from fleet.transitions import transition
 from placement import Decision

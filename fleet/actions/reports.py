@@ -33,15 +33,20 @@ from protocol.engines import EngineInstall
 log = logging.getLogger("llmgw.fleet")
 
 
-def link_node(node_id: str, message: messages.Register, *, actor: Actor) -> dict[str, str]:
+def link_node(
+    node_id: str, message: messages.Register, *, actor: Actor, key_generation: str = ""
+) -> dict[str, str]:
     """Link a node by its register: refresh its row, settle its shards; return the answer.
+
+    ``key_generation`` is what the link proved (the certificate's serial, or ``token…``):
+    commands to the node are signed with the key derived from it from now on.
 
     One transaction, so a register that fails part way leaves the node as it was rather
     than refreshed with its shards unsettled; and one call, so the consumer hops to the
     database thread once per register.
     """
     with transaction.atomic():
-        node = register_node(node_id, message, actor=actor)
+        node = register_node(node_id, message, actor=actor, key_generation=key_generation)
         rebuilt = adopt_reported_shards(node_id, message, actor=actor)
         settled = forget_unreported_shards(node_id, message, actor=actor)
     log.info(
@@ -52,7 +57,12 @@ def link_node(node_id: str, message: messages.Register, *, actor: Actor) -> dict
 
 
 def register_node(
-    node_id: str, message: messages.Register, now: datetime | None = None, *, actor: Actor
+    node_id: str,
+    message: messages.Register,
+    now: datetime | None = None,
+    *,
+    actor: Actor,
+    key_generation: str = "",
 ) -> Node:
     """Create or refresh a node from its register message and mark it connected."""
     now = now or timezone.now()
@@ -76,10 +86,11 @@ def register_node(
         ]
         node.registered_at = now
         node.last_heartbeat = now
+        node.key_generation = key_generation
         node.save(
             update_fields=[
                 "address", "agent_version", "inventory", "engines", "engines_changed_at", "weights",
-                "unexpected_gpu_users", "registered_at", "last_heartbeat",
+                "unexpected_gpu_users", "registered_at", "last_heartbeat", "key_generation",
             ]
         )  # fmt: skip
         registered = f"registered from {node.address}"

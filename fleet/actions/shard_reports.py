@@ -20,7 +20,8 @@ from audit.actors import Actor
 from audit.events import record_event
 from audit.models import EventKind
 from core.humanize import format_bytes
-from fleet.models import Replica, ReplicaState, Shard, ShardState, replica_secret
+from fleet.models import Replica, ReplicaState, Shard, ShardState
+from fleet.pki.keys import replica_secret
 from fleet.transitions import transition
 from protocol import messages
 

@@ -9,6 +9,7 @@ All of it with ``cryptography``; nothing shells out to openssl.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,10 @@ CA_CERT = "ca.pem"
 CA_KEY = "ca-key.pem"
 CA_NAME = "llmgw CA"
 CA_DAYS = 3650
+# The certificate and key (one file, 0600) control planes sign their "linked" answers with.
+LINK_SIGNER = "link-signer.pem"
+LINK_SIGNER_NAME = "llmgw control plane"
+_KEY_BEGIN = b"-----BEGIN PRIVATE KEY-----"
 
 
 class PkiError(Exception):
@@ -57,6 +62,7 @@ def init_ca(directory: Path | None = None, force: bool = False) -> Path:
             )
         cert_path.unlink(missing_ok=True)
         key_path.unlink(missing_ok=True)
+        (directory / LINK_SIGNER).unlink(missing_ok=True)  # the old CA's: agents would refuse it
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_NAME)])
     now = timezone.now()
@@ -88,6 +94,47 @@ def load_ca(directory: Path | None = None) -> tuple[x509.Certificate, ec.Ellipti
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         raise PkiError(f"{directory / CA_KEY} is not the EC key llmgw's CA uses")
     return cert, key
+
+
+def load_ca_certificate(directory: Path | None = None) -> x509.Certificate:
+    """The CA's certificate alone, which is all that checking a node's needs: read once per
+    process (and again when the file changes), so a forged proof costs no file read."""
+    path = (directory or ca_dir()) / CA_CERT
+    try:
+        changed = path.stat().st_mtime_ns
+    except FileNotFoundError:
+        raise PkiError(f"no CA in {path.parent}: run llmgw_ctl ca init first") from None
+    return _read_certificate(path, changed)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_certificate(path: Path, _changed: int) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def link_signer(directory: Path | None = None) -> tuple[bytes, bytes]:
+    """The certificate and key (PEM) a control plane signs its "linked" answers with, so an
+    agent knows that whoever gave it a command key holds one from its fleet's CA.
+
+    Issued by the CA for that purpose alone (server authentication, which no node
+    certificate has, so a node cannot sign for a control plane) on first use, and kept
+    0600 beside the CA: every process that shares the CA's directory signs alike.
+    """
+    directory = directory or ca_dir()
+    path = directory / LINK_SIGNER
+    if not path.exists():
+        issued = _issue([x509.DNSName("llmgw-control-plane")], LINK_SIGNER_NAME,
+                        ExtendedKeyUsageOID.SERVER_AUTH, CA_DAYS, directory, None)  # fmt: skip
+        # Of two processes making it at once, the first to write wins and both use its.
+        write_secret_file(path, (issued.cert_pem + issued.key_pem).decode())
+    return _read_signer(path, path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_signer(path: Path, _changed: int) -> tuple[bytes, bytes]:
+    data = path.read_bytes()
+    split = data.index(_KEY_BEGIN)
+    return data[:split], data[split:]
 
 
 def ca_pem(directory: Path | None = None) -> bytes:

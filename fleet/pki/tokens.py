@@ -1,4 +1,4 @@
-"""How a node proves who it is on the link: a token bound to its id.
+"""How a node proves who it is on the link by token (its command key is ``keys``').
 
 The token is ``<node id>.<signature>``, signed with a key derived from SECRET_KEY,
 so the control plane checks it without a database lookup and a node cannot claim

@@ -15,7 +15,7 @@ from cryptography.x509.oid import NameOID
 from django.utils import timezone
 
 from fleet.models import NodeCertificate
-from fleet.pki.authority import PkiError, load_ca
+from fleet.pki.authority import PkiError, load_ca_certificate
 from protocol.signing import proof_payload
 
 
@@ -28,7 +28,7 @@ def check_node_certificate(
 ) -> x509.Certificate:
     """Accept the certificate of ``claimed_id`` only if llmgw's CA issued it to that very
     node, it is within its dates and not revoked; else say exactly which it is not."""
-    ca_cert, _key = load_ca(directory)
+    ca_cert = load_ca_certificate(directory)
     try:
         cert = x509.load_pem_x509_certificate(cert_pem)
     except ValueError:
@@ -81,8 +81,9 @@ def still_good(cert_path: Path, node_id: str, margin: dt.timedelta = dt.timedelt
     return True
 
 
-def check_link_proof(cert_pem: bytes, claimed_id: str, nonce: str, signature: bytes) -> None:
-    """Accept a link only from the holder of the node's own, valid certificate's key."""
+def check_link_proof(cert_pem: bytes, claimed_id: str, nonce: str, signature: bytes) -> int:
+    """Accept a link only from the holder of the node's own, valid certificate's key;
+    return that certificate's serial."""
     cert = check_node_certificate(cert_pem, claimed_id)
     key = cert.public_key()
     if not isinstance(key, ec.EllipticCurvePublicKey):
@@ -93,3 +94,4 @@ def check_link_proof(cert_pem: bytes, claimed_id: str, nonce: str, signature: by
         raise CertificateRefused(
             f"the agent claiming {claimed_id!r} holds that node's certificate but not its key"
         ) from None
+    return cert.serial_number

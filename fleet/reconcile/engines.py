@@ -49,7 +49,7 @@ def tell_nodes_their_engines(now: datetime) -> list[str]:
     engines = wanted_engines()
     digest = engines_digest(engines)
     connected = Node.objects.filter(state=NodeState.CONNECTED).only(
-        "id", "draining", "registered_at", "engines_told", "engines_told_at"
+        "id", "draining", "registered_at", "engines_told", "engines_told_at", "key_generation"
     )
     due = [node for node in connected if node.engines_due(digest, now)]
     due.sort(key=lambda node: _urgency(node, now))
@@ -57,8 +57,9 @@ def tell_nodes_their_engines(now: datetime) -> list[str]:
     try:
         with commands.one_connection() as producer:
             for node in due[:TOLD_PER_PASS]:
-                commands.send_converge_engines(node.id, engines, producer)
-                commands.send_drain(node.id, node.draining, producer)
+                generation = node.key_generation  # read with the nodes: no query per send
+                commands.send_converge_engines(node.id, engines, producer, generation)
+                commands.send_drain(node.id, node.draining, producer, generation)
                 told.append(node.id)
     except Exception as exc:
         # The broker is away: those not told are told by a later pass (nothing marks them).

@@ -59,6 +59,12 @@ def control_env(directory: Path, fleet_hosts: list[Host], database: str, redis: 
     }
 
 
+def router_env(control: dict[str, str], directory: Path, database: str) -> dict[str, str]:
+    """The router host: a home of its own (none of the control planes' keys under it), and
+    the database as the router's role (``llmgw_ctl router-role``), as `llmgw up` runs it."""
+    return {**control, "LLMGW_HOME": str(directory / "router"), "DATABASE_URL": database}
+
+
 def agent_env(directory: Path, node: Host) -> dict[str, str]:
     """A node's agent: its bundle's agent.yaml and certificate, its own directories."""
     bundle = directory / "bundles" / node.name
@@ -145,9 +151,12 @@ def start_services(fleet: Fleet, tuning: Tuning) -> None:
     redis_argv, redis_password = services.redis_command(home, host.address)
     database = services.postgres_url(host.address, password)
     redis_url = services.redis_url(host.address, redis_password)
+    router_database = services.router_url(fleet.directory, host.address)
     for other in fleet.hosts:
         if other.role in ("services", "control-plane", "router"):
             env = control_env(fleet.directory, fleet.hosts, database, redis_url)
+            if other.role == "router":
+                env = router_env(env, fleet.directory, router_database)
             fleet.env[other.name] = {**env, **tuning.control_env}
         else:
             fleet.env[other.name] = {**agent_env(fleet.directory, other), **tuning.agent_env}
@@ -174,7 +183,9 @@ def prepare_control(fleet: Fleet, demo: bool, replicas: int = 1) -> None:
     say(f"{cp1}: migrate, llmgw_ctl ca init, onboard {len(fleet.nodes)} nodes, apply the demo")
     argv = [sys.executable, "-m", "llmgw_cli.sim.operator",
             "--nodes", ",".join(n.name for n in fleet.nodes), "--servers",
-            hosts.servers(fleet.hosts), "--bundles", str(fleet.directory / "bundles"), "--key-file",
+            hosts.servers(fleet.hosts), "--bundles", str(fleet.directory / "bundles"),
+            "--router-password-file", str(fleet.directory / services.ROUTER_PASSWORD_FILE),
+            "--key-file",
             str(fleet.directory / "api-key"), "--catalog",
             str(catalog_file) if catalog else ""]  # fmt: skip
     result = fleet.run(cp1, argv, timeout=START_TIMEOUT * 2)

@@ -1,5 +1,6 @@
 """What an operator does once on a control-plane host before the nodes start, run there by
-``llmgw sim up`` (``python -m llmgw_cli.sim.operator``): migrate, ``llmgw_ctl ca init``,
+``llmgw sim up`` (``python -m llmgw_cli.sim.operator``): migrate, ``llmgw_ctl router-role``,
+``llmgw_ctl ca init``,
 ``llmgw_ctl onboard NODE`` for every node, apply the catalog, create an API key.
 
 The same ``llmgw_ctl`` commands a person would type, in one process: each Django start
@@ -24,6 +25,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--bundles", required=True, help="directory for one bundle per node")
     parser.add_argument("--catalog", default="", help="a catalog file to apply")
     parser.add_argument("--key-file", required=True, help="where the API key is written")
+    parser.add_argument("--router-password-file", required=True,
+                        help="the router's database role's password")  # fmt: skip
     options = parser.parse_args(argv)
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
@@ -32,6 +35,9 @@ def main(argv: list[str]) -> int:
 
     django.setup()
     call_command("migrate", interactive=False, verbosity=0)
+    # The router reads as a role of its own, made once the tables it is granted exist.
+    call_command("llmgw_ctl", "router-role", "--password-file", options.router_password_file,
+                 stdout=io.StringIO())  # fmt: skip
     call_command("llmgw_ctl", "ca", "init")
     for node in options.nodes.split(","):
         call_command("llmgw_ctl", "onboard", node, "--servers", options.servers, "--broker",

@@ -12,12 +12,19 @@ import secrets
 from pathlib import Path
 from urllib.parse import quote
 
-from core.secret_files import POSTGRES_DIR, POSTGRES_SYSTEM_USER, write_secret_file
+from core.secret_files import (
+    POSTGRES_DIR,
+    POSTGRES_SYSTEM_USER,
+    read_or_create_secret,
+    write_secret_file,
+)
 from llmgw_cli import embedded
 from llmgw_cli.sim.hosts import POSTGRES_PORT, REDIS_PORT
 from llmgw_cli.sim.network import PREFIX_LENGTH
 
 DATABASE = "llmgw"
+# Under the sim's directory: the password of the router's database role (0600).
+ROUTER_PASSWORD_FILE = "router-db-password"  # noqa: S105 (a file name)
 
 
 def prepare_postgres(home: Path, network: str) -> str:
@@ -48,6 +55,17 @@ def stop_postgres(home: Path) -> None:
 
 def postgres_url(address: str, password: str) -> str:
     return f"postgresql://postgres:{quote(password, safe='')}@{address}:{POSTGRES_PORT}/{DATABASE}"
+
+
+def router_url(directory: Path, address: str) -> str:
+    """The router's DATABASE_URL: the role ``llmgw_ctl router-role`` makes (the operator runs
+    it after migrate, with the password made here), which reads and adds usage only."""
+    from router.database_role import role_name, role_url
+
+    password = read_or_create_secret(
+        directory / ROUTER_PASSWORD_FILE, lambda: secrets.token_urlsafe(24)
+    )
+    return role_url(postgres_url(address, ""), role_name(DATABASE), password)
 
 
 def redis_command(home: Path, address: str) -> tuple[list[str], str]:

@@ -1,6 +1,7 @@
 """Where the routing table and keys come from, and how they are kept fresh.
 
-``DatabaseSource`` reads through Django's ORM on one dedicated thread. Why the ORM and
+``DatabaseSource`` reads through Django's ORM on one dedicated thread, under the router's
+own settings (``llmgw_site/router_settings.py``: no SECRET_KEY, a role that reads). Why the ORM and
 not psycopg directly: the schema has one definition (models and migrations) shared with
 the control plane, and reads happen only off the request path (start-up, a pub/sub
 notification, every ``refresh_seconds``), where the ORM's cost does not matter. One
@@ -26,6 +27,7 @@ from typing import Any
 
 from core.collector import collecting_less
 from core.redis_urls import parse_redis_url
+from core.subscriptions import listen_forever
 from protocol.routing import ROUTING_CHANNEL, RoutingSnapshot
 from router.table.routes import load_static
 from router.table.saved import TableFile
@@ -36,7 +38,9 @@ logger = logging.getLogger(__name__)
 # A load's result: the table, and the keys (None when authentication is off).
 Loaded = tuple[RoutingSnapshot, list[dict[str, Any]] | None]
 
-# After a failed reload or a lost Redis connection, try again this soon.
+# The router's Django settings: what it reads, and no secret of the fleet's.
+ROUTER_SETTINGS = "llmgw_site.router_settings"
+# After a failed reload, try again this soon (a lost Redis: core.subscriptions).
 RETRY_SECONDS = 1.0
 
 
@@ -74,11 +78,14 @@ class DatabaseSource:
     def _setup(self) -> None:
         if self._django_ready:
             return
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
         import django
-
-        django.setup()
         from django.conf import settings
+
+        if not settings.configured:
+            # Its own settings, whatever the environment names for the control plane's
+            # processes: the router reads no SECRET_KEY and no fleet key.
+            os.environ["DJANGO_SETTINGS_MODULE"] = ROUTER_SETTINGS
+        django.setup()
 
         # redis-py's spelling of the URL's TLS options (ssl_cert_reqs=required, not CERT_…).
         self.redis_url = parse_redis_url(settings.REDIS_URL, "REDIS_URL").client_url
@@ -161,27 +168,11 @@ class Refresher:
 
     async def listen(self) -> None:
         """Wake on every message on the routing channel; reconnect when Redis goes away."""
-        import redis.asyncio as aioredis
 
-        while True:
-            url = getattr(self.source, "redis_url", "")
-            if not url:  # known once Django's settings are read, on the first load
-                await asyncio.sleep(RETRY_SECONDS)
-                continue
-            client = None
-            try:
-                # Pings an idle subscription, so a silently dropped connection is noticed.
-                client = aioredis.Redis.from_url(url, health_check_interval=30)
-                pubsub = client.pubsub(ignore_subscribe_messages=True)
-                await pubsub.subscribe(ROUTING_CHANNEL)
-                self.wake()  # whatever changed while we were not listening
-                async for _message in pubsub.listen():
-                    self.wake()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.warning("routing notifications lost (%s); listening again", exc)
-            finally:
-                if client is not None:
-                    await client.aclose()
-            await asyncio.sleep(RETRY_SECONDS)
+        async def wake(_data: bytes) -> None:
+            self.wake()
+
+        # The URL is known once Django's settings are read, on the first load; on each
+        # subscription, whatever changed while nothing listened is loaded.
+        await listen_forever(lambda: getattr(self.source, "redis_url", ""), ROUTING_CHANNEL,
+                             wake, self.wake, logger, "routing notifications")  # fmt: skip

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 
@@ -11,18 +10,8 @@ import pytest
 
 from agent_worker import link as link_module
 from agent_worker.link import AgentLink, LinkCallbacks, agent_url, backoff_delay
-from tests.agent.fake_control_plane import FakeControlPlane
+from tests.agent.fake_control_plane import Canned, FakeControlPlane
 from tests.support.polling import wait_until_async
-
-
-class Canned:
-    """A message that serialises to fixed JSON; the link only ever serialises messages."""
-
-    def __init__(self, **fields) -> None:
-        self.fields = fields
-
-    def model_dump_json(self) -> str:
-        return json.dumps(self.fields)
 
 
 def make_link(servers, heartbeat_interval=0.05) -> AgentLink:

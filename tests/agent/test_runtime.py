@@ -24,6 +24,7 @@ from tests.support.polling import wait_until
 
 def runtime(tmp_path, **fields) -> AgentRuntime:
     fields.setdefault("servers", ("ws://127.0.0.1:9",))
+    fields.setdefault("token", "token")  # FakeControlPlane's: it proves its answers with it
     config = AgentConfig(
         broker="redis://127.0.0.1:9/0", node_id="node01", agent_dir=tmp_path / "agent",
         weights_dir=tmp_path / "weights", **fields,

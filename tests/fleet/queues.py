@@ -25,6 +25,15 @@ def queued_commands(node_id: str, *, orders: bool = False) -> list[tuple[str, li
     return [(task, args) for task, args, _kwargs in _queued(node_id, orders)]
 
 
+def node_command_key(node_id: str) -> str:
+    """The key the control plane signs this node's commands with now (its latest link's)."""
+    from fleet.models import Node
+    from fleet.pki.keys import command_key
+
+    found = Node.objects.filter(id=node_id).values_list("key_generation", flat=True).first()
+    return command_key(node_id, found or "")
+
+
 def queued_signatures(node_id: str, *, orders: bool = False) -> list[dict]:
     """The signing kwargs (deadline, signature, command_id) of the same commands, oldest first."""
     return [kwargs for _task, _args, kwargs in _queued(node_id, orders)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -12,40 +11,11 @@ from channels.testing import WebsocketCommunicator
 from fleet.link.heartbeats import batcher
 from fleet.models import Node
 from fleet.pki.tokens import node_token
-from fleet.websockets import websocket_urlpatterns
 from protocol import messages
 from tests.factories import SETUP
-from tests.fleet.inventories import inventory
+from tests.fleet.link_sockets import application, communicator, consumer_ended, linked, register
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-def application():
-    from channels.routing import URLRouter
-
-    return URLRouter(websocket_urlpatterns)
-
-
-def communicator(node_id: str, token: str | None = None) -> WebsocketCommunicator:
-    headers = [(b"x-llmgw-node", node_id.encode())]
-    if token is not False:
-        headers.append((b"authorization", f"Bearer {token or node_token(node_id)}".encode()))
-    return WebsocketCommunicator(application(), "/agent/", headers=headers)
-
-
-def register(node_id: str, **fields) -> str:
-    return messages.Register(
-        inventory=inventory(node_id), engines_probed=True, **fields
-    ).model_dump_json()
-
-
-async def linked(node_id: str) -> WebsocketCommunicator:
-    ws = communicator(node_id)
-    connected, _ = await ws.connect()
-    assert connected
-    await ws.send_to(text_data=register(node_id))
-    assert json.loads(await ws.receive_from())["type"] == "linked"
-    return ws
 
 
 async def test_register_creates_the_node_connected():
@@ -53,15 +23,6 @@ async def test_register_creates_the_node_connected():
     node = await sync_to_async(Node.objects.get)(id="node01")
     assert (node.state, node.address, node.engines) == ("connected", "10.0.0.1", [])
     await ws.disconnect()
-
-
-async def consumer_ended(ws: WebsocketCommunicator, within: float = 2.0) -> bool:
-    """True once the consumer has finished by itself: a refused link leaves nothing running."""
-    for _ in range(int(within / 0.05)):
-        if ws.future.done():
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 async def test_a_link_without_a_token_is_refused_with_the_fix():
@@ -135,7 +96,7 @@ async def test_a_fake_agent_reporting_shards_rebuilds_its_replicas():
         actor=SETUP,
     )
     from catalog.models import Profile
-    from fleet.models import replica_secret
+    from fleet.pki.keys import replica_secret
 
     fingerprint = await sync_to_async(lambda: Profile.objects.get().fingerprint())()
     replica_id = str(uuid.uuid4())
@@ -220,3 +181,54 @@ async def test_the_link_tells_a_registering_node_the_epoch_that_leads(settings):
     conn.delete(*conn.keys(settings.LEADER_LEASE_KEY + "*"))
 
     assert (answer["type"], answer.get("epoch")) == ("linked", lease.epoch), (answer, lease)
+
+
+def challenged(address: str = "10.9.8.7") -> WebsocketCommunicator:
+    """A socket that asks for the certificate challenge, from ``address``."""
+    headers = [(b"x-llmgw-node", b"node01"), (b"x-llmgw-auth", b"certificate")]
+    ws = WebsocketCommunicator(application(), "/agent/", headers=headers)
+    ws.scope["client"] = [address, 40000]
+    return ws
+
+
+async def test_a_socket_that_never_answers_the_challenge_is_closed(settings):
+    # Each one held a descriptor and a consumer for as long as daphne kept it (24 h).
+    settings.LLMGW_NODE_AUTH = "certificate"
+    settings.LINK_PROOF_TIMEOUT = 0.2
+    ws = challenged()
+    await ws.connect()
+    assert json.loads(await ws.receive_from())["type"] == "challenge"
+    refusal = json.loads(await ws.receive_from(timeout=5))
+    assert refusal["type"] == "refused"
+    assert "did not answer the challenge within 0.2 s" in refusal["reason"]
+    assert (await ws.receive_output(timeout=5))["type"] == "websocket.close"
+
+
+async def test_the_101st_unproven_socket_from_one_address_is_refused(settings):
+    settings.LLMGW_NODE_AUTH = "certificate"
+    settings.LINK_PENDING_PER_ADDRESS = 100
+    pending = [challenged() for _ in range(100)]
+    try:
+        for ws in pending:
+            await ws.connect()
+            assert json.loads(await ws.receive_from())["type"] == "challenge"
+        one_more = challenged()
+        await one_more.connect()
+        refusal = json.loads(await one_more.receive_from())
+        assert refusal["type"] == "refused"
+        assert "100 links from 10.9.8.7 are waiting to prove themselves" in refusal["reason"]
+        assert "LLMGW_LINK_PENDING_PER_ADDRESS" in refusal["reason"]
+        assert await consumer_ended(one_more)
+
+        elsewhere = challenged("10.9.8.8")  # another address is not held up by this one's
+        await elsewhere.connect()
+        assert json.loads(await elsewhere.receive_from())["type"] == "challenge"
+        await elsewhere.disconnect()
+        await pending.pop().disconnect()  # one that goes away frees its place
+        again = challenged()
+        await again.connect()
+        assert json.loads(await again.receive_from())["type"] == "challenge"
+        pending.append(again)
+    finally:
+        for ws in pending:
+            await ws.disconnect()

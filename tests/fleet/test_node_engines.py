@@ -17,14 +17,13 @@ from catalog.actions.entries import apply_catalog
 from fleet.actions.nodes import drain_node, undrain_node
 from fleet.actions.reports import update_engines
 from fleet.models import Node, Replica
-from fleet.pki.tokens import node_token
 from protocol import messages
 from protocol.commands import CONVERGE_ENGINES, DRAIN
 from protocol.engines import EngineInstall, WantedEngine
 from protocol.signing import verify
 from tests.factories import SETUP
 from tests.fleet.links import link, reconcile_now
-from tests.fleet.queues import clear_queue, queued_commands, queued_signatures
+from tests.fleet.queues import clear_queue, node_command_key, queued_commands, queued_signatures
 
 pytestmark = pytest.mark.django_db
 
@@ -77,7 +76,7 @@ def test_a_linked_node_is_told_the_catalogs_engines_signed_for_it_alone(
     ]
     [signed, _] = queued_signatures(node_ids[0], orders=True)
     task, args = CONVERGE_ENGINES, [engines]
-    verify(node_token(node_ids[0]), task, args, **signed)
+    verify(node_command_key(node_ids[0]), task, args, **signed)
 
 
 def test_a_node_is_told_again_on_a_catalog_change_a_relink_and_every_ten_minutes(

@@ -49,6 +49,18 @@ def test_the_ca_key_is_private_and_an_existing_ca_is_kept_without_force(ca):
     assert (ca / "ca.pem").read_bytes() != before
 
 
+def test_the_link_signer_is_the_cas_own_private_and_replaced_with_it(ca):
+    cert_pem, _key = authority.link_signer()
+    assert mode(ca / authority.LINK_SIGNER) == 0o600
+    signer = x509.load_pem_x509_certificate(cert_pem)
+    signer.verify_directly_issued_by(authority.load_ca_certificate())
+    assert authority.link_signer() == (cert_pem, _key)  # made once, kept
+
+    ctl("ca", "init", "--force")
+    renewed = x509.load_pem_x509_certificate(authority.link_signer()[0])
+    renewed.verify_directly_issued_by(authority.load_ca_certificate())  # the new CA's
+
+
 def test_onboarding_writes_a_bundle_the_agent_reads(ca, tmp_path):
     bundle = tmp_path / "bundle"
 

@@ -19,8 +19,8 @@ from fleet.actions.shard_reports import (
     forget_unreported_shards,
     record_shard_status,
 )
-from fleet.models import Node, Replica, Shard, replica_secret
-from fleet.pki.tokens import node_token
+from fleet.models import Node, Replica, Shard
+from fleet.pki.keys import replica_secret
 from fleet.planning.backoff import replacement_delay
 from fleet.routing_table import routing_snapshot
 from fleet.transitions import transition
@@ -31,7 +31,7 @@ from protocol.signing import BadSignature, verify
 from tests.factories import SETUP, make_profile, make_replica
 from tests.fleet.cluster import catalog, connect, run
 from tests.fleet.inventories import inventory
-from tests.fleet.queues import broker, queued_commands, queued_signatures
+from tests.fleet.queues import broker, node_command_key, queued_commands, queued_signatures
 
 pytestmark = pytest.mark.django_db
 
@@ -79,11 +79,11 @@ def test_a_model_added_is_placed_and_start_shard_reaches_the_nodes_queue(
         7,
     )
     assert spec.api_key == replica.secret and spec.fingerprint == replica.fingerprint
-    # Signed with the node's own token: only that node will obey it.
+    # Signed with the node's own command key: only that node will obey it.
     [signed] = queued_signatures(node_ids[0])
-    verify(node_token(node_ids[0]), task, args, **signed)
+    verify(node_command_key(node_ids[0]), task, args, **signed)
     with pytest.raises(BadSignature):
-        verify(node_token(node_ids[1]), task, args, **signed)
+        verify(node_command_key(node_ids[1]), task, args, **signed)
     # A second pass changes nothing and sends nothing more.
     assert not run(django_capture_on_commit_callbacks).did_anything()
     assert len(queued_commands(node_ids[0])) == 1

@@ -19,7 +19,8 @@ from fleet.actions.shard_reports import (
     forget_unreported_shards,
     record_shard_status,
 )
-from fleet.models import Replica, Shard, replica_secret
+from fleet.models import Replica, Shard
+from fleet.pki.keys import replica_secret
 from fleet.reconcile.passes import reconcile
 from protocol import messages
 from protocol.engines import EngineInstall

@@ -16,6 +16,7 @@ from fleet.models import Node
 from fleet.pki.tokens import node_token
 from protocol.commands import ENGINE_CHECK
 from protocol.signing import sign
+from tests.fleet.queues import node_command_key
 from tests.processes.support import agent, control_plane, free_port, listening, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -31,7 +32,7 @@ def test_commands_not_signed_for_the_node_are_dropped_and_reported(processes, tm
     wait_until(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
              "the agent to register")  # fmt: skip
     deadline = time.time() + 60
-    token = node_token(node_id)
+    token = node_command_key(node_id)  # what its link told it
 
     def envelope(signature: str, at: float = deadline, command_id: str = "") -> dict:
         command_id = command_id or uuid.uuid4().hex
@@ -45,7 +46,7 @@ def test_commands_not_signed_for_the_node_are_dropped_and_reported(processes, tm
     cases = [
         (envelope(""), ["llama.cpp"]),
         (altered, ["vllm"]),
-        (signed(["llama.cpp"], key=node_token("other")), ["llama.cpp"]),
+        (signed(["llama.cpp"], key=node_token(node_id)), ["llama.cpp"]),  # its token: no key
         (signed(["llama.cpp"], at=time.time() - 1), ["llama.cpp"]),
     ]
     replayed = signed(["llama.cpp"])

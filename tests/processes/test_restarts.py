@@ -21,7 +21,8 @@ from audit.models import Event
 from catalog.actions.entries import apply_catalog
 from catalog.models import Profile
 from fleet import commands
-from fleet.models import Node, Replica, Shard, replica_secret
+from fleet.models import Node, Replica, Shard
+from fleet.pki.keys import replica_secret
 from fleet.pki.tokens import node_token
 from fleet.planning.shard_specs import MeetingPoints, shard_spec
 from protocol import messages

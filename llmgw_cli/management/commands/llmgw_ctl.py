@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand
 from catalog import ctl as catalog_ctl
 from catalog import ctl_keys
 from fleet.ctl import engines, logs, nodes, pki, replicas, weights
+from router import database_role
 from router.usage import ctl as usage_ctl
 
 
@@ -16,7 +17,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser) -> None:
         subparsers = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
         for module in (catalog_ctl, ctl_keys, replicas, nodes, engines, logs, weights, pki,
-                       usage_ctl):  # fmt: skip
+                       usage_ctl, database_role):  # fmt: skip
             module.add_parsers(subparsers)
 
     def handle(self, *args, **options) -> None:
