@@ -19,6 +19,7 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 from audit.redis import redis_client
+from core.redis_clients import channel_on
 from protocol.routing import ROUTING_CHANNEL
 
 log = logging.getLogger("llmgw.audit.notices")
@@ -81,6 +82,7 @@ def publish_routing_change(kind: str = "replicas") -> None:
     message costs at most one periodic refresh (10 s by default).
     """
     try:
-        redis_client().publish(ROUTING_CHANNEL, kind)
+        client = redis_client()
+        client.publish(channel_on(client, ROUTING_CHANNEL), kind)
     except Exception as exc:
         log.warning("could not tell routers about a %s change: %s", kind, exc)

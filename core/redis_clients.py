@@ -16,6 +16,14 @@ from core.redis_urls import parse_redis_url
 TIMEOUT = 2.0
 
 
+def channel_on(client: redis.Redis | redis.asyncio.Redis, name: str) -> str:
+    """The pub/sub channel ``name`` as used on ``client``'s database. Redis does not scope
+    channels by database: two fleets (or two test runs) on one Redis, each on a database of
+    its own, would hear each other's notices. Database 0 keeps the plain name."""
+    database = int(client.connection_pool.connection_kwargs.get("db") or 0)
+    return f"{name}@{database}" if database else name
+
+
 @functools.cache
 def redis_client_for(url: str) -> redis.Redis:
     # The URL's TLS options in redis-py's spelling; a missing CA file is named here.

@@ -11,6 +11,8 @@ from typing import NoReturn
 
 import redis.asyncio as aioredis
 
+from core.redis_clients import channel_on
+
 # After a lost Redis connection, subscribe again this soon.
 RETRY_SECONDS = 1.0
 
@@ -36,7 +38,7 @@ async def listen_forever(
             # Pings an idle subscription, so a silently dropped connection is noticed.
             client = aioredis.Redis.from_url(address, health_check_interval=30)
             pubsub = client.pubsub(ignore_subscribe_messages=True)
-            await pubsub.subscribe(channel)
+            await pubsub.subscribe(channel_on(client, channel))
             on_subscribed()
             async for message in pubsub.listen():
                 await on_message(message["data"])

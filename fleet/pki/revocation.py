@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from audit.redis import redis_client
+from core.redis_clients import channel_on
 from fleet.models import NodeCertificate
 from fleet.pki.keys import TOKEN_GENERATION
 
@@ -25,7 +26,8 @@ def announce_revoked(node_id: str) -> None:
     """Tell every link process that ``node_id`` was revoked; never raises (each process also
     looks again on its own, so a notice lost while Redis is away costs seconds, not safety)."""
     try:
-        redis_client().publish(REVOKED_CHANNEL, node_id)
+        client = redis_client()
+        client.publish(channel_on(client, REVOKED_CHANNEL), node_id)
     except Exception as exc:
         log.warning("could not tell the link processes that %s was revoked: %s", node_id, exc)
 

@@ -14,6 +14,7 @@ from channels.testing import WebsocketCommunicator
 from agent_worker.control_plane_proof import LinkedAnswerRefused, check_linked_answer
 from agent_worker.identity import NodeIdentity
 from audit.redis import redis_client
+from core.redis_clients import channel_on
 from fleet.actions.certificates import issue_node_certificate, revoke_node_certificates
 from fleet.link.heartbeats import batcher
 from fleet.models import Node
@@ -110,7 +111,8 @@ async def test_revoking_a_node_closes_its_token_link_and_its_token_links_no_more
 async def test_a_revocation_notice_without_a_revocation_closes_nothing(ca, tmp_path):
     # Anything that can publish on Redis could send one: the database says who is revoked.
     ws, _answer = await token_link("node01")
-    await sync_to_async(redis_client().publish)(REVOKED_CHANNEL, "node01")
+    client = redis_client()
+    await sync_to_async(client.publish)(channel_on(client, REVOKED_CHANNEL), "node01")
     await ws.receive_nothing(timeout=1.0)
     assert await sync_to_async(Node.objects.filter(id="node01", state="connected").exists)()
     await ws.disconnect()

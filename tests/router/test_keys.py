@@ -12,6 +12,7 @@ from django.core.management import CommandError
 from catalog.actions.api_keys import create_key, revoke_key
 from catalog.keys import ApiKeyRefused, active_keys, hash_key
 from catalog.models import ApiKey
+from core.redis_clients import channel_on
 from fleet.models import Replica, ReplicaState
 from fleet.transitions import transition
 from protocol.routing import ROUTING_CHANNEL
@@ -26,7 +27,7 @@ def notifications():
     """Messages on the routing channel, read from the real Redis."""
     client = redis.Redis.from_url(settings.REDIS_URL)
     pubsub = client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(ROUTING_CHANNEL)
+    pubsub.subscribe(channel_on(client, ROUTING_CHANNEL))
 
     def received(expected: int = 1, patience: float = 10.0) -> list[bytes]:
         messages: list[bytes] = []

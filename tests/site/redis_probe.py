@@ -96,6 +96,7 @@ def control(results: dict[str, str]) -> None:
 
 def router(results: dict[str, str]) -> None:
     from audit.redis import redis_client
+    from core.redis_clients import channel_on
     from protocol.routing import INFLIGHT_KEY_PREFIX, ROUTING_CHANNEL
     from router.balance.inflight import report_inflight
     from router.table.sources import DatabaseSource, Refresher
@@ -114,7 +115,8 @@ def router(results: dict[str, str]) -> None:
         try:
             await asyncio.wait_for(woken.wait(), WAIT)  # woken once subscribed
             woken.clear()
-            redis_client().publish(ROUTING_CHANNEL, "probe")  # as audit.notices does
+            client = redis_client()
+            client.publish(channel_on(client, ROUTING_CHANNEL), "probe")  # as audit.notices does
             await asyncio.wait_for(woken.wait(), WAIT)
         except TimeoutError:
             raise RuntimeError("; ".join(warnings.lines) or "no notification") from None
