@@ -26,6 +26,7 @@ from protocol.commands import (
     CollectWeights,
     ConvergeEngines,
     Drain,
+    EngineCallers,
     EngineCheck,
     FetchWeights,
     NodeCommand,
@@ -108,6 +109,11 @@ def announce_epoch(epoch: int) -> None:
 
 def send_converge_engines(node_id: str, engines: list[WantedEngine], producer: Any = None) -> None:
     send(node_id, ConvergeEngines(engines=engines), CONVERGE_EXPIRES, producer)
+
+
+def send_engine_callers(node_id: str, addresses: list[str], producer: Any = None) -> None:
+    """Tell the node who its walls admit on engines' HTTP ports (routers, control planes)."""
+    send(node_id, EngineCallers(addresses=addresses), CONVERGE_EXPIRES, producer)
 
 
 def send_drain(node_id: str, draining: bool, producer: Any = None) -> None:

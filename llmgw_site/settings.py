@@ -215,6 +215,9 @@ LINK_MAX_FRAME = env_int("LLMGW_LINK_MAX_FRAME", 4 * 1024 * 1024)
 SERVE_STATIC = env_bool("LLMGW_SERVE_STATIC", True)
 # Engines listen from here upward on each node (two ports per shard: HTTP and rendezvous).
 ENGINE_PORT_BASE = env_int("LLMGW_ENGINE_PORT_BASE", 20000)
+# Addresses or networks every engine's HTTP port admits beside the routers and control
+# planes the fleet hears of (README, "Engine ports"): a router in static mode, a scraper.
+ENGINE_CALLERS = env_list("LLMGW_ENGINE_CALLERS")
 # This control plane's name in the leader lease: the URL agents should dial to reach it.
 CONTROL_PLANE_ID = env_str(
     "LLMGW_CONTROL_PLANE_ID", f"ws://{socket.gethostname()}:{env_int('LLMGW_PORT', 8000)}"

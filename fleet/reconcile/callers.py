@@ -1,0 +1,68 @@
+"""Telling nodes who their walls admit on engines' HTTP ports: the routers and control
+planes (``fleet.members``), within one pass of one joining or leaving.
+
+Only the nodes that wall and run an engine are told (a StartShard carries the list too, so
+a node without shards needs none), and only when the list changed since they were last
+told, they linked again since, or ENGINES_RETOLD_AFTER passed (a command lost on the way).
+Cost: a router joining a fleet of 10,000 serving nodes is 10,000 signed commands, ~1.5 ms
+each through Celery; a pass sends at most TOLD_PER_PASS of them, the most urgent first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from datetime import datetime
+
+from audit.actors import RECONCILER
+from fleet import commands
+from fleet.actions.members import mark_callers_told, record_members
+from fleet.members import engine_callers, heard_members
+from fleet.models import ENGINES_RETOLD_AFTER, Node, NodeState, Shard, ShardState
+
+log = logging.getLogger("llmgw.fleet.callers")
+
+# A pass every 2 s: up to ~0.75 s of sending in one; 1,000 serving nodes hear of a new
+# router in two passes.
+TOLD_PER_PASS = 500
+
+
+def callers_digest(callers: list[str]) -> str:
+    return hashlib.sha256(json.dumps(sorted(callers)).encode()).hexdigest()
+
+
+def tell_nodes_their_callers(now: datetime) -> list[str]:
+    """Record the members heard, then send ``engine_callers`` to the walled nodes running
+    an engine that are due; return the nodes told."""
+    heard = heard_members()
+    if heard is not None:
+        record_members(heard, now, actor=RECONCILER)
+    callers = engine_callers(now)
+    digest = callers_digest(callers)
+    serving = Shard.objects.filter(state__in=ShardState.LIVE).values("node_id")
+    walled = Node.objects.filter(
+        state=NodeState.CONNECTED, id__in=serving, inventory__firewall="nftables"
+    ).only("id", "registered_at", "callers_told", "callers_told_at")
+    due = [node for node in walled if _due(node, digest, now)]
+    due.sort(key=lambda node: (node.callers_told == digest, node.callers_told_at or now))
+    told = []
+    try:
+        with commands.one_connection() as producer:
+            for node in due[:TOLD_PER_PASS]:
+                commands.send_engine_callers(node.id, callers, producer)
+                told.append(node.id)
+    except Exception as exc:
+        # The broker is away: those not told are told by a later pass (nothing marks them).
+        log.warning("could not tell %d node(s) their callers: %s", len(due) - len(told), exc)
+    mark_callers_told(told, callers, digest, now, actor=RECONCILER)
+    return told
+
+
+def _due(node: Node, digest: str, now: datetime) -> bool:
+    told = node.callers_told_at
+    if told is None or node.callers_told != digest:
+        return True
+    if node.registered_at is not None and node.registered_at >= told:
+        return True
+    return now - told >= ENGINES_RETOLD_AFTER
