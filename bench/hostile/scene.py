@@ -24,6 +24,7 @@ class Rank:
 
     model: str
     replica: str
+    shard: str  # its shard's id
     rank: int
     world_size: int
     engine: str
@@ -76,7 +77,8 @@ def read_scene(fleet: Fleet, models: list[str]) -> Scene:
     """Every rank of the ready replicas of ``models``."""
     rows = sim.query(
         fleet,
-        "SELECT r.model_name, r.id::text, s.rank, r.engine, s.node_id, n.address, s.port, s.pid,"
+        "SELECT r.model_name, r.id::text, s.id, s.rank, r.engine, s.node_id, n.address, s.port,"
+        " s.pid,"
         " (SELECT count(*) FROM fleet_shard o WHERE o.replica_id = r.id)"
         " FROM fleet_replica r JOIN fleet_shard s ON s.replica_id = r.id"
         " JOIN fleet_node n ON n.id = s.node_id"
@@ -84,9 +86,9 @@ def read_scene(fleet: Fleet, models: list[str]) -> Scene:
         (models,),
     )
     ranks = tuple(
-        Rank(model, replica, rank, int(world), engine, node, address, port, pid,
+        Rank(model, replica, shard, rank, int(world), engine, node, address, port, pid,
              listening_address(pid) or address)
-        for model, replica, rank, engine, node, address, port, pid, world in rows
+        for model, replica, shard, rank, engine, node, address, port, pid, world in rows
     )  # fmt: skip
     return Scene(fleet, ranks)
 
