@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml scripts/ensure-llama-server scripts/llama-cpp-only-llmg
 	$(BIN)/pip install --quiet -e '.[test]'
 	PATH="$(CURDIR)/$(BIN):$$PATH" scripts/ensure-llama-server $(VENV)
 	scripts/ensure-chromium
+	scripts/ensure-nftables
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -158,9 +158,9 @@ def ports_walled(node: NodeSnapshot, request: PlacementRequest) -> Refusal | Non
     rpc-server and rendezvous ports would answer anyone on the network."""
     if request.ranks <= 1 or node.firewall != UNWALLED:
         return None
-    why = f" ({node.firewall_problem})" if node.firewall_problem else ""
+    why = f": {node.firewall_problem}" if node.firewall_problem else ""
     return Refusal(
-        f"cannot wall engine ports{why}, and a {request.ranks}-node replica's rpc-server and "
+        f"cannot wall engine ports{why}; a {request.ranks}-node replica's rpc-server and "
         "rendezvous ports would be open to the network: install nftables on it, or set "
         "LLMGW_AGENT_FIREWALL=off there to accept that",
         "cannot wall engine ports",
