@@ -108,7 +108,11 @@ def engine_callers(now: datetime | None = None) -> list[str]:
     now = now or timezone.now()
     live = FleetMember.objects.filter(left_at__isnull=True, seen_at__gte=now - MEMBER_GRACE)
     found = {str(a) for addresses in live.values_list("addresses", flat=True) for a in addresses}
-    found.update(settings.ENGINE_CALLERS)
+    for extra in settings.ENGINE_CALLERS:
+        try:
+            found.add(str(ipaddress.ip_network(extra, strict=False)))
+        except ValueError:
+            log.warning("LLMGW_ENGINE_CALLERS: %r is not an address or network; left out", extra)
     return sorted(found)
 
 

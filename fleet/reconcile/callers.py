@@ -15,6 +15,8 @@ import json
 import logging
 from datetime import datetime
 
+from django.db.models import F, Q
+
 from audit.actors import RECONCILER
 from fleet import commands
 from fleet.actions.members import mark_callers_told, record_members
@@ -41,10 +43,18 @@ def tell_nodes_their_callers(now: datetime) -> list[str]:
     callers = engine_callers(now)
     digest = callers_digest(callers)
     serving = Shard.objects.filter(state__in=ShardState.LIVE).values("node_id")
-    walled = Node.objects.filter(
-        state=NodeState.CONNECTED, id__in=serving, inventory__firewall="nftables"
-    ).only("id", "registered_at", "callers_told", "callers_told_at")
-    due = [node for node in walled if _due(node, digest, now)]
+    # The cheap columns first: the inventory (kilobytes of JSON a node) is read only for
+    # nodes that are due.
+    due_now = (
+        Q(callers_told_at__isnull=True) | ~Q(callers_told=digest)
+        | Q(registered_at__gte=F("callers_told_at"))
+        | Q(callers_told_at__lte=now - ENGINES_RETOLD_AFTER)
+    )  # fmt: skip
+    candidates = Node.objects.filter(due_now, state=NodeState.CONNECTED, id__in=serving)
+    walled = candidates.filter(inventory__firewall="nftables").only(
+        "id", "registered_at", "callers_told", "callers_told_at"
+    )
+    due = list(walled)
     due.sort(key=lambda node: (node.callers_told == digest, node.callers_told_at or now))
     told = []
     try:
@@ -57,12 +67,3 @@ def tell_nodes_their_callers(now: datetime) -> list[str]:
         log.warning("could not tell %d node(s) their callers: %s", len(due) - len(told), exc)
     mark_callers_told(told, callers, digest, now, actor=RECONCILER)
     return told
-
-
-def _due(node: Node, digest: str, now: datetime) -> bool:
-    told = node.callers_told_at
-    if told is None or node.callers_told != digest:
-        return True
-    if node.registered_at is not None and node.registered_at >= told:
-        return True
-    return now - told >= ENGINES_RETOLD_AFTER
