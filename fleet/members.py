@@ -112,8 +112,13 @@ def engine_callers(now: datetime | None = None) -> list[str]:
         try:
             found.add(str(ipaddress.ip_network(extra, strict=False)))
         except ValueError:
-            log.warning("LLMGW_ENGINE_CALLERS: %r is not an address or network; left out", extra)
+            if extra not in _said:  # once a process, not every pass
+                _said.add(extra)
+                log.warning("LLMGW_ENGINE_CALLERS: %r is no address or network; left out", extra)
     return sorted(found)
+
+
+_said: set[str] = set()
 
 
 # The control plane's own report: one key per process, refreshed by a daemon thread.
