@@ -10,8 +10,8 @@ import threading
 from collections.abc import Callable
 
 from agent_worker.engines.install import EngineInstaller
-from agent_worker.engines.probe import FoundEngine, ProbeConfig, natural_key, probe_engines
-from protocol.engines import EngineInstall, WantedEngine
+from agent_worker.engines.probe import FoundEngine, ProbeConfig, probe_engines
+from protocol.engines import EngineInstall, WantedEngine, chosen_install
 
 
 class NodeEngines:
@@ -66,17 +66,8 @@ class NodeEngines:
     def find(self, engine: str, version: str = "") -> str | None:
         """The executable for ``engine`` at ``version`` ("" any): llmgw's install first,
         since the catalog named it, then the newest version."""
-        candidates = [
-            install
-            for install in self.statuses()
-            if install.installed
-            and install.engine == engine
-            and (not version or install.version == version)
-        ]
-        if not candidates:
-            return None
-        best = max(candidates, key=lambda i: (i.managed, natural_key(i.version)))
-        return best.path
+        best = chosen_install(self.statuses(), engine, version)
+        return best.path if best is not None else None
 
     def names(self) -> list[str]:
         return sorted({install.engine for install in self.statuses() if install.installed})

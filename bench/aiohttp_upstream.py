@@ -1,4 +1,4 @@
-"""The router's outbound interface (router/forward/upstream.py) on aiohttp's client, to
+"""The router's outbound interface (router/wire/upstream.py) on aiohttp's client, to
 measure against.
 
 Not used in production: bench/router_overhead.py serves ``bench.aiohttp_upstream:application``
@@ -14,13 +14,9 @@ import aiohttp
 
 from router.app import Router
 from router.config import RouterConfig
-from router.forward.upstream import (
-    HOP_RESPONSE_HEADERS,
-    Rest,
-    UpstreamBroken,
-    UpstreamUnreachable,
-)
 from router.table.sources import StaticSource
+from router.wire.connection import HOP_RESPONSE_HEADERS, Rest, UpstreamBroken
+from router.wire.upstream import UpstreamUnreachable
 
 
 class AiohttpResponse:

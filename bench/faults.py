@@ -178,7 +178,10 @@ def main() -> int:
         key = system.start()
         load = Load(system.router_url, key, options.clients)
         load.start()
-        time.sleep(3)
+        # Answers flowing first: on a loaded machine a cold engine's first answers took
+        # longer than the first injection's window, which then counted no request at all.
+        wait_for(lambda: sum(1 for r in load.requests if r.ended and not r.error) >= load.clients,
+                 RECOVERY_TIMEOUT, "an answer for every client before the first fault")  # fmt: skip
         for fault in faults:
             print(f"injecting {fault} x{options.injections}", flush=True)
             rows.append(run_fault(system, load, fault, options.injections, options.stop_seconds))

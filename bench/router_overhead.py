@@ -9,7 +9,7 @@ own processes; the load generator is this process (aiohttp, one connection per w
 For each concurrency, streaming and not, it prints latency p50/p99 direct and through
 the router, the latency the router adds, and throughput through the router as a
 fraction of direct. A router variant is an ASGI server and an outbound client: ``lean``
-(router/forward/upstream.py, what production runs) or ``aiohttp`` (bench/aiohttp_upstream.py,
+(router/wire/upstream.py, what production runs) or ``aiohttp`` (bench/aiohttp_upstream.py,
 kept to measure against); ``uvicorn+lean`` is what `llmgw up` runs. Each measurement
 runs --seconds after a short warm-up: about 25 s per variant with the defaults.
 """

@@ -28,9 +28,10 @@ prefixes outgrow each engine's cache. The router's own settings come from the
 environment (LLMGW_ROUTER_AFFINITY_LOAD_FACTOR: when a prefix's replica is passed over).
 About two minutes with the defaults on 2 cores.
 
-The routing happens in the router (router/balance/prefix.py, called from router/app.py), so this
-measures the real path. After the prefix slice, one new prefix is sent eight times in a row:
-unless every repeat finds its cache, the router is not routing by prefix, and it says so.
+The routing happens in the router (router/balance/prefix.py, called from
+router/intake/reception.py), so this measures the real path. After the prefix slice, one
+new prefix is sent eight times in a row: unless every repeat finds its cache, the router is
+not routing by prefix, and it says so.
 """
 
 from __future__ import annotations
@@ -254,8 +255,9 @@ async def run(args: argparse.Namespace) -> None:
     report(results)
     if unhooked:
         print(
-            "\nThe router did not keep one prefix on one engine: does router/app.py call "
-            "router.balance.prefix.affinity_for? Without it both names route alike."
+            "\nThe router did not keep one prefix on one engine: does "
+            "router/intake/reception.py call router.balance.prefix.affinity_for? Without it "
+            "both names route alike."
         )
 
 

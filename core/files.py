@@ -7,8 +7,8 @@ is flushed to disk, renamed over the target, and the rename itself made durable 
 fsync of the directory. A writer cut short leaves a hidden temporary file whose name
 starts with ``TEMPORARY_PREFIX``; whoever lists the directory may remove those.
 
-Imports only the standard library: the agent and ``llmgw up`` use it as well as the
-control plane.
+Imports only the standard library: the agent, ``llmgw up`` and the router (its saved routing
+table) use it as well as the control plane.
 """
 
 from __future__ import annotations
@@ -22,11 +22,15 @@ from pathlib import Path
 TEMPORARY_PREFIX = ".tmp-"
 
 
-def write_atomically(target: Path, data: str | bytes, *, keep_owner: bool = False) -> None:
+def write_atomically(
+    target: Path, data: str | bytes, *, keep_owner: bool = False, modified_at: float | None = None
+) -> None:
     """Replace ``target`` with ``data`` (mode 0600) so a reader sees the old or the new whole.
 
     ``keep_owner``: run as root, give the new file the owner of the one it replaces (a
     server's configuration file that the server, not root, must go on reading).
+    ``modified_at``: the new file's modification time (unix time) from the moment it has
+    its name, for a file whose age says something (the router's saved table).
     """
     owner = _owner_of(target) if keep_owner and os.geteuid() == 0 else None
     fd, temporary = tempfile.mkstemp(prefix=TEMPORARY_PREFIX, dir=target.parent)  # 0600
@@ -37,6 +41,8 @@ def write_atomically(target: Path, data: str | bytes, *, keep_owner: bool = Fals
             os.fsync(out.fileno())
             if owner is not None:
                 os.fchown(out.fileno(), *owner)
+        if modified_at is not None:
+            os.utime(temporary, (modified_at, modified_at))
         os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from audit.redis import redis_client
+from protocol.engines import chosen_install
 from protocol.routing import (
     INFLIGHT_KEY_PREFIX,
     PREFIX,
@@ -84,12 +85,14 @@ def routing_snapshot() -> RoutingSnapshot:
         )  # fmt: skip
         for model in Model.objects.prefetch_related("profiles")
     }
-    # Rank 0's node only for its address: its reports are kilobytes of JSON a node.
+    # Rank 0's node for its address, and its engines (a few entries) for what a replica
+    # with no recorded version runs: its other reports are kilobytes of JSON a node.
     first_ranks = Shard.objects.filter(rank=0).select_related("node")
+    unread = [name for name in without_reports("node") if name != "node__engines"]
     replicas = (
         Replica.objects.filter(state__in=ReplicaState.LIVE)
         .select_related("profile")
-        .prefetch_related(Prefetch("shards", queryset=first_ranks.defer(*without_reports("node"))))
+        .prefetch_related(Prefetch("shards", queryset=first_ranks.defer(*unread)))
     )
     for replica in replicas:
         # A replica whose model left the catalog still serves until it is stopped.
@@ -126,7 +129,7 @@ def routing_snapshot() -> RoutingSnapshot:
                 secret=replica.secret,
                 engine=replica.engine,
                 serves=served,
-                native=list(natively_served(replica.engine, replica.engine_version)),
+                native=list[str](natively_served(replica.engine, _running_version(replica, rank0))),
             )
         )
         # One rule per model, since one pick chooses among all its endpoints: prefix as soon
@@ -135,6 +138,15 @@ def routing_snapshot() -> RoutingSnapshot:
         if replica.profile is not None and replica.profile.routing == PREFIX:
             entry.routing = PREFIX
     return RoutingSnapshot(models=list(models.values()))
+
+
+def _running_version(replica, rank0) -> str:
+    """The engine version the replica runs: the one the control plane resolved, else (the
+    catalog declared none) the one its node runs for any version (protocol.engines)."""
+    if replica.engine_version:
+        return replica.engine_version
+    install = chosen_install(rank0.node.engine_installs() or [], replica.engine)
+    return install.version if install is not None else ""
 
 
 def _endpoint_url(shard) -> str | None:

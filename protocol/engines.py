@@ -150,3 +150,19 @@ class EngineInstall(BaseModel):
         return (
             f"{self.status}: {self.detail}" if self.detail and not self.installed else self.status
         )
+
+
+def chosen_install(
+    installs: Iterable[EngineInstall], engine: str, version: str = ""
+) -> EngineInstall | None:
+    """The install a node runs ``engine`` at ``version`` ("" any) with: llmgw's own first,
+    since the catalog named it, then the newest. The agent launches with it, and the
+    control plane reads from it what a replica with no recorded version runs."""
+    candidates = [
+        install
+        for install in installs
+        if install.installed
+        and install.engine == engine
+        and (not version or install.version == version)
+    ]
+    return max(candidates, key=lambda i: (i.managed, natural_key(i.version)), default=None)

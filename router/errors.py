@@ -155,6 +155,18 @@ def unknown_response(response_id: str) -> RouterError:
     )
 
 
+def conversation_too_long(response_id: str, limit: int) -> RouterError:
+    return RouterError(
+        400,
+        f"The conversation up to {response_id!r} is over {limit} bytes, more than the router "
+        "keeps (LLMGW_ROUTER_CONVERSATION_BYTES); send the conversation in `input` instead "
+        "of previous_response_id.",
+        "invalid_request_error",
+        "conversation_too_long",
+        param="previous_response_id",
+    )
+
+
 def response_replica_gone(response_id: str, model: str, replica: str) -> RouterError:
     return RouterError(
         404,

@@ -14,7 +14,9 @@ Pure: no I/O, an injected clock and random source, so every rule is tested direc
 - Circuit breaker: ``failure_threshold`` consecutive failures (connect errors, 5xx) take
   a replica out for ``cooldown`` seconds; then one trial request is let through, and its
   outcome closes the breaker or opens it again. When every candidate is out, they are
-  tried anyway: a model that may be up beats a certain 503.
+  tried anyway: a model that may be up beats a certain 503. When that fails too, the
+  client is told what the breakers know (``outage``): how many replicas exist, that none
+  answers, and since when.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import random
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
+from core.humanize import count_of, format_seconds
 from router.table.routes import Endpoint
 
 
@@ -37,6 +41,30 @@ class ReplicaHealth:
     failures: int = 0  # consecutive
     open_until: float = 0.0  # breaker open until this clock time; 0 when closed
     trial_inflight: bool = False  # half-open: one request is testing the replica
+    failing_since: float = 0.0  # wall-clock time of the first of the failures in a row
+
+
+@dataclass(frozen=True)
+class Outage:
+    """Every replica of a model taken out by its breaker: what a client is told."""
+
+    replicas: int
+    failures: int  # in a row, that take a replica out
+    since: float  # wall-clock time the last replica began failing: none answered since
+    ago: float  # seconds since then
+    retry_after: int  # seconds until the first breaker lets a trial through
+    cooldown: float
+
+    def sentence(self, model: str) -> str:
+        at = datetime.fromtimestamp(self.since, UTC).strftime("%H:%M:%S UTC")
+        return (
+            f"{count_of(self.replicas, 'replica')} of {model} "
+            f"{'exists' if self.replicas == 1 else 'exist'} and none answers: each "
+            f"failed {count_of(self.failures, 'request')} in a row and is taken out by the "
+            f"router's breaker; none has answered since {at} ({format_seconds(self.ago)} ago). "
+            "The router lets one request through to each again after its "
+            f"{format_seconds(self.cooldown)} cooldown."
+        )
 
 
 class Balancer:
@@ -49,12 +77,15 @@ class Balancer:
         cooldown: float = 5.0,
         load_factor: float = 1.25,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         rng: random.Random | None = None,
     ) -> None:
+        """``clock`` times the breakers; ``wall`` dates a failure for the people told of it."""
         self.failure_threshold = failure_threshold
         self.cooldown = cooldown
         self.load_factor = load_factor
         self.clock = clock
+        self.wall = wall
         self.rng = rng or random.Random()  # noqa: S311 - spreading load, not secrecy
         self.health: dict[str, ReplicaHealth] = {}
 
@@ -135,7 +166,10 @@ class Balancer:
         if ok:
             health.failures = 0
             health.open_until = 0.0
+            health.failing_since = 0.0
             return
+        if health.failures == 0:
+            health.failing_since = self.wall()
         health.failures += 1
         if trial or health.failures >= self.failure_threshold:
             health.open_until = self.clock() + self.cooldown
@@ -147,6 +181,24 @@ class Balancer:
         """Whether the replica is taken out right now (for metrics and tests)."""
         health = self.health.get(replica)
         return health is not None and self.clock() < health.open_until
+
+    def outage(self, endpoints: Sequence[Endpoint]) -> Outage | None:
+        """The outage when every one of ``endpoints`` is taken out now (none is due a
+        trial); None while one may still answer."""
+        now = self.clock()
+        held = [self.health.get(e.replica) for e in endpoints]
+        out = [h for h in held if h is not None and now < h.open_until]
+        if not endpoints or len(out) < len(endpoints):
+            return None
+        since = max(h.failing_since for h in out)
+        return Outage(
+            replicas=len(endpoints),
+            failures=min(h.failures for h in out),
+            since=since,
+            ago=self.wall() - since,
+            retry_after=max(1, math.ceil(min(h.open_until for h in out) - now)),
+            cooldown=self.cooldown,
+        )
 
     def forget_except(self, replicas: Collection[str]) -> None:
         """Drop what is remembered of replicas that left the table and carry no requests."""

@@ -33,11 +33,15 @@ logger = logging.getLogger(__name__)
 
 
 class _Reporting(Protocol):
-    table: RoutingTable
     balancer: Balancer
     metrics: RouterMetrics
     source: Any  # its redis_url is known once the database source has loaded
-    rooms: dict[str, Any]  # model -> its WaitingRoom
+
+    @property
+    def table(self) -> RoutingTable: ...  # the one in use
+
+    @property
+    def rooms(self) -> Mapping[str, Any]: ...  # model -> its WaitingRoom
 
 
 def inflight_report(

@@ -1,21 +1,28 @@
 """Where requests wait for a replica: at zero replicas, until one has started, and while
 every replica is at its concurrency limit, until one is free.
 
-One room per model, in one router process. Waiters are served by priority (high, normal,
+One room per model (``WaitingRoom``), in one router process, made the first time a request
+of that model has to wait (``WaitingRooms``). Waiters are served by priority (high, normal,
 low), first come first served within one; a full room turns away the lowest: a newcomer
-that outranks the last waiter takes its place, and the waiter gets the 429.
+that outranks the last waiter takes its place, and the waiter gets the 429. A client that
+hangs up while it waits gives up its place.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from router.errors import RouterError
+from router.balance.balancer import Balancer
+from router.errors import RouterError, unavailable
+from router.table.keys import Caller
+from router.table.routes import ModelRoute, RoutingTable
 
 PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
 
@@ -113,3 +120,94 @@ class WaitingRoom:
             "no_ready_replica",
             headers=[(b"retry-after", b"5")],
         )
+
+
+class WaitingRooms:
+    """Every model's waiting room, and when a replica of a model can take one more request."""
+
+    def __init__(
+        self, balancer: Balancer, table: Callable[[], RoutingTable], size: int, patience: float
+    ) -> None:
+        """``table`` gives the routing table in use now; ``size`` is a room's places
+        (LLMGW_ROUTER_QUEUE_SIZE), ``patience`` how long a request waits at most
+        (LLMGW_ROUTER_COLD_START_TIMEOUT)."""
+        self.balancer = balancer
+        self.table = table
+        self.size = size
+        self.patience = patience
+        self.rooms: dict[str, WaitingRoom] = {}  # by model
+
+    def can_take(self, name: str) -> bool:
+        """Whether a replica of model ``name`` could take one more request now."""
+        route = self.table().routes.get(name)
+        if route is None or not route.endpoints:
+            return False
+        limit = route.concurrency
+        return not limit or any(self.balancer.inflight(e.replica) < limit for e in route.endpoints)
+
+    async def wait_for_replica(
+        self, route: ModelRoute, caller: Caller, receive: Callable[[], Awaitable[Any]] | None
+    ) -> ModelRoute | None:
+        """The route once a replica can take the request: at once, or after waiting for
+        one to start (an autoscaled model at zero) or to free a place (at concurrency);
+        None when the client left while it waited (``receive`` None: not watched)."""
+        if route.endpoints and not route.concurrency:
+            return route
+        room = self.rooms.get(route.name)
+        if room is None:
+            room = self.rooms[route.name] = WaitingRoom(route.name, self.size)
+        deadline = time.monotonic() + self.patience
+        # A client that leaves gives up its place, and no replica is started or used for it.
+        leaving = asyncio.ensure_future(
+            _disconnect(receive) if receive is not None else asyncio.Event().wait()
+        )
+        try:
+            while True:
+                patience = max(deadline - time.monotonic(), 0.0)
+                waiting = asyncio.ensure_future(
+                    room.wait(caller.priority, lambda: self.can_take(route.name), patience)
+                )
+                try:
+                    await asyncio.wait({waiting, leaving}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if not waiting.done():
+                        waiting.cancel()
+                if not waiting.done() or waiting.cancelled():
+                    return None
+                self._outcome(route, waiting)  # the room's 429 or 503, if it gave one
+                # Checked again here, where nothing runs between this check and the pick:
+                # another request woken at the same moment may have taken the place.
+                if self.can_take(route.name):
+                    return self.table().routes.get(route.name, route)
+        finally:
+            if not leaving.done():
+                leaving.cancel()
+
+    def _outcome(self, route: ModelRoute, waiting: asyncio.Future) -> None:
+        """Raise the room's refusal, if it gave one; a 503 for a model whose replicas are
+        all taken out by their breakers says that instead (their requests hang on a dead
+        node until they time out, and hold every place meanwhile)."""
+        try:
+            waiting.result()
+        except RouterError as refused:
+            outage = self.balancer.outage(route.endpoints) if refused.status == 503 else None
+            if outage is None:
+                raise
+            raise unavailable(outage.sentence(route.name), outage.retry_after) from None
+
+    def place_freed(self, name: str) -> None:
+        """A request of model ``name`` ended: its place on a replica may take the next waiter."""
+        room = self.rooms.get(name)
+        if room is not None:
+            room.notify(lambda: self.can_take(name))
+
+    def table_changed(self) -> None:
+        """A new table is in use: a replica may have become ready for any waiting model."""
+        for name, room in self.rooms.items():
+            room.notify(functools.partial(self.can_take, name))
+
+
+async def _disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
+    """Return once the client has hung up (the body was read whole before this)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -28,14 +28,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.forward.tokens import Tokens, tokens_of
+from router.translate.chat import CONTINUE_FINAL_MESSAGE
+from router.wire.tokens import Tokens, tokens_of
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 # Engines (an adapter's name) known to continue a final assistant message; "" is a table
 # that does not say, taken as able. Others (SGLang) end a broken stream with the error.
 CONTINUING_ENGINES = frozenset({"", "llama.cpp", "vllm"})
-CONTINUE_FINAL_MESSAGE = {"continue_final_message": True, "add_generation_prompt": False}
 # Fields that constrain the output to a format: a continuation would start it over.
 STRUCTURED_FIELDS = ("grammar", "json_schema", "guided_json", "guided_regex",
                      "guided_grammar", "guided_choice", "structured_outputs")  # fmt: skip

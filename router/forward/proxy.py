@@ -31,31 +31,28 @@ from router.forward.migration import (
     why_not_movable,
 )
 from router.forward.relay import (
+    RESPONSES_PATH,
     WATCH_AFTER_SECONDS,
     StreamRelay,
-    normalized_error,
+    answer_editor,
+    noting_response_id,
     relay_body,
     start_watching,
-)
-from router.forward.tokens import EventScanner, Tokens
-from router.forward.upstream import (
-    Response,
-    Rest,
-    Upstream,
-    UpstreamBroken,
-    UpstreamUnreachable,
+    translated,
 )
 from router.intake.call import CLIENT_CLOSED, Call, ClientLeft, Upload
 from router.metrics import RouterMetrics
 from router.table.routes import Endpoint, ModelRoute
-from router.translate.plan import EventTranslator, Translation, stream_error_event_for
+from router.translate.plan import Translation, stream_error_event_for
 from router.usage.accounting import Accounting
+from router.wire.connection import Response, Rest, UpstreamBroken
+from router.wire.tokens import EventScanner, Tokens
+from router.wire.upstream import Upstream, UpstreamUnreachable
 
 logger = logging.getLogger(__name__)
 
 # One try and at most two retries, each on another replica.
 MAX_ATTEMPTS = 3
-RESPONSES_PATH = "/v1/responses"
 # The streams a broken answer can be carried on in (migration.py reads their events).
 MOVABLE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
@@ -139,7 +136,7 @@ class Proxy:
                     last_problem = str(exc)
                     tried.append(endpoint)
                     failures += 1
-                    _not_again(call, exc)
+                    _not_again(call, exc, "failed on")
                     endpoint = self._next(call, tried, exc.kind)
                     continue
                 try:
@@ -164,11 +161,12 @@ class Proxy:
                     try:
                         tokens = await relay_body(
                             call, response, self.metrics,
-                            self._answer_editor(call, translation, replica),
+                            answer_editor(call, translation, replica, self.response_ids),
                         )  # fmt: skip
                     except UpstreamBroken as exc:
                         ok = False
                         tried.append(endpoint)
+                        _not_again(call, exc, "broke off its answer to")
                         endpoint = self._ask_again(call, exc, tried, moves)
                         moves += 1
                         continue
@@ -181,6 +179,11 @@ class Proxy:
                 self.balancer.finished(replica, ok=ok, trial=trial)
         if broken is not None:
             return await self._carry_on(call, broken, tried)
+        outage = self.balancer.outage(self._endpoints_now(call))
+        if outage is not None:  # not one failure but the model's state: say so, and since when
+            raise errors.unavailable(
+                f"{outage.sentence(model)} The last failure: {last_problem}.", outage.retry_after
+            )
         raise errors.bad_gateway(
             f"No replica of {model} answered ({len(tried)} tried): {last_problem}."
         )
@@ -225,15 +228,17 @@ class Proxy:
         error_event = stream_error_event_for(call.path)
         if translation is not None:
             events = translation.events()
-            edit, flush = _translated(scanner, events)
+            edit, flush = translated(scanner, events)
 
             def error_event(message: str) -> bytes:
                 # Through the stream's own translator: the error event then follows the
                 # events already sent (numbered after them, holding the partial answer).
                 return events.feed(errors.stream_error_event(message)) + events.flush()
 
-        elif call.path == RESPONSES_PATH:
-            edit = self._noting_response_id(scanner.feed, replica, call.model)
+        if call.chain is not None:  # its conversation kept with the response it ends with
+            edit, flush = call.chain.watching(edit, flush)
+        elif call.path == RESPONSES_PATH and translation is None:  # the engine's to keep
+            edit = noting_response_id(scanner.feed, self.response_ids, replica, call.model)
         broken = await stream.pipe(response, edit, flush)
         if broken is None:
             await stream.end()
@@ -248,70 +253,6 @@ class Proxy:
             self._account(call, scanner.tokens)
             return None
         return BrokenStream(stream, broken, scanner.tokens)
-
-    def _answer_editor(
-        self, call: Call, translation: Translation | None, replica: str
-    ) -> Callable[[int, bytes], tuple[int, bytes]]:
-        """What a whole answer becomes for the client: translated back to the client's API,
-        or an engine's error put in the shape of the client's API; a Responses answer's
-        id is noted, for the requests that continue it."""
-
-        def edit(status: int, data: bytes) -> tuple[int, bytes]:
-            if translation is not None:
-                status = 400 if status == 501 else status
-                return status, translation.answer(status, data)
-            if status >= 400:
-                return normalized_error(status, data, call.path)
-            if call.path == RESPONSES_PATH:
-                self.response_ids.note_answer(data, replica, call.model)
-            return status, data
-
-        return edit
-
-    def _noting_response_id(
-        self, edit: Callable[[bytes], bytes], replica: str, model: str
-    ) -> Callable[[bytes], bytes]:
-        """``edit``, noting the response's id from the first event that names one."""
-        noted = False
-
-        def noting(data: bytes) -> bytes:
-            nonlocal noted
-            events = edit(data)
-            if not noted and b"resp_" in events:
-                self.response_ids.note_answer(events, replica, model)
-                noted = True
-            return events
-
-        return noting
-
-    async def pass_through(
-        self, method: str, endpoint: Endpoint, path: str, headers: list[tuple[bytes, bytes]],
-        send,
-    ) -> int:  # fmt: skip
-        """Relay a request with no body (a stored response's GET or DELETE) to one replica."""
-        if endpoint.authorization:
-            headers = [*headers, (b"authorization", endpoint.authorization)]
-        try:
-            response = await self.upstream.request(method.encode(), endpoint.url, path, b"",
-                                                   headers)  # fmt: skip
-        except UpstreamUnreachable as exc:
-            raise errors.bad_gateway(
-                f"The replica that made this response did not answer: {exc}"
-            ) from None
-        try:
-            data = await response.read()
-        except UpstreamBroken as exc:
-            raise errors.bad_gateway(f"The replica broke off its answer: {exc}") from None
-        finally:
-            response.close()
-        status, data = normalized_error(response.status, data) if response.status >= 400 else (
-            response.status, data
-        )  # fmt: skip
-        headers = response.headers_for_client()
-        headers.append((b"content-length", str(len(data)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": data})
-        return status
 
     async def _carry_on(self, call: Call, first: BrokenStream, tried: list[Endpoint]) -> int:
         """Carry a broken stream on, replica after replica, until it ends whole or cannot
@@ -436,30 +377,17 @@ class Proxy:
             self.accounting.record(caller.prefix, caller.name, call.model, prompt, completion)
 
 
-def _translated(
-    scanner: EventScanner, events: EventTranslator
-) -> tuple[Callable[[bytes], bytes], Callable[[], bytes]]:
-    """The scanner (which counts the chat completion's usage) and then the translation."""
-
-    def edit(data: bytes) -> bytes:
-        return events.feed(scanner.feed(data))
-
-    def flush() -> bytes:
-        return events.feed(scanner.flush()) + events.flush()
-
-    return edit, flush
-
-
 def _sent_upload(call: Call) -> bool:
     """Whether an upload's rest went to a replica already: it cannot be sent again."""
     return call.upload is not None and call.upload.started
 
 
-def _not_again(call: Call, failure: UpstreamUnreachable) -> None:
-    """Refuse to ask another replica for an upload whose rest went to the one that failed."""
+def _not_again(call: Call, failure: Exception, what: str) -> None:
+    """Refuse to ask another replica for an upload whose rest went to the one that failed:
+    the client's bytes are gone, and asking for them again would wait for ever."""
     if _sent_upload(call):
         raise errors.bad_gateway(
-            f"The replica of {call.model} that was sent the upload failed ({failure}); an "
-            "upload streams through the router and cannot be sent to another replica: send "
-            "it again."
+            f"The replica of {call.model} that was sent the upload {what} it ({failure}); "
+            "an upload streams through the router and cannot be sent to another replica: "
+            "send it again."
         )

@@ -6,6 +6,10 @@ mid-event can still be carried on by another engine, proxy.py). A request still 
 after ``WATCH_AFTER_SECONDS`` gets a watcher for the client's disconnect, which cancels
 the relay; leaving the relay closes the engine's connection, and that is what stops the
 engine generating.
+
+On the way an answer is edited for the client: translated back to its API when the
+engine was asked in chat completions, an engine's error put in the shape of the client's
+API, and a Responses answer's id noted for the requests that continue it.
 """
 
 from __future__ import annotations
@@ -15,16 +19,16 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from router import errors
+from router.balance.response_ids import ResponseIds
 from router.forward.migration import Relayed
-from router.forward.tokens import Tokens, usage_of_body
-from router.forward.upstream import Response, UpstreamBroken
 from router.intake.call import Call, Exchange, Receive
 from router.metrics import RouterMetrics
-from router.table.routes import ModelRoute
 from router.translate import messages
+from router.translate.plan import EventTranslator, Translation
+from router.wire.connection import Response, UpstreamBroken
+from router.wire.tokens import EventScanner, Tokens, usage_of_body
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +36,7 @@ JSON_TYPE = [(b"content-type", b"application/json")]
 STREAM_HEADERS = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
 # A request still running after this long gets a task watching for the client to leave.
 WATCH_AFTER_SECONDS = 0.05
+RESPONSES_PATH = "/v1/responses"
 
 
 def start_watching(call: Call, task: asyncio.Task) -> None:
@@ -49,33 +54,6 @@ async def _watch_disconnect(receive: Receive, task: asyncio.Task, exchange: Exch
     if not exchange.finishing:
         exchange.client_gone = True
         task.cancel()
-
-
-def rewrite_body(
-    body: bytes, payload: dict[str, Any], route: ModelRoute, stream: bool
-) -> tuple[bytes, bool]:
-    """The body for the engine, and whether to drop the usage chunk we asked for.
-
-    The engine serves the model under its catalog name, so an alias is replaced by it;
-    a stream asks for usage (for accounting) even when the client did not. Otherwise
-    the client's bytes go out untouched.
-    """
-    changed = False
-    if payload["model"] != route.name:
-        payload["model"] = route.name
-        changed = True
-    drop_usage_only = False
-    if stream:
-        options = payload.get("stream_options")
-        if not (isinstance(options, dict) and options.get("include_usage") is True):
-            payload["stream_options"] = {
-                **(options if isinstance(options, dict) else {}),
-                "include_usage": True,
-            }
-            drop_usage_only = changed = True
-    if changed:
-        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
-    return body, drop_usage_only
 
 
 async def relay_body(
@@ -137,6 +115,60 @@ def normalized_error(status: int, data: bytes, path: str = "") -> tuple[int, byt
     type_ = "invalid_request_error" if status < 500 else "upstream_error"
     message = message or f"The engine answered HTTP {status} without saying why."
     return status, errors.error_body(message, type_, code)
+
+
+def answer_editor(
+    call: Call, translation: Translation | None, replica: str, response_ids: ResponseIds
+) -> Callable[[int, bytes], tuple[int, bytes]]:
+    """What a whole answer becomes for the client: translated back to the client's API,
+    or an engine's error put in the shape of the client's API; a Responses answer's
+    id is noted, and its conversation kept where the router keeps it, for the requests
+    that continue it."""
+
+    def edit(status: int, data: bytes) -> tuple[int, bytes]:
+        if translation is not None:
+            status = 400 if status == 501 else status
+            data = translation.answer(status, data)
+        elif status >= 400:
+            return normalized_error(status, data, call.path)
+        elif call.path == RESPONSES_PATH and call.chain is None:
+            response_ids.note_answer(data, replica, call.model)  # the engine's to keep
+        if call.chain is not None and status == 200:
+            call.chain.keep_answer(data)  # ours, kept before the client has it
+        return status, data
+
+    return edit
+
+
+def noting_response_id(
+    edit: Callable[[bytes], bytes], response_ids: ResponseIds, replica: str, model: str
+) -> Callable[[bytes], bytes]:
+    """``edit``, noting the response's id from the first event that names one."""
+    noted = False
+
+    def noting(data: bytes) -> bytes:
+        nonlocal noted
+        events = edit(data)
+        if not noted and b"resp_" in events:
+            response_ids.note_answer(events, replica, model)
+            noted = True
+        return events
+
+    return noting
+
+
+def translated(
+    scanner: EventScanner, events: EventTranslator
+) -> tuple[Callable[[bytes], bytes], Callable[[], bytes]]:
+    """The scanner (which counts the chat completion's usage) and then the translation."""
+
+    def edit(data: bytes) -> bytes:
+        return events.feed(scanner.feed(data))
+
+    def flush() -> bytes:
+        return events.feed(scanner.flush()) + events.flush()
+
+    return edit, flush
 
 
 class StreamRelay:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from router import errors
-from router.intake.auth import Caller
+from router.conversations.chains import Chain
+from router.table.keys import Caller
 from router.table.routes import Endpoint, ModelRoute, RoutingTable
 from router.translate.plan import Translation
 
@@ -72,7 +73,7 @@ class Call:
     send: Send
     path: str
     route: ModelRoute
-    body: bytes  # as the engine gets it (see relay.rewrite_body)
+    body: bytes  # as the engine gets it (see rewrite_body)
     headers: list[tuple[bytes, bytes]]  # the client's, less those of its hop
     caller: Caller
     session: str | None  # x-session-id, for affinity
@@ -86,6 +87,7 @@ class Call:
     translation: Translation | None = None
     query: bytes = b""  # the client's query string, passed on (Claude Code sends ?beta=true)
     upload: Upload | None = None  # an upload's rest, streamed to the engine (body: its head)
+    chain: Chain | None = None  # a Responses conversation the router keeps the answer of
 
     @property
     def model(self) -> str:
@@ -128,6 +130,33 @@ async def read_body(receive: Receive, content_length: bytes | None, limit: int) 
         parts.append(part)
         if not message.get("more_body"):
             return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def rewrite_body(
+    body: bytes, payload: dict[str, Any], route: ModelRoute, stream: bool
+) -> tuple[bytes, bool]:
+    """The body for the engine, and whether to drop the usage chunk we asked for.
+
+    The engine serves the model under its catalog name, so an alias is replaced by it;
+    a stream asks for usage (for accounting) even when the client did not. Otherwise
+    the client's bytes go out untouched.
+    """
+    changed = False
+    if payload["model"] != route.name:
+        payload["model"] = route.name
+        changed = True
+    drop_usage_only = False
+    if stream:
+        options = payload.get("stream_options")
+        if not (isinstance(options, dict) and options.get("include_usage") is True):
+            payload["stream_options"] = {
+                **(options if isinstance(options, dict) else {}),
+                "include_usage": True,
+            }
+            drop_usage_only = changed = True
+    if changed:
+        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    return body, drop_usage_only
 
 
 def resolve(table: RoutingTable, body: bytes, caller: Caller) -> tuple[ModelRoute, dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Cross-origin answers for browser clients, only for the origins an operator named.
 
 With ``LLMGW_ROUTER_CORS_ORIGINS`` unset the router sends no CORS header at all (and
-strips the engines' own, see ``forward.upstream.HOP_RESPONSE_HEADERS``): a browser page
+strips the engines' own, see ``wire.connection.HOP_RESPONSE_HEADERS``): a browser page
 on another origin is then refused by the browser, which is the safe default for a
 service that spends money per request. Named origins get their own origin back, never ``*``
 with credentials; ``*`` allows any origin, for a public playground.

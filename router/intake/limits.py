@@ -29,8 +29,8 @@ from protocol.rate_limits import (
     month_ends,
 )  # fmt: skip
 from router.errors import RouterError
-from router.intake.auth import Caller
 from router.metrics import RouterMetrics
+from router.table.keys import Caller
 
 logger = logging.getLogger(__name__)
 

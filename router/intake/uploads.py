@@ -14,8 +14,8 @@ import json
 from typing import Any
 
 from router import errors
-from router.intake.auth import Caller
 from router.intake.call import Receive, Upload, resolve
+from router.table.keys import Caller
 from router.table.routes import ModelRoute, RoutingTable
 
 

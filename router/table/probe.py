@@ -13,8 +13,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from router.forward.upstream import Upstream, UpstreamBroken, UpstreamUnreachable
 from router.table.routes import Endpoint, RoutingTable
+from router.wire.connection import UpstreamBroken
+from router.wire.upstream import Upstream, UpstreamUnreachable
 
 logger = logging.getLogger(__name__)
 

@@ -1,10 +1,11 @@
 """The router's last good routing table on disk, to start from when the database is down.
 
 After each load from the database the table (the snapshot model's JSON) and keys are
-written here, but only when they differ from what the file holds: whole or not at all (a
-private temporary file, fsync, rename over the old one). A load that changes nothing only
-sets the file's modification time, without an fsync, so the file still says when the
-database last vouched for it: that is where a saved table's age runs from.
+written here, but only when they differ from what the file holds: whole or not at all
+(``core.files.write_atomically``: a private temporary file, fsync, rename over the old
+one). A load that changes nothing only sets the file's modification time, without an
+fsync, so the file still says when the database last vouched for it: that is where a
+saved table's age runs from.
 
 The file holds the engines' secrets (and the keys' SHA-256 hashes): it is mode 0600,
 in a directory created 0700. A file that cannot be used (cut short, another version,
@@ -13,19 +14,18 @@ another shape) is ignored with a warning naming it; the next load replaces it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.files import write_atomically
 from protocol.routing import RoutingSnapshot
-from router.intake.auth import KeyCache
+from router.table.keys import KeyCache
 
 logger = logging.getLogger(__name__)
 
@@ -130,29 +130,9 @@ class TableFile:
     def _replace(self, document: dict[str, Any]) -> None:
         directory = self.path.parent
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # an existing one is left be
-        fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp",
-                                         dir=directory)  # fmt: skip
-        try:
-            with open(fd, "w") as out:  # mkstemp made it 0600, whatever the umask
-                json.dump(document, out, separators=(",", ":"))
-                out.flush()
-                os.fsync(out.fileno())
-            os.utime(temporary, (document["loaded_at"], document["loaded_at"]))
-            os.replace(temporary, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
-        _fsync_directory(directory)  # the rename itself survives a crash
+        write_atomically(self.path, json.dumps(document, separators=(",", ":")),
+                         modified_at=document["loaded_at"])  # fmt: skip
 
 
 def _digest(content: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
-
-
-def _fsync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

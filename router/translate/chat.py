@@ -16,11 +16,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from router.forward.tokens import Tokens, tokens_of
+from router.wire.tokens import Tokens, tokens_of
 
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 # What a message says when an error body carries no words of its own.
 _NO_MESSAGE = "The engine answered HTTP {status} without saying why."
+# Asks an engine to go on from the conversation's final assistant message instead of
+# answering it (vLLM reads it, and so does llama-server): an Anthropic prefill, and the
+# rest of an answer another engine broke off (forward/migration.py).
+CONTINUE_FINAL_MESSAGE = {"continue_final_message": True, "add_generation_prompt": False}
 
 
 def new_id(prefix: str) -> str:

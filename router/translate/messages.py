@@ -15,10 +15,9 @@ import json
 from typing import Any
 
 from router import errors
-from router.forward.migration import CONTINUE_FINAL_MESSAGE
-from router.forward.tokens import Tokens, tokens_of
 from router.translate import shapes
 from router.translate.chat import (
+    CONTINUE_FINAL_MESSAGE,
     EngineError,
     first_choice,
     matched_stop,
@@ -36,6 +35,7 @@ from router.translate.message_events import (
     usage_json,
 )
 from router.translate.shapes import refuse
+from router.wire.tokens import Tokens, tokens_of
 
 # Thinking blocks a client sends back are dropped: the engine thinks anew each turn.
 BLOCKS = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")

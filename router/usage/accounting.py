@@ -8,9 +8,10 @@ losing it (until the router itself stops).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class PendingUsage:
 
 
 UsageWriter = Callable[[list[PendingUsage]], None]
+AsyncUsageWriter = Callable[[list[PendingUsage]], Awaitable[None]]
 
 
 class Accounting:
@@ -67,6 +69,23 @@ class Accounting:
                 usage.requests += row.requests
                 usage.prompt_tokens += row.prompt_tokens
                 usage.completion_tokens += row.completion_tokens
+
+    async def flush(self, write: AsyncUsageWriter) -> None:
+        """Hand everything pending to ``write``; what it fails to write is kept for the next."""
+        rows = self.take()
+        if not rows:
+            return
+        try:
+            await write(rows)
+        except Exception as exc:
+            logger.warning("accounting not written, keeping it for the next try: %s", exc)
+            self.restore(rows)
+
+    async def flush_every(self, seconds: float, write: AsyncUsageWriter) -> None:
+        """``flush`` every ``seconds`` until cancelled: never on a request's path."""
+        while True:
+            await asyncio.sleep(seconds)
+            await self.flush(write)
 
 
 UPSERT = """

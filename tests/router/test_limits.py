@@ -15,9 +15,9 @@ from django.conf import settings
 
 from protocol.rate_limits import Limits, day_ends
 from router.errors import RouterError
-from router.intake.auth import Caller
 from router.intake.limits import RateLimiter, reset_text
 from router.metrics import RouterMetrics
+from router.table.keys import Caller
 
 pytestmark = pytest.mark.asyncio
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 
 import httpx
@@ -10,9 +11,8 @@ import openai
 import pytest
 
 from protocol.serving import SERVE_KINDS
-from router.balance.balancer import _rendezvous
 from tests.router.conftest import FULL_KEY, LIMITED_KEY, MAX_BODY
-from tests.router.harness import free_port, sse_events, wait_until
+from tests.router.harness import free_port, session_homed_on, sse_events, wait_until
 
 pytestmark = pytest.mark.process
 
@@ -39,15 +39,6 @@ def assert_error(response: httpx.Response, status: int, code: str) -> str:
     assert set(error) >= {"message", "type", "code"}
     assert error["code"] == code
     return error["message"]
-
-
-def session_homed_on(replica: str, replicas: list[str]) -> str:
-    """A session id whose first choice (rendezvous hashing) is ``replica``."""
-    for n in range(1000):
-        session = f"session-{n}"
-        if max(replicas, key=lambda r: _rendezvous(session, r)) == replica:
-            return session
-    raise AssertionError("no session found")
 
 
 # -- streaming --------------------------------------------------------------------------
@@ -347,6 +338,27 @@ def test_no_replica_answering_at_all_is_502(harness):
         f"{router.url}/v1/chat/completions", json={"model": "m", **CHAT}, timeout=30
     )
     assert "No replica of m answered" in assert_error(response, 502, "upstream_unreachable")
+
+
+def test_every_replica_taken_out_is_503_saying_how_many_exist_and_since_when(harness):
+    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    router = own_router(harness, dead, LLMGW_ROUTER_BREAKER_FAILURES="2",
+                        LLMGW_ROUTER_BREAKER_COOLDOWN="3600")  # fmt: skip
+
+    def ask() -> httpx.Response:
+        return httpx.post(f"{router.url}/v1/chat/completions", json={"model": "m", **CHAT},
+                          timeout=30)  # fmt: skip
+
+    first = ask()  # one failure each: not yet taken out
+    assert "No replica of m answered (2 tried)" in assert_error(first, 502, "upstream_unreachable")
+    for _ in range(2):  # the second failure each takes both out; then they stay out
+        answer = ask()
+        message = assert_error(answer, 503, "no_ready_replica")
+        assert re.match(r"2 replicas of m exist and none answers: each failed [23] requests in "
+                        r"a row and is taken out by the router's breaker", message)  # fmt: skip
+        assert re.search(r"none has answered since \d\d:\d\d:\d\d UTC \(\d+ s ago\)", message)
+        assert "The last failure: cannot connect to http://127.0.0.1:" in message
+        assert int(answer.headers["retry-after"]) > 3000
 
 
 def assert_stream_error(rest: list[str], words: str) -> None:

@@ -15,9 +15,9 @@ from hypothesis import given
 from pydantic import TypeAdapter
 
 from router.errors import RouterError, stream_error_event
-from router.forward.tokens import Tokens
 from router.translate import messages
 from router.translate.message_events import MessageEvents
+from router.wire.tokens import Tokens
 from tests.fuzz.hostile import mutated
 from tests.router.llama_chat import (
     Translated,

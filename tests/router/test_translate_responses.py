@@ -15,9 +15,9 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from router.errors import RouterError, stream_error_event
-from router.forward.tokens import Tokens
 from router.translate import responses
 from router.translate.response_events import ResponseEvents
+from router.wire.tokens import Tokens
 from tests.fuzz.hostile import mutated
 from tests.router.llama_chat import (
     Translated,

@@ -8,7 +8,8 @@ import socket
 
 import pytest
 
-from router.forward.upstream import Upstream, UpstreamBroken, UpstreamUnreachable
+from router.wire.connection import UpstreamBroken
+from router.wire.upstream import Upstream, UpstreamUnreachable
 
 BODY = b'{"model": "m"}'
 

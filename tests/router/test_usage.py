@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from router.forward.tokens import EventScanner, Tokens, usage_of_body
+from router.wire.tokens import EventScanner, Tokens, usage_of_body
 
 
 def event(payload) -> bytes:

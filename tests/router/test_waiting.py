@@ -100,3 +100,26 @@ async def test_a_client_that_leaves_gives_up_its_place():
     slots.free = 1
     room.notify(slots.ready)
     await asyncio.wait_for(staying, 5)
+
+
+async def test_a_wait_for_replicas_all_taken_out_says_so_and_since_when():
+    """A model at its concurrency whose replicas all fail (their requests hang on a dead
+    node until they time out): the 503 says they exist and none answers, not only that
+    none could take the request."""
+    from router.balance.balancer import Balancer
+    from router.balance.waiting import WaitingRooms
+    from router.table.keys import ANONYMOUS
+    from router.table.routes import Endpoint, ModelRoute, RoutingTable
+
+    balancer = Balancer(failure_threshold=1, cooldown=600)
+    route = ModelRoute("gemma", endpoints=(Endpoint("r1", "http://a:1", b""),), concurrency=1)
+    table = RoutingTable(routes={"gemma": route}, by_name={"gemma": route})
+    balancer.started("r1")  # one request holds its one place, hanging
+    balancer.started("r1")
+    balancer.finished("r1", ok=False)  # and the last one failed: taken out
+    rooms = WaitingRooms(balancer, lambda: table, size=10, patience=0.05)
+    with pytest.raises(RouterError) as refused:
+        await rooms.wait_for_replica(route, ANONYMOUS, None)
+    assert refused.value.status == 503 and refused.value.code == "no_ready_replica"
+    assert refused.value.message.startswith("1 replica of gemma exists and none answers")
+    assert "none has answered since" in refused.value.message

@@ -41,3 +41,11 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypat
 
 def test_a_directory_that_cannot_be_synced_is_not_an_error(tmp_path):
     fsync_directory(tmp_path / "missing")
+
+
+def test_a_write_can_date_the_new_file(tmp_path):
+    """The router's saved table says by its modification time when it was last vouched for."""
+    target = tmp_path / "routing-table.json"
+    write_atomically(target, "{}", modified_at=1_700_000_000.0)
+    assert target.stat().st_mtime == 1_700_000_000.0
+    assert [p.name for p in tmp_path.iterdir()] == ["routing-table.json"]

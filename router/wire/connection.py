@@ -1,19 +1,10 @@
-"""The router's one way out: HTTP/1.1 to engines, with timeouts and pooled connections.
+"""One keep-alive HTTP/1.1 connection to an engine, and the answer it carries.
 
-A small client on asyncio's transports and httptools' C parser rather than a general
-library: the router does one thing (POST a body, relay the answer) and its throughput
-is bounded by CPU per request. On this project's 2-core machine it costs about half of
-aiohttp's CPU per request, which bench/router_overhead.py shows as throughput
-(``--routers uvicorn+lean,uvicorn+aiohttp``; bench/aiohttp_upstream.py is the one
-measured against). httpx was not a candidate: GPUStack measured its proxy at a third of
-direct throughput with httpx.
-
-What it does, and nothing more: keep-alive pools per engine address; a connect
-timeout; a read timeout on silence, not on total time (a long generation is not a
-fault); TCP keepalive, so that an engine whose host went silent is given up in
-seconds; back-pressure (reading from an engine pauses while a slow client has not
-taken what was read); and closing the engine connection when the relay is abandoned, which
-is how an engine learns that the client left and stops generating.
+The connection is an asyncio protocol fed by httptools' C parser; ``Response`` hands the
+answer's body on as it arrives and pauses reading while a slow client has not taken
+``HIGH_WATER`` of it. A connection carries one request at a time and, once its answer was
+read whole, goes back to its pool (upstream.py) to carry the next; one whose answer was
+abandoned is closed, which is how an engine learns that the client left.
 """
 
 from __future__ import annotations
@@ -21,22 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import ssl
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import NamedTuple
-from urllib.parse import urlsplit
 
 import httptools
 
-# Request headers that describe this hop, not the request; never forwarded.
-HOP_REQUEST_HEADERS = frozenset(
-    {
-        b"authorization", b"host", b"content-length", b"connection", b"keep-alive",
-        b"transfer-encoding", b"te", b"trailer", b"upgrade", b"proxy-authorization",
-        b"proxy-connection", b"accept-encoding", b"expect",
-    }
-)  # fmt: skip
 # Response headers the ASGI server sets itself, that describe the engine's hop, or that
 # the router decides (CORS: llama-server answers every request with its own, router/intake/cors.py).
 HOP_RESPONSE_HEADERS = frozenset(
@@ -49,9 +30,6 @@ HOP_RESPONSE_HEADERS = frozenset(
     }
 )  # fmt: skip
 
-# Idle connections are dropped after this, under llama-server's 5 s keep-alive, so the
-# engine never closes a connection just as a request goes out on it.
-KEEPALIVE_SECONDS = 4.0
 # Reading pauses while this much of an answer waits for a slow client.
 HIGH_WATER = 256 * 1024
 # An engine whose host went silent (a cut link, a machine powered off) never closes its
@@ -75,14 +53,6 @@ class Rest(NamedTuple):
     length: int
 
 
-class UpstreamUnreachable(Exception):
-    """No answer began: connect refused or timed out, or the engine hung up first."""
-
-    def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(detail)
-        self.kind = kind
-
-
 class UpstreamBroken(Exception):
     """An answer began and then broke off (the engine died, or went silent too long).
 
@@ -95,27 +65,10 @@ class UpstreamBroken(Exception):
         self.kind = kind
 
 
-class _Target:
-    """An engine address, parsed once."""
-
-    __slots__ = ("host", "port", "ssl", "host_header", "key", "prefix")
-
-    def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{url!r} is not an http(s) URL")
-        self.ssl = parts.scheme == "https"
-        self.host = parts.hostname
-        self.port = parts.port or (443 if self.ssl else 80)
-        self.host_header = parts.netloc.encode()
-        self.key = (self.host, self.port, self.ssl)
-        self.prefix = parts.path.rstrip("/")  # an engine behind a path: http://gw/vllm-a
-
-
 class Response:
     """An engine's answer: status and headers now, the body as it arrives."""
 
-    def __init__(self, connection: _Connection) -> None:
+    def __init__(self, connection: EngineConnection) -> None:
         self._connection = connection
         self.status = 0
         self.raw_headers: list[tuple[bytes, bytes]] = []
@@ -187,13 +140,19 @@ class Response:
                 waiter.set_result(None)
 
 
-class _Connection(asyncio.Protocol):
+class EngineConnection(asyncio.Protocol):
     """One keep-alive connection to an engine, carrying one request at a time."""
 
-    def __init__(self, pool: Upstream, key: tuple) -> None:
-        self.pool = pool
+    def __init__(
+        self, key: tuple, loop: asyncio.AbstractEventLoop, read_timeout: float,
+        give_back: Callable[[EngineConnection, bool], None],
+    ) -> None:  # fmt: skip
+        """``give_back(connection, reusable)`` is the pool's, called once per request when
+        its answer is closed: it frees the request's slot and keeps a reusable connection."""
         self.key = key
-        self.loop = pool.loop
+        self.loop = loop
+        self.read_timeout = read_timeout
+        self.give_back = give_back
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
@@ -276,7 +235,7 @@ class _Connection(asyncio.Protocol):
     # -- requests ------------------------------------------------------------------------
 
     async def request(
-        self, method: bytes, target: _Target, path: bytes, body: bytes, headers: bytes,
+        self, method: bytes, host: bytes, path: bytes, body: bytes, headers: bytes,
         rest: Rest | None = None,
     ) -> Response:  # fmt: skip
         response = self.response = Response(self)
@@ -285,7 +244,7 @@ class _Connection(asyncio.Protocol):
         self.headers_done = self.loop.create_future()
         length = len(body) if rest is None else rest.length
         head = b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s\r\n" % (
-            method, path, target.host_header, length, headers,
+            method, path, host, length, headers,
         )  # fmt: skip
         assert self.transport is not None, "request() on a connection not yet made"
         self.transport.writelines((head, body))
@@ -296,7 +255,7 @@ class _Connection(asyncio.Protocol):
                 self.finished(response, whole=False)
                 raise
         self.last_read = self.loop.time()
-        self.timer = self.loop.call_at(self.last_read + self.pool.read_timeout, self._on_timer)
+        self.timer = self.loop.call_at(self.last_read + self.read_timeout, self._on_timer)
         try:
             await self.headers_done
         except BaseException:
@@ -315,12 +274,12 @@ class _Connection(asyncio.Protocol):
                 await self.writable
 
     def _on_timer(self) -> None:
-        silent_until = self.last_read + self.pool.read_timeout
+        silent_until = self.last_read + self.read_timeout
         if self.loop.time() < silent_until:
             self.timer = self.loop.call_at(silent_until, self._on_timer)
             return
         self.timer = None
-        self._fail(TimeoutError(f"no byte from the engine in {self.pool.read_timeout:g} s"))
+        self._fail(TimeoutError(f"no byte from the engine in {self.read_timeout:g} s"))
         self.abort()
 
     def _cancel_timer(self) -> None:
@@ -346,16 +305,14 @@ class _Connection(asyncio.Protocol):
     def finished(self, response: Response, *, whole: bool) -> None:
         if response is not self.response:
             return
-        assert self.pool._slots is not None
-        self.pool._slots.release()
         self._cancel_timer()
         self.response = None
         self.parser = None
         self.headers_done = None
         self.resume()
-        if whole and self.keep_alive and not self.closed:
-            self.pool._release(self)
-        else:
+        reusable = whole and self.keep_alive and not self.closed
+        self.give_back(self, reusable)
+        if not reusable:
             self.abort()
 
     def pause(self) -> None:
@@ -383,127 +340,3 @@ def give_up_on_silent_hosts(sock) -> None:
         if option is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(level, option, value)
-
-
-class Upstream:
-    """Pooled connections to engines; create it and ``start`` it inside the event loop."""
-
-    def __init__(self, *, connect_timeout: float, read_timeout: float, connections: int) -> None:
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        self.connections = connections
-        self._idle: dict[tuple, list[_Connection]] = {}
-        self._targets: dict[str, _Target] = {}
-        self._slots: asyncio.Semaphore | None = None
-        self._ssl: ssl.SSLContext | None = None
-        self.loop: asyncio.AbstractEventLoop
-
-    async def start(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self._slots = asyncio.Semaphore(self.connections)
-
-    async def close(self) -> None:
-        for connections in self._idle.values():
-            for connection in connections:
-                connection.abort()
-        self._idle.clear()
-
-    def _target(self, url: str) -> _Target:
-        target = self._targets.get(url)
-        if target is None:
-            target = self._targets[url] = _Target(url)
-        return target
-
-    async def post(
-        self, base_url: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]],
-        rest: Rest | None = None,
-    ) -> Response:  # fmt: skip
-        """POST ``body``, followed by ``rest`` when the body is an upload's head."""
-        return await self.request(b"POST", base_url, path, body, headers, rest)
-
-    async def get(self, base_url: str, path: str, headers: list[tuple[bytes, bytes]]) -> Response:
-        return await self.request(b"GET", base_url, path, b"", headers)
-
-    async def request(
-        self, method: bytes, base_url: str, path: str, body: bytes,
-        headers: list[tuple[bytes, bytes]], rest: Rest | None = None,
-    ) -> Response:  # fmt: skip
-        """Send and return once the status and headers are in; the body is still to read.
-
-        Raises UpstreamUnreachable when no answer began, so the caller may try another
-        replica. ``close()`` the response when done with it: that returns the connection
-        to the pool, or hangs up on the engine if the answer was not read whole.
-        """
-        try:
-            target = self._target(base_url)
-        except ValueError as exc:
-            raise UpstreamUnreachable("connect", str(exc)) from None
-        encoded = b"".join(
-            b"%s: %s\r\n" % (name, value)
-            for name, value in headers
-            if b"\r" not in value and b"\n" not in value
-        )
-        assert self._slots is not None, "Upstream.start() was not called"
-        # An upload's rest can be sent once: never on a kept-alive connection that may have
-        # been closed under it.
-        for fresh in (True,) if rest is not None else (False, True):
-            # A slot per request, held until its response is closed (see _Connection.finished).
-            await self._slots.acquire()
-            try:
-                connection, reused = await self._connection(target, base_url, fresh=fresh)
-            except BaseException:
-                self._slots.release()
-                raise
-            try:
-                return await connection.request(
-                    method, target, (target.prefix + path).encode(), body, encoded, rest
-                )
-            except ConnectionError:
-                if reused and not fresh:
-                    # An engine may close a kept-alive connection just as it is reused
-                    # (llama-server does right after a streamed answer): nothing was
-                    # answered, so send it once more on a new connection.
-                    continue
-                kind = "disconnected"
-                detail = f"{base_url} closed the connection before answering"
-            except TimeoutError:
-                kind, detail = "timeout", f"{base_url} did not answer in {self.read_timeout:g} s"
-            except UpstreamBroken as exc:
-                kind, detail = "error", f"{base_url}: {exc}"
-            raise UpstreamUnreachable(kind, detail)
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _connection(
-        self, target: _Target, url: str, *, fresh: bool = False
-    ) -> tuple[_Connection, bool]:
-        idle = self._idle.get(target.key)
-        now = self.loop.time()
-        while idle and not fresh:
-            connection = idle.pop()
-            usable = not connection.closed and not (
-                connection.transport is not None and connection.transport.is_closing()
-            )
-            if usable and now - connection.idle_since < KEEPALIVE_SECONDS:
-                return connection, True
-            connection.abort()
-        if target.ssl and self._ssl is None:
-            self._ssl = ssl.create_default_context()
-        try:
-            async with asyncio.timeout(self.connect_timeout):
-                _transport, connection = await self.loop.create_connection(
-                    lambda: _Connection(self, target.key), target.host, target.port,
-                    ssl=self._ssl if target.ssl else None,
-                )  # fmt: skip
-        except TimeoutError:
-            raise UpstreamUnreachable(
-                "connect", f"cannot connect to {url}: no answer in {self.connect_timeout:g} s"
-            ) from None
-        except OSError as exc:
-            raise UpstreamUnreachable(
-                "connect", f"cannot connect to {url}: {exc.strerror or exc}"
-            ) from None
-        return connection, False
-
-    def _release(self, connection: _Connection) -> None:
-        connection.idle_since = self.loop.time()
-        self._idle.setdefault(connection.key, []).append(connection)
