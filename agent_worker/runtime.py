@@ -171,14 +171,15 @@ class AgentRuntime:
                 log.info("adopted %d running shard(s) from a previous agent", len(adopted))
         except Exception:
             log.exception("adopting the engines a previous agent left running failed")
-        finally:
-            self._adopted.set()
-        # Exactly the walls of what runs now: those of the shards adopted, none stale.
         try:
+            # Exactly the walls of what runs now, those adopted and none stale; before the
+            # register, so no start command walls a shard this would not know of.
             address = self.config.address or route_address(self.config.servers)[0]
             self.walls.keep_only((shard.spec for shard in self.supervisor.running()), address)
         except Exception:
             log.exception("walling the adopted shards again failed")
+        finally:
+            self._adopted.set()
         try:
             self.engines.probe()
             self._engines_changed()
