@@ -103,19 +103,25 @@ class ShardLauncher:
         if path is None:  # removed between the check and now
             return self.refuse(spec, f"engine {spec.engine} is no longer installed here")
         commands = adapter.commands(spec, path)
-        if self.walls is not None and self.supervisor.state_of(spec.shard_id) is None:
+        walls = self.walls if self.supervisor.state_of(spec.shard_id) is None else None
+        if walls is not None:
             try:
-                self.walls.wall(spec)
+                walls.wall(spec)
             except WallError as exc:
                 return self.refuse(spec, f"its ports cannot be walled: {exc}")
-        return self.supervisor.start(
-            spec,
-            commands,
-            adapter.serves_http(spec.rank),
-            adapter.health_path,
-            start_after=adapter.start_after(spec),
-            ready_when_listening=adapter.ready_when_listening(spec.rank),
-        )
+        try:
+            return self.supervisor.start(
+                spec,
+                commands,
+                adapter.serves_http(spec.rank),
+                adapter.health_path,
+                start_after=adapter.start_after(spec),
+                ready_when_listening=adapter.ready_when_listening(spec.rank),
+            )
+        except Exception:
+            if walls is not None:  # nothing of it started: its wall goes (as on a failure)
+                walls.unwall(spec.shard_id)
+            raise
 
     def _fetch_then_launch(self, spec: ShardSpec) -> ShardState:
         cancel = threading.Event()
