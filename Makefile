@@ -25,6 +25,7 @@ $(STAMP): $(RUN_STAMP) pyproject.toml scripts/ensure-llama-server scripts/llama-
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(MAKE) --no-print-directory engines
 	scripts/ensure-chromium
+	scripts/ensure-nftables
 	touch $(STAMP)
 
 run: $(RUN_STAMP)

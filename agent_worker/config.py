@@ -60,6 +60,9 @@ class AgentConfig:
     pip_index_url: str = ""
     # Loader variables (LD_LIBRARY_PATH…) this node lets a profile's env set; none by default.
     allow_env: tuple[str, ...] = ()
+    # "nftables": wall every shard's ports (README, "Engine ports: who may reach them");
+    # "off": the operator accepts them open to the network, and the node page says so.
+    firewall: str = "nftables"
     heartbeat_interval: float = 5.0
     probe_interval: float = 60.0
     log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
@@ -148,6 +151,7 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
         shared_dirs=_dirs(environ, data, path, "LLMGW_WEIGHTS_SHARED", "shared"),
         pip_index_url=str(environ.get("LLMGW_PIP_INDEX_URL") or data.get("pip_index_url") or ""),
         allow_env=allow_env_from(environ, data, path),
+        firewall=firewall_from(environ, data, path),
         heartbeat_interval=float(environ.get("LLMGW_HEARTBEAT_INTERVAL") or 5.0),
         log_max_bytes=log_max_bytes,
         log_keep=log_keep,
@@ -186,6 +190,26 @@ def allow_env_from(environ: Mapping[str, str], data: dict[str, Any], path: Path)
             f"{path}: allow_env: must be a list of names, e.g. [LD_LIBRARY_PATH]"
         )
     return tuple(name for name in listed if name)
+
+
+FIREWALL_SETTINGS = {"nftables": "nftables", "on": "nftables", "off": "off"}
+
+
+def firewall_from(environ: Mapping[str, str], data: dict[str, Any], path: Path) -> str:
+    """``LLMGW_AGENT_FIREWALL`` (or ``firewall:``): nftables (the default, also ``on``) or
+    off. YAML reads a bare ``off`` as false, which means off too."""
+    value = environ.get("LLMGW_AGENT_FIREWALL")
+    if value is None:
+        value = data.get("firewall", "nftables")
+    if value is False:
+        value = "off"
+    setting = FIREWALL_SETTINGS.get(str(value).strip().lower())
+    if setting is None:
+        raise AgentConfigError(
+            f"firewall {value!r} (LLMGW_AGENT_FIREWALL or firewall: in {path}): use nftables "
+            "to wall every engine's ports, or off to accept them open to the network"
+        )
+    return setting
 
 
 def infiniband_root_from(environ: Mapping[str, str], data: dict[str, Any], path: Path) -> Path:

@@ -14,6 +14,7 @@ from agent_worker.engines import get_adapter
 from agent_worker.engines.validation import loader_env_problems
 from agent_worker.supervision.shard import StatusSequence
 from agent_worker.supervisor import ShardTransition, Supervisor
+from agent_worker.walls import WallError, Walls
 from agent_worker.weights import FetchCancelled, WeightFetchError, WeightSourceError, WeightStore
 from protocol import messages
 from protocol.shard import ShardSpec, ShardState
@@ -34,8 +35,11 @@ class ShardLauncher:
         send: Callable[[messages.ShardProgress], None],
         sequence: StatusSequence | None = None,
         allowed_env: Collection[str] = (),
+        walls: Walls | None = None,
     ) -> None:
         self.node_id = node_id
+        # The node's firewall: each shard's ports walled before its engine starts.
+        self.walls = walls
         # The loader variables this node's own config lets a profile set (allow_env:).
         self.allowed_env = allowed_env
         self.supervisor = supervisor
@@ -99,14 +103,25 @@ class ShardLauncher:
         if path is None:  # removed between the check and now
             return self.refuse(spec, f"engine {spec.engine} is no longer installed here")
         commands = adapter.commands(spec, path)
-        return self.supervisor.start(
-            spec,
-            commands,
-            adapter.serves_http(spec.rank),
-            adapter.health_path,
-            start_after=adapter.start_after(spec),
-            ready_when_listening=adapter.ready_when_listening(spec.rank),
-        )
+        walls = self.walls if self.supervisor.state_of(spec.shard_id) is None else None
+        if walls is not None:
+            try:
+                walls.wall(spec)
+            except WallError as exc:
+                return self.refuse(spec, f"its ports cannot be walled: {exc}")
+        try:
+            return self.supervisor.start(
+                spec,
+                commands,
+                adapter.serves_http(spec.rank),
+                adapter.health_path,
+                start_after=adapter.start_after(spec),
+                ready_when_listening=adapter.ready_when_listening(spec.rank),
+            )
+        except Exception:
+            if walls is not None:  # nothing of it started: its wall goes (as on a failure)
+                walls.unwall(spec.shard_id)
+            raise
 
     def _fetch_then_launch(self, spec: ShardSpec) -> ShardState:
         cancel = threading.Event()

@@ -20,6 +20,7 @@ from agent_worker.discovery import (
     discover,
     storage_dirs,
 )
+from agent_worker.discovery.network import route_address
 from agent_worker.discovery.nvidia import discover_gpus, gpu_process_pids
 from agent_worker.engines import get_adapter
 from agent_worker.engines.install import (
@@ -38,6 +39,7 @@ from agent_worker.node_engines import NodeEngines
 from agent_worker.node_weights import NodeWeights
 from agent_worker.supervision.shard import StatusSequence
 from agent_worker.supervisor import ShardTransition, Supervisor
+from agent_worker.walls import Walls
 from agent_worker.weights import (
     FetchSettings,
     WeightStore,
@@ -91,6 +93,7 @@ class AgentRuntime:
         self.host_sources = HostSources(infiniband=config.infiniband_root)
         self.agent_state = AgentState(config.agent_dir / "agent-state.json")
         self.sequence = StatusSequence(self.agent_state.begin_generation())
+        self.walls = Walls(config.firewall, config.agent_dir / "engine-callers.json")
         self.supervisor = Supervisor(
             config.state_dir, config.log_dir, self._on_transition, logs=self.logs,
             sequence=self.sequence,
@@ -135,6 +138,7 @@ class AgentRuntime:
         self.launcher = ShardLauncher(
             self.node_id, self.supervisor, self.weights, self.engines.find,
             self._on_transition, self.link.send, self.sequence, allowed_env=config.allow_env,
+            walls=self.walls,
         )  # fmt: skip
         self.unexpected_gpu_users: list[UnexpectedGpuUser] = []
         self._thread: threading.Thread | None = None
@@ -167,6 +171,13 @@ class AgentRuntime:
                 log.info("adopted %d running shard(s) from a previous agent", len(adopted))
         except Exception:
             log.exception("adopting the engines a previous agent left running failed")
+        try:
+            # Exactly the walls of what runs now, those adopted and none stale; before the
+            # register, so no start command walls a shard this would not know of.
+            address = self.config.address or route_address(self.config.servers)[0]
+            self.walls.keep_only((shard.spec for shard in self.supervisor.running()), address)
+        except Exception:
+            log.exception("walling the adopted shards again failed")
         finally:
             self._adopted.set()
         try:
@@ -278,6 +289,8 @@ class AgentRuntime:
                 f"{REGISTER_WAITS_FOR_ADOPTION:g}s; registering once it is done"
             )
         inventory = discover(self.discovery_config, host=self.host_sources)
+        firewall, problem = self.walls.status(inventory.address)
+        inventory = inventory.model_copy(update={"firewall": firewall, "firewall_problem": problem})
         shards = [
             messages.ReportedShard(
                 spec=shard.spec, state=shard.state, pid=shard.pid, reason=shard.detail,
@@ -305,6 +318,8 @@ class AgentRuntime:
         return messages.Heartbeat(usage=self.sampler.sample(self.supervisor.pids()))
 
     def _on_transition(self, transition: ShardTransition) -> None:
+        if transition.state in ("stopped", "failed"):
+            self.walls.unwall(transition.shard_id)  # nothing of it runs any more
         self.link.send(
             messages.ShardStatus(
                 shard_id=transition.shard_id,
@@ -340,6 +355,14 @@ class AgentRuntime:
         log.info("told to have engines: %s",
                  ", ".join(f"{e.name} {e.version}" for e in engines) or "none")  # fmt: skip
         self.engines.want(engines)
+
+    def engine_callers(self, addresses: list[str]) -> list[str]:
+        """The routers' and control planes' addresses: the walls admit them on engines'
+        HTTP ports from now on. Returns those refused as not addresses."""
+        refused = self.walls.set_callers(addresses)
+        for address in refused:
+            log.error("told to admit %r on engine ports, which is not an address", address)
+        return refused
 
     def drain(self, draining: bool) -> None:
         if draining != self.draining:

@@ -17,6 +17,7 @@ from protocol.commands import (
     COLLECT_WEIGHTS,
     CONVERGE_ENGINES,
     DRAIN,
+    ENGINE_CALLERS,
     ENGINE_CHECK,
     FETCH_WEIGHTS,
     LEADER_EPOCH,
@@ -139,6 +140,15 @@ def drain_task(draining: bool = True, *, deadline=0.0, signature="", command_id=
         return "refused"
     current().drain(draining)
     return "draining" if draining else "taking shards"
+
+
+@shared_task(name=ENGINE_CALLERS)
+def engine_callers_task(addresses: list[str], *, deadline=0.0, signature="", command_id="") -> str:
+    """The routers' and control planes' addresses, which engines' HTTP ports admit."""
+    if not _checked(ENGINE_CALLERS, [addresses], deadline, signature, command_id):
+        return "refused"
+    refused = current().engine_callers([str(a) for a in addresses])
+    return f"walled; refused {', '.join(refused)}" if refused else "walled"
 
 
 @shared_task(name=FETCH_WEIGHTS)

@@ -36,10 +36,13 @@ class Load:
         max_requests: int = 100_000,
         enter: Callable[[], None] | None = None,
         hang_after: float = REQUEST_TIMEOUT,
+        models: tuple[str, ...] = (DEMO_MODEL,),
     ) -> None:
         """``enter`` runs first in the load's thread: bench/partitions.py moves it into a
-        simulated host's network namespace, so every request leaves from that host."""
+        simulated host's network namespace, so every request leaves from that host.
+        Client ``n`` asks for ``models[n % len(models)]``."""
         self.url, self.key, self.clients = url, key, clients
+        self.models = models
         self.max_requests = max_requests
         self.hang_after = hang_after
         self.requests: list[Request] = []
@@ -80,7 +83,7 @@ class Load:
 
     async def _one(self, client: httpx.AsyncClient, n: int) -> str:
         body = {
-            "model": DEMO_MODEL,
+            "model": self.models[n % len(self.models)],
             "messages": [{"role": "user", "content": f"Count to five, client {n}."}],
             "max_tokens": 24,
             "stream": True,

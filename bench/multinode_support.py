@@ -41,12 +41,13 @@ AGENT_LOG_LINES = 30
 # Before the run
 
 
-def refusal() -> str | None:
-    """Why the bench cannot run here, in one line; None when it can."""
+def refusal(others_count: bool = True) -> str | None:
+    """Why the bench cannot run here, in one line; None when it can. A test, which waits
+    for the machine-wide lock, passes ``others_count=False``: a fleet running now is not."""
     reason = sim.refusal()
     if reason:
         return reason
-    others = network.our_namespaces()
+    others = network.our_namespaces() if others_count else []
     if others:
         # sim up removes every lsim namespace first: it would take another run's fleet down.
         return (

@@ -84,6 +84,7 @@ def _inventory(n: int):
         ],  # fmt: skip
         nvidia_driver="550.54.15",
         cuda_version="12.4",
+        firewall="nftables",  # its agent walls engine ports: the pass tells it the callers
         fabrics=[
             UsableFabric(
                 name=FABRICS[n % 4], adapters=list(ADAPTERS), rate_gbps=400.0, socket_ifname="ib0"

@@ -11,7 +11,7 @@ from django.core.management.base import CommandError
 from audit.actors import shell_operator
 from catalog.actions.entries import apply_catalog, delete_entry
 from catalog.models import Fabric, Model, Pool
-from catalog.plan import export_catalog, fit_lines
+from catalog.plan import across_nodes_lines, export_catalog, fit_lines
 from catalog.schema import CatalogError, parse_catalog
 from core.humanize import no_such
 
@@ -55,11 +55,14 @@ def apply_command(options, out) -> None:
         out.write(change.describe())
     verb = "would change" if options["dry_run"] else "changed"
     out.write(f"{verb} {len(changes)} entr{'y' if len(changes) == 1 else 'ies'}")
-    lines = fit_lines(parse_catalog(text, path))
+    catalog = parse_catalog(text, path)
+    lines = fit_lines(catalog)
     if lines:
         out.write("memory each rank needs, from the model files:")
         for line in lines:
             out.write(line)
+    for line in across_nodes_lines(catalog):
+        out.write(line)
 
 
 def export_command(options, out) -> None:

@@ -203,6 +203,29 @@ def fit_lines(catalog: CatalogFile) -> list[str]:
     return lines
 
 
+# llama.cpp's own words (tools/rpc/README.md), then what llmgw does and what it leaves.
+RPC_WARNING = (
+    "warning: {profiles}: llama.cpp across nodes runs rpc-server on the workers, which has "
+    "no authentication and runs any tensor operation it is sent; llama.cpp says: never run "
+    "the RPC server on an open network or in a sensitive environment. llmgw binds each "
+    "worker's rpc-server to its fabric's own address where the fabric has one, and each "
+    "node's nftables admit only rank 0's addresses to it (a node that cannot keep those "
+    "walls takes no such replica). Keeping the nodes' and the fabric's networks to the "
+    "fleet alone, and llama.cpp up to date, remains the operator's job."
+)
+
+
+def across_nodes_lines(catalog: CatalogFile) -> list[str]:
+    """llama.cpp's warning, once, when a profile splits a llama.cpp replica over nodes."""
+    split = [
+        f"{model.name}/{profile.name}"
+        for model in catalog.models
+        for profile in model.profiles
+        if profile.engine == "llama.cpp" and profile.nodes > 1
+    ]
+    return [RPC_WARNING.format(profiles=", ".join(split))] if split else []
+
+
 def _newest_after(catalog: CatalogFile, *, prune: bool) -> dict[str, str]:
     """Engine name -> the newest version the catalog will name once the file is applied
     (a default's for an engine it will name none of)."""

@@ -26,6 +26,7 @@ from protocol.commands import (
     CollectWeights,
     ConvergeEngines,
     Drain,
+    EngineCallers,
     EngineCheck,
     FetchWeights,
     NodeCommand,
@@ -130,6 +131,13 @@ def send_converge_engines(
     key_generation: str | None = None,
 ) -> None:
     send(node_id, ConvergeEngines(engines=engines), CONVERGE_EXPIRES, producer, key_generation)
+
+
+def send_engine_callers(
+    node_id: str, addresses: list[str], producer: Any = None, key_generation: str | None = None
+) -> None:
+    """Tell the node who its walls admit on engines' HTTP ports (routers, control planes)."""
+    send(node_id, EngineCallers(addresses=addresses), CONVERGE_EXPIRES, producer, key_generation)
 
 
 def send_drain(

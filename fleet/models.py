@@ -99,6 +99,9 @@ class Node(models.Model):
     # What the node was last told to have (a digest of the engine list), and when.
     engines_told = models.CharField(max_length=64, blank=True)
     engines_told_at = models.DateTimeField(null=True, blank=True)
+    # The addresses its walls admit on engines' HTTP ports (a digest), and when told.
+    callers_told = models.CharField(max_length=64, blank=True)
+    callers_told_at = models.DateTimeField(null=True, blank=True)
     # GPU holders llmgw did not start and left alone (protocol UnexpectedGpuUser as JSON).
     unexpected_gpu_users = models.JSONField(default=list, blank=True)
     # The latest heartbeat's measurements (protocol NodeUsage as JSON), with its time.
@@ -212,11 +215,15 @@ class Node(models.Model):
 
     @property
     def warnings(self) -> list[str]:
-        """What an operator should look at: the agent's own warnings, then GPU holders."""
+        """What an operator should look at: engine ports open to the network, the agent's
+        own warnings, then GPU holders."""
         facts = self.inventory_facts()
-        return list(facts.warnings if facts else []) + [
-            unexpected_gpu_user_warning(user) for user in self.unexpected_gpu_users
-        ]
+        open_ports = [facts.engine_ports_open] if facts and facts.engine_ports_open else []
+        return (
+            open_ports
+            + list(facts.warnings if facts else [])
+            + [unexpected_gpu_user_warning(user) for user in self.unexpected_gpu_users]
+        )
 
 
 def without_reports(via: str = "") -> list[str]:
@@ -372,6 +379,20 @@ class Shard(models.Model):
     @staticmethod
     def new_id() -> str:
         return uuid.uuid4().hex
+
+
+class FleetMember(models.Model):
+    """A router or control-plane process as the leader last heard of it: the addresses
+    every engine's HTTP port admits (``protocol.members``)."""
+
+    id = models.CharField(max_length=255, primary_key=True)  # "<role>:<its own id>"
+    role = models.CharField(max_length=16)
+    addresses = models.JSONField(default=list)
+    seen_at = models.DateTimeField()
+    left_at = models.DateTimeField(null=True, blank=True)  # it said it stopped
+
+    def __str__(self) -> str:
+        return f"{self.id} ({', '.join(self.addresses)})"
 
 
 class LeaderEpoch(models.Model):

@@ -17,7 +17,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from fleet import leadership  # noqa: E402
+from fleet import leadership, members  # noqa: E402
 from fleet.websockets import websocket_urlpatterns  # noqa: E402
 
 if settings.SERVE_STATIC:
@@ -35,6 +35,8 @@ application = ProtocolTypeRouter(
 # them a full NODE_LOST_AFTER from the first start in a leader's term to reconnect (not from
 # every start: a process crash-looping would hold lost-node detection off for good).
 leadership.record_links_opened()
+# Every node's walls admit the control planes to engines' HTTP ports: say where this one is.
+members.report_control_plane(leadership.identity())
 
 # Everything imported so far lives as long as the process: keep it out of the
 # collector's full passes, which past ~10,000 agent sockets take over a second.

@@ -205,6 +205,9 @@ ENGINE_PORT_BASE = env_int("LLMGW_ENGINE_PORT_BASE", 20000)
 # every node installs on link. Off for a fleet that cannot reach the package index and
 # runs only what its agent files name.
 DEFAULT_ENGINES = env_bool("LLMGW_DEFAULT_ENGINES", True)
+# Addresses or networks every engine's HTTP port admits beside the routers and control
+# planes the fleet hears of (README, "Engine ports"): a router in static mode, a scraper.
+ENGINE_CALLERS = env_list("LLMGW_ENGINE_CALLERS")
 # This control plane's name in the leader lease: the URL agents should dial to reach it.
 CONTROL_PLANE_ID = env_str(
     "LLMGW_CONTROL_PLANE_ID", f"ws://{socket.gethostname()}:{env_int('LLMGW_PORT', 8000)}"

@@ -15,6 +15,7 @@ from placement.snapshot import (
     DRAINING,
     LOST,
     UNREACHABLE,
+    UNWALLED,
     FabricSnapshot,
     NodeSnapshot,
     PlacementRequest,
@@ -152,6 +153,20 @@ def fabric_active(node: NodeSnapshot, request: PlacementRequest) -> Refusal | No
     return Refusal(sentence, "lack an active fabric")
 
 
+def ports_walled(node: NodeSnapshot, request: PlacementRequest) -> Refusal | None:
+    """Refuse a node that cannot wall engine ports when the replica spans nodes: its
+    rpc-server and rendezvous ports would answer anyone on the network."""
+    if request.ranks <= 1 or node.firewall != UNWALLED:
+        return None
+    why = f": {node.firewall_problem}" if node.firewall_problem else ""
+    return Refusal(
+        f"cannot wall engine ports{why}; a {request.ranks}-node replica's rpc-server and "
+        "rendezvous ports would be open to the network: install nftables on it, or set "
+        "LLMGW_AGENT_FIREWALL=off there to accept that",
+        "cannot wall engine ports",
+    )
+
+
 def _why_unusable(fabric: FabricSnapshot) -> str:
     if fabric.inactive_adapters:
         return f"{fabric.name}: {', '.join(fabric.inactive_adapters)} not active"
@@ -176,6 +191,7 @@ FILTERS: tuple[Filter, ...] = (
     ram_free,
     disk_free,
     fabric_active,
+    ports_walled,
 )
 
 

@@ -14,6 +14,8 @@ CONNECTED = "connected"
 UNREACHABLE = "unreachable"
 LOST = "lost"
 DRAINING = "draining"
+# A node whose agent cannot keep its walls (no nftables, or no right to change them).
+UNWALLED = "unavailable"
 
 Strategy = Literal["pack", "spread"]
 
@@ -43,6 +45,7 @@ class FabricSnapshot:
     adapters: tuple[str, ...]
     socket_ifname: str = ""
     inactive_adapters: tuple[str, ...] = ()
+    socket_address: str = ""  # socket_ifname's address: where the ranks meet on this fabric
 
     @property
     def usable(self) -> bool:
@@ -73,6 +76,10 @@ class NodeSnapshot:
     weights_fetching: frozenset[str] = frozenset()
     # Live replicas on the node per profile ("model/profile"): what spread spreads.
     replicas: Mapping[str, int] = field(default_factory=dict)
+    # How its agent walls engine ports (protocol.inventory.Inventory.firewall), and why
+    # it cannot when it is UNWALLED.
+    firewall: str = ""
+    firewall_problem: str = ""
 
 
 @dataclass(frozen=True)

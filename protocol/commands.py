@@ -22,6 +22,7 @@ CONVERGE_ENGINES = "agent.converge_engines"
 DRAIN = "agent.drain"
 FETCH_WEIGHTS = "agent.fetch_weights"
 LEADER_EPOCH = "agent.leader_epoch"
+ENGINE_CALLERS = "agent.engine_callers"
 
 # The last lines an agent keeps of each log source, so the most a read may ask for.
 LOG_LINES_KEPT = 2000
@@ -96,6 +97,14 @@ class Drain(NodeCommand):
 
     task: ClassVar[str] = DRAIN
     draining: bool = True
+
+
+class EngineCallers(NodeCommand):
+    """The addresses (or networks) of the routers and control planes: the only sources
+    besides loopback that this node's walls admit on its engines' HTTP ports."""
+
+    task: ClassVar[str] = ENGINE_CALLERS
+    addresses: list[str]
 
 
 class FetchWeights(NodeCommand):

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 PortState = Literal["DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER", "UNKNOWN"]
+FirewallStatus = Literal["", "nftables", "loopback", "off", "unavailable"]
 
 
 class _Strict(BaseModel):
@@ -78,6 +79,9 @@ class UsableFabric(_Strict):
     socket_ifname: str = Field(
         default="", description="an up network interface on a usable adapter (IPoIB / RoCE)"
     )
+    socket_address: str = Field(
+        default="", description="socket_ifname's address: where ranks meet over this fabric"
+    )
 
 
 class Filesystem(_Strict):
@@ -109,6 +113,26 @@ class Inventory(_Strict):
     warnings: list[str] = Field(
         default_factory=list, description="things an operator should fix, in their words"
     )
+    firewall: FirewallStatus = Field(
+        default="",
+        description="how the agent walls engine ports: nftables; loopback (engines listen on "
+        "loopback, nothing to wall); off (the operator accepted them open); unavailable; "
+        '"" an agent too old to wall them',
+    )
+    firewall_problem: str = Field(default="", description="why walls are unavailable")
+
+    @property
+    def engine_ports_open(self) -> str:
+        """Why this node's engine ports answer the network, in an operator's words; "" when
+        they are walled (or listen on loopback only)."""
+        if self.firewall in ("nftables", "loopback"):
+            return ""
+        why = {
+            "off": "LLMGW_AGENT_FIREWALL=off accepts the risk",
+            "unavailable": self.firewall_problem or "the agent cannot change nftables",
+            "": "this agent is too old to wall them; upgrade it",
+        }[self.firewall]
+        return f"engine ports open to the network: {why}"
 
     def weights_filesystem(self) -> Filesystem | None:
         """Return the filesystem the weights directory is on, if it was measured."""

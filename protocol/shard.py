@@ -22,6 +22,11 @@ class FabricAssignment(BaseModel):
     name: str
     adapters: list[str] = Field(default_factory=list, description="active adapters on this node")
     socket_ifname: str = ""
+    address: str = Field(
+        default="",
+        description="this node's address on the fabric (socket_ifname's, IPoIB), where a "
+        "rank that listens for the others binds; empty: the fabric has none, the node's own",
+    )
 
 
 class ShardSpec(BaseModel):
@@ -52,6 +57,18 @@ class ShardSpec(BaseModel):
         default_factory=list,
         description="host:port of ranks 1.. in rank order, each on its engine port: where "
         "rank 0 connects when the workers listen (llama.cpp's RPC)",
+    )
+    ranks: list[list[str]] = Field(
+        default_factory=list,
+        description="every rank's addresses in rank order (its node's, then its fabric's "
+        "where it has one): the only sources the node's walls admit on this rank's rpc and "
+        "rendezvous ports; empty for one node",
+    )
+    callers: list[str] | None = Field(
+        default=None,
+        description="the addresses (or networks) of the routers and control planes when this "
+        "was sent: the only sources besides loopback the node's walls admit on an HTTP port, "
+        "until the node is told newer ones; None: a control plane too old to say",
     )
     fabric: FabricAssignment | None = None
     context: int = Field(default=0, ge=0)

@@ -9,10 +9,11 @@ with no subnet manager (INIT) passes every health check and hangs the first all-
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import cast, get_args
 
+from agent_worker.discovery.network import interface_address
 from protocol.inventory import AdapterPort, FabricAdapter, PortState, UsableFabric
 
 INFINIBAND = Path("/sys/class/infiniband")
@@ -42,13 +43,16 @@ def discover_adapters(root: Path = INFINIBAND) -> list[FabricAdapter]:
 
 
 def usable_fabrics(
-    declared: Mapping[str, Sequence[str]], adapters: Sequence[FabricAdapter]
+    declared: Mapping[str, Sequence[str]],
+    adapters: Sequence[FabricAdapter],
+    address_of: Callable[[str], str] = interface_address,
 ) -> tuple[list[UsableFabric], list[str]]:
     """Return the declared fabrics this node can carry traffic on, and why the rest cannot.
 
     Only adapters that are present and have an ACTIVE port are advertised; a fabric left with
     none is not advertised at all. Its rate is the slowest active link, since a collective
-    runs at the speed of its slowest.
+    runs at the speed of its slowest. Its socket interface's address (``address_of``) is
+    where a rank that listens for the others binds: the fabric, not the shared network.
     """
     found = {adapter.name: adapter for adapter in adapters}
     fabrics, warnings = [], []
@@ -70,12 +74,14 @@ def usable_fabrics(
             warnings.append(f"fabric {name}: no usable adapter on this node; not advertised")
             continue
         rates = [p.rate_gbps for a in usable for p in a.active_ports() if p.rate_gbps is not None]
+        ifname = next((i for a in usable for i in a.interfaces), "")
         fabrics.append(
             UsableFabric(
                 name=name,
                 adapters=[adapter.name for adapter in usable],
                 rate_gbps=min(rates) if rates else None,
-                socket_ifname=next((i for a in usable for i in a.interfaces), ""),
+                socket_ifname=ifname,
+                socket_address=address_of(ifname),
             )
         )
     return fabrics, warnings

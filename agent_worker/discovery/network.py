@@ -1,10 +1,14 @@
-"""The node's address: the local one on the route to the control plane."""
+"""The node's address: the local one on the route to the control plane; and an
+interface's own address (a fabric's IPoIB interface, where its ranks meet)."""
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from collections.abc import Sequence
 from urllib.parse import urlsplit
+
+import psutil
 
 FALLBACK_ADDRESS = "127.0.0.1"
 
@@ -46,3 +50,22 @@ def _source_address(host: str, port: int) -> str:
     with socket.socket(family, kind, proto) as probe:
         probe.connect(sockaddr)
         return str(probe.getsockname()[0])
+
+
+def interface_address(ifname: str) -> str:
+    """The first IPv4 address of interface ``ifname``, else its first IPv6 address that is
+    not link-local (those need a scope to be reached); "" when it has none."""
+    if not ifname:
+        return ""
+    addresses = psutil.net_if_addrs().get(ifname, [])
+    found = [a.address for a in addresses if a.family in (socket.AF_INET, socket.AF_INET6)]
+    usable = []
+    for address in found:
+        try:
+            parsed = ipaddress.ip_address(address.split("%", 1)[0])
+        except ValueError:
+            continue
+        if not parsed.is_link_local:
+            usable.append(parsed)
+    usable.sort(key=lambda parsed: parsed.version)
+    return str(usable[0]) if usable else ""

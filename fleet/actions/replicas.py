@@ -23,6 +23,7 @@ from audit.events import record_event, record_news
 from audit.models import EventKind
 from catalog.models import Profile, newest_engine_versions
 from fleet import commands
+from fleet.members import engine_callers
 from fleet.models import Node, Replica, ReplicaState, Shard, ShardState
 from fleet.pki.keys import replica_secret
 from fleet.planning.shard_specs import allocate_port, meeting_points, shard_spec, version_on_nodes
@@ -93,10 +94,11 @@ def start_replica(replica: Replica, decision: Decision, *, actor: Actor, epoch: 
                     port=allocate_port(rank.node),
                 )
             )
-        meeting = meeting_points(shards, nodes)
+        meeting = meeting_points(shards, nodes, [rank.fabric for rank in decision.ranks])
+        callers = engine_callers()
         for shard, rank in zip(shards, decision.ranks, strict=True):
             spec = shard_spec(replica, shard, nodes[rank.node], len(shards), meeting,
-                              rank.fabric, epoch)  # fmt: skip
+                              rank.fabric, epoch, callers)  # fmt: skip
             transaction.on_commit(partial(commands.send_start_shard, rank.node, spec))
     return True
 

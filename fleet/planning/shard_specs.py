@@ -48,25 +48,59 @@ class MeetingPoints:
     """Where the ranks of a replica across nodes find each other; empty for one node.
 
     Both are sent and each engine's adapter uses the one its engine needs: vLLM and SGLang
-    workers join rank 0's rendezvous, llama.cpp's rank 0 connects to its workers.
+    workers join rank 0's rendezvous, llama.cpp's rank 0 connects to its workers. A worker
+    listens on its fabric's own address where the fabric has one (IPoIB), else on its
+    node's: rpc-server then answers on the fabric alone, not on the network others share.
     """
 
     rendezvous: str = ""  # rank 0's host:port+1
     workers: tuple[str, ...] = ()  # ranks 1.., each on its own engine port
+    # Every rank's addresses (its node's, then its fabric's): who the walls let in.
+    ranks: tuple[tuple[str, ...], ...] = ()
 
 
-def meeting_points(shards: Sequence[Shard], nodes: Mapping[str, Node]) -> MeetingPoints:
-    """The meeting points of a replica's shards, listed in rank order."""
+def meeting_points(
+    shards: Sequence[Shard],
+    nodes: Mapping[str, Node],
+    fabrics: Sequence[FabricSnapshot | None] = (),
+) -> MeetingPoints:
+    """The meeting points of a replica's shards, listed in rank order; ``fabrics`` is each
+    rank's side of the fabric placement chose."""
     if len(shards) < 2:
         return MeetingPoints()
 
-    def at(shard: Shard, offset: int = 0) -> str:
+    def node_address(shard: Shard) -> str:
         assert shard.node_id is not None and shard.port is not None, "a placed shard"
-        return f"{nodes[shard.node_id].address}:{shard.port + offset}"
+        return nodes[shard.node_id].address
 
-    return MeetingPoints(
-        rendezvous=at(shards[0], 1), workers=tuple(at(shard) for shard in shards[1:])
+    def fabric_address(index: int) -> str:
+        fabric = fabrics[index] if index < len(fabrics) else None
+        return fabric.socket_address if fabric is not None else ""
+
+    def at(host: str, port: int) -> str:
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    ranks = tuple(
+        tuple(dict.fromkeys(a for a in (node_address(shard), fabric_address(i)) if a))
+        for i, shard in enumerate(shards)
     )
+    return MeetingPoints(
+        rendezvous=at(node_address(shards[0]), (shards[0].port or 0) + 1),
+        workers=tuple(
+            at(fabric_address(i) or node_address(shard), shard.port or 0)
+            for i, shard in enumerate(shards)
+            if i > 0
+        ),
+        ranks=ranks,
+    )
+
+
+def worker_host(node: Node, rank: int, world_size: int, fabric: FabricSnapshot | None) -> str:
+    """Where a rank binds: a worker of a replica across nodes on its fabric's address when
+    the fabric has one; every other rank on its node's (where routers reach rank 0)."""
+    if world_size > 1 and rank > 0 and fabric is not None and fabric.socket_address:
+        return fabric.socket_address
+    return node.address or "127.0.0.1"
 
 
 def shard_spec(
@@ -77,8 +111,10 @@ def shard_spec(
     meeting: MeetingPoints,
     fabric: FabricSnapshot | None,
     epoch: int,
+    callers: list[str] | None = None,
 ) -> ShardSpec:
-    """Build the spec of one rank; ``fabric`` is the rank's side of it, as placement chose."""
+    """Build the spec of one rank; ``fabric`` is the rank's side of it, as placement chose;
+    ``callers`` the routers' and control planes' addresses its node's walls admit."""
     profile = replica.profile
     assert profile is not None
     return ShardSpec(
@@ -96,11 +132,13 @@ def shard_spec(
         world_size=world_size,
         gpus=list(shard.gpus),
         tensor_parallel=profile.tensor_parallel,
-        # Bind where the router reaches it; the per-replica secret keeps others out.
-        host=node.address or "127.0.0.1",
+        # Rank 0 binds where the routers reach it; the node's walls let only them in.
+        host=worker_host(node, shard.rank, world_size, fabric),
         port=shard.port or 0,  # a placed shard always has one
         rendezvous=meeting.rendezvous,
         workers=list(meeting.workers),
+        ranks=[list(addresses) for addresses in meeting.ranks],
+        callers=callers,
         fabric=_assignment(fabric) if world_size > 1 else None,
         context=profile.context,
         launch_mode=cast(LaunchMode, profile.launch_mode),  # the catalog checked it
@@ -118,5 +156,6 @@ def _assignment(fabric: FabricSnapshot | None) -> FabricAssignment | None:
     if fabric is None:
         return None
     return FabricAssignment(
-        name=fabric.name, adapters=list(fabric.adapters), socket_ifname=fabric.socket_ifname
-    )
+        name=fabric.name, adapters=list(fabric.adapters), socket_ifname=fabric.socket_ifname,
+        address=fabric.socket_address,
+    )  # fmt: skip

@@ -113,6 +113,8 @@ def snapshot_of(
         ),
         weights=weights,
         replicas=dict(replicas or {}),
+        firewall=facts.firewall if facts else "",
+        firewall_problem=facts.firewall_problem if facts else "",
     )
 
 
@@ -130,6 +132,7 @@ def fabric_snapshot(fabric: UsableFabric, reported: Mapping[str, FabricAdapter])
         rate_gbps=fabric.rate_gbps or 0.0,
         adapters=tuple(name for name in fabric.adapters if name not in inactive),
         socket_ifname=fabric.socket_ifname,
+        socket_address=fabric.socket_address,
         inactive_adapters=inactive,
     )
 

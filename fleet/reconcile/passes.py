@@ -35,6 +35,7 @@ from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardSta
 from fleet.planning.backoff import replacement_backoffs
 from fleet.planning.snapshot import node_snapshots, placement_request
 from fleet.reconcile.autoscale import autoscale_profiles
+from fleet.reconcile.callers import tell_nodes_their_callers
 from fleet.reconcile.engines import tell_nodes_their_engines
 from fleet.reconcile.report import ReconcileReport
 from fleet.reconcile.rollout import drain_verdict, reports_once, roll_stale
@@ -82,6 +83,7 @@ def reconcile(
             lambda: place_waiting(now, epoch, report),
             lambda: finish_stops(report),
             lambda: report.told_engines.extend(tell_nodes_their_engines(now)),
+            lambda: report.told_callers.extend(tell_nodes_their_callers(now)),
         ]
         for step in steps:
             if still_leading is not None and not still_leading():

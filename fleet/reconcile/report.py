@@ -23,6 +23,8 @@ class ReconcileReport:
     scaled: list[str] = field(default_factory=list)
     # Nodes told which engines to have (on link, on a catalog change, every 10 minutes).
     told_engines: list[str] = field(default_factory=list)
+    # Walled nodes running engines told who their HTTP ports admit (a router joined...).
+    told_callers: list[str] = field(default_factory=list)
     # Why the pass did not run (or stopped early), if it did not run whole.
     skipped: str = ""
 

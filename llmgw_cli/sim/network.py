@@ -52,6 +52,13 @@ def unavailable_reason() -> str | None:
     missing = [tool for tool in TOOLS if shutil.which(tool) is None]
     if missing:
         return f"the simulated fleet needs {', '.join(missing)} (iproute2, util-linux)"
+    from agent_worker.walls.nftables import nft_binary
+
+    if nft_binary() is None:
+        return (
+            "the simulated fleet needs nft: each node walls its engines' ports "
+            "(apt install nftables, or scripts/ensure-nftables)"
+        )
     if not Path("/proc/self/ns/net").exists() or not Path("/proc/self/ns/uts").exists():
         return "this kernel has no network or UTS namespaces (/proc/self/ns/net is missing)"
     return None

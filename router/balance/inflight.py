@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from core.addresses import own_addresses
+from protocol.members import LEFT_KEY_PREFIX, LEFT_TTL, ROUTER
 from protocol.routing import INFLIGHT_KEY_PREFIX, INFLIGHT_REPORT_SECONDS, INFLIGHT_REPORT_TTL
 from router.balance.balancer import Balancer
 from router.metrics import RouterMetrics
@@ -64,10 +66,14 @@ def router_id() -> str:
 
 
 async def report_inflight(router: _Reporting, interval: float = INFLIGHT_REPORT_SECONDS) -> None:
-    """Write this router's report every ``interval`` seconds until cancelled."""
+    """Write this router's report every ``interval`` seconds until cancelled, with the
+    addresses nodes see it connect from (their walls admit those to engines' HTTP ports);
+    and that it left, as it stops."""
     import redis.asyncio as aioredis
 
-    key = INFLIGHT_KEY_PREFIX + router_id()
+    me = router_id()
+    key = INFLIGHT_KEY_PREFIX + me
+    addresses = own_addresses()
     client = None
     complained = False
     try:
@@ -78,7 +84,7 @@ async def report_inflight(router: _Reporting, interval: float = INFLIGHT_REPORT_
             if client is not None:
                 queued = {name: len(room) for name, room in router.rooms.items()}
                 report = inflight_report(router.table, router.balancer, time.time(), queued)
-                body = json.dumps(report)
+                body = json.dumps({**report, "addresses": addresses})
                 traffic = with_load(router.metrics.traffic.take(), report["models"])
                 try:
                     await client.set(key, body, ex=INFLIGHT_REPORT_TTL)
@@ -95,5 +101,8 @@ async def report_inflight(router: _Reporting, interval: float = INFLIGHT_REPORT_
         if client is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(client.delete(key))
+            with contextlib.suppress(Exception):
+                left = f"{LEFT_KEY_PREFIX}{ROUTER}:{me}"
+                await asyncio.shield(client.set(left, str(time.time()), ex=LEFT_TTL))
             with contextlib.suppress(Exception):
                 await client.aclose()

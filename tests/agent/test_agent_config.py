@@ -117,3 +117,12 @@ def test_the_loader_variables_a_node_allows_come_from_the_file_and_the_environme
     assert loaded.allow_env == ("LD_AUDIT",)
     with pytest.raises(AgentConfigError, match="allow_env: must be a list of names"):
         config(tmp_path, "allow_env: LD_PRELOAD\n")
+
+
+def test_the_firewall_walls_engines_unless_the_operator_turns_it_off(tmp_path):
+    assert config(tmp_path).firewall == "nftables"
+    assert config(tmp_path, "firewall: off\n").firewall == "off"  # YAML's false
+    assert config(tmp_path, "firewall: nftables\n", LLMGW_AGENT_FIREWALL="off").firewall == "off"
+    with pytest.raises(AgentConfigError, match="LLMGW_AGENT_FIREWALL or firewall: in .*: use "
+                       "nftables to wall every engine's ports, or off"):  # fmt: skip
+        config(tmp_path, LLMGW_AGENT_FIREWALL="iptables")

@@ -126,3 +126,21 @@ def test_discovery_logs_each_fabric_problem_and_lists_every_adapter(tmp_path, ca
     ):
         assert reason in inventory.warnings
         assert reason in logged
+
+
+def test_a_fabrics_socket_interface_gives_the_address_where_its_ranks_meet(tmp_path):
+    add_adapter(tmp_path, "mlx5_0", {1: ("ACTIVE", 200)}, {"ib0": "up"})
+    addresses = {"ib0": "192.168.7.4"}
+
+    [fabric], _ = usable_fabrics({"ib-a": ["mlx5_0"]}, discover_adapters(tmp_path),
+                                 address_of=lambda name: addresses.get(name, ""))  # fmt: skip
+
+    assert (fabric.socket_ifname, fabric.socket_address) == ("ib0", "192.168.7.4")
+
+
+def test_an_interfaces_address_is_its_ipv4_one_else_a_routable_ipv6_one():
+    from agent_worker.discovery.network import interface_address
+
+    assert interface_address("lo") == "127.0.0.1"
+    assert interface_address("no-such-interface") == ""
+    assert interface_address("") == ""

@@ -221,3 +221,22 @@ def test_dry_run_of_the_demo_catalog_without_memory_prints_the_estimate(tmp_path
         "  smollm2-135m/cpu: needs 194 MiB per rank: weights 92, KV cache at 2048 tokens 45, "
         "buffers 57 (the estimate: memory: not set)"
     ) in output.splitlines()
+
+
+def test_a_llama_cpp_replica_across_nodes_repeats_llama_cpps_warning_once(tmp_path):
+    catalog = tmp_path / "catalog.yaml"
+    profile = "      - name: {name}\n        engine: llama.cpp\n        nodes: 2\n"
+    catalog.write_text(
+        "models:\n  - name: big\n    source: /models/big.gguf\n    profiles:\n"
+        + profile.format(name="split")
+        + profile.format(name="split-too")
+    )
+
+    output = ctl("apply", "--dry-run", "-f", str(catalog))
+
+    [warning] = [line for line in output.splitlines() if "rpc-server" in line]
+    assert warning.startswith("warning: big/split, big/split-too: llama.cpp across nodes runs")
+    assert "never run the RPC server on an open network" in warning
+    assert "remains the operator's job" in warning
+    one_node = ctl("apply", "--dry-run", "-f", fitted_catalog(tmp_path))
+    assert "rpc-server" not in one_node

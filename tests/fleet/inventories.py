@@ -9,6 +9,7 @@ def inventory(
     node_id: str = "node01", gpus: int = 0, address: str = "10.0.0.1", **fields
 ) -> Inventory:
     fields.setdefault("memory_total", 64 << 30)
+    fields.setdefault("firewall", "nftables")  # a current agent that walls engine ports
     return Inventory(
         hostname=node_id,
         address=address,

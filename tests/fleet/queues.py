@@ -8,7 +8,7 @@ import json
 import redis
 from django.conf import settings
 
-from protocol.commands import CONVERGE_ENGINES, DRAIN, LEADER_EPOCH
+from protocol.commands import CONVERGE_ENGINES, DRAIN, ENGINE_CALLERS, LEADER_EPOCH
 
 
 def broker() -> redis.Redis:
@@ -16,7 +16,7 @@ def broker() -> redis.Redis:
 
 
 # What every linked node is told besides its shards; most tests are about the shards.
-ENGINE_ORDERS = (CONVERGE_ENGINES, DRAIN, LEADER_EPOCH)
+ENGINE_ORDERS = (CONVERGE_ENGINES, DRAIN, LEADER_EPOCH, ENGINE_CALLERS)
 
 
 def queued_commands(node_id: str, *, orders: bool = False) -> list[tuple[str, list]]:

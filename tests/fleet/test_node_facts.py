@@ -73,6 +73,26 @@ def test_inventory_facts_are_the_protocol_inventory_it_registered():
     assert node.warnings == ["no AVX2"]
 
 
+@pytest.mark.parametrize(
+    ("firewall", "problem", "warning"),
+    [
+        ("nftables", "", None),
+        ("loopback", "", None),
+        ("off", "", "engine ports open to the network: LLMGW_AGENT_FIREWALL=off accepts the risk"),
+        ("unavailable", "nft is not installed (apt install nftables)",
+         "engine ports open to the network: nft is not installed (apt install nftables)"),
+        ("", "", "engine ports open to the network: this agent is too old to wall them; "
+         "upgrade it"),
+    ],
+)  # fmt: skip
+def test_a_node_whose_engine_ports_answer_the_network_says_so_first(firewall, problem, warning):
+    registered = inventory("node01", firewall=firewall, firewall_problem=problem,
+                           warnings=["no AVX2"])  # fmt: skip
+    node = Node(id="node01", inventory=registered.model_dump(mode="json"))
+
+    assert node.warnings == ([warning] if warning else []) + ["no AVX2"]
+
+
 def test_a_node_that_never_registered_has_no_inventory_facts():
     assert Node(id="node01").inventory_facts() is None
     assert Node(id="node01").warnings == []

@@ -152,6 +152,21 @@ REFUSALS: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
             "node01: no active fabric for a 2-node replica (ib-a: no adapter on this node)",
         ],
     ),
+    (
+        "multi-node-where-engine-ports-cannot-be-walled",
+        {
+            "fabrics": (fabric(),),
+            "firewall": "unavailable",
+            "firewall_problem": "nft is not installed (apt install nftables)",
+        },
+        {"ranks": 2},
+        [
+            "needs 2 nodes on one fabric; ib-a has 0 eligible nodes",
+            "node01: cannot wall engine ports: nft is not installed (apt install nftables); a "
+            "2-node replica's rpc-server and rendezvous ports would be open to the network: "
+            "install nftables on it, or set LLMGW_AGENT_FIREWALL=off there to accept that",
+        ],
+    ),
 ]
 
 
@@ -185,6 +200,7 @@ PASSES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         {},
     ),
     ("cpu-only-replica", {"gpus": ()}, {"gpus_per_rank": 0, "gpu_memory": 0}),
+    ("one-node-replica-where-ports-cannot-be-walled", {"firewall": "unavailable"}, {}),
     ("exactly-enough", {"ram_free": 64 * GIB, "disk_free": 140 * GIB, "gpus": gpus(1)}, {}),
 ]
 

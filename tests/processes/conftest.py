@@ -27,7 +27,7 @@ def processes(tmp_path):
 
 # Tests that build a simulated fleet share the machine's network namespaces (lsim-*), and
 # `sim up` removes any it finds: with two xdist workers they must take turns.
-SIMULATED_FLEET_MODULES = {"test_sim", "test_sim_impair", "test_partitions"}
+SIMULATED_FLEET_MODULES = {"test_sim", "test_sim_impair", "test_partitions", "test_walls"}
 
 
 # The groups alone did not keep them apart (this xdist ran two sim modules side by side),
