@@ -189,9 +189,13 @@ class Router:
             self._started = True
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
-        self._tasks.clear()
+        # Awaited, not only cancelled: the in-flight report's last words (that this router
+        # left, which walls it out of engines at once) are written in its ``finally``, and
+        # the server closes the loop soon after this returns.
+        await asyncio.gather(*tasks, return_exceptions=True)
         self.tables.stop()
         await self.accounting.flush(self.source.write_usage)
         await self.upstream.close()
