@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from protocol.rate_limits import day_starts, month_starts
 from protocol.serving import KIND_OF_PATH, TOKENIZE_PATHS
 from router import endpoints, errors
 from router.balance.balancer import Balancer
@@ -69,12 +70,14 @@ class Router:
         def redis_url() -> str:  # the database source knows it once it has loaded
             return getattr(source, "redis_url", "")
 
-        self.limiter = RateLimiter(redis_url, self.metrics)
+        self.accounting = Accounting()
+        self.limiter = RateLimiter(
+            redis_url, self.metrics, ledger=self._ledger if source.mode == "database" else None
+        )
         self.response_ids = ResponseIds(redis_url=redis_url)
         self.conversations = ConversationStore(
             redis_url, max_bytes=config.conversation_bytes, seconds=config.conversation_seconds
         )
-        self.accounting = Accounting()
         self.cors = Cors(config.cors_origins)
         self.reception = Reception(config, self.tables, self.limiter, self.waiting,
                                    self.response_ids, self.metrics,
@@ -101,6 +104,15 @@ class Router:
     def rooms(self) -> dict[str, WaitingRoom]:
         """Each model's waiting room (the in-flight report counts who waits)."""
         return self.waiting.rooms
+
+    async def _ledger(self, key_prefix: str, now: float) -> tuple[int, int]:
+        """A key's tokens this UTC day and month: the usage rows every router wrote, and
+        what this one counted and has not written yet."""
+        day_start, month_start = day_starts(now), month_starts(now)
+        day, month = await self.source.ledger_totals(key_prefix, day_start, month_start)  # type: ignore[union-attr]
+        unwritten_day, unwritten_month = self.accounting.unwritten(key_prefix, day_start,
+                                                                   month_start)  # fmt: skip
+        return day + unwritten_day, month + unwritten_month
 
     def _table_changed(self, table: RoutingTable) -> None:
         self.waiting.table_changed()  # a replica may have become ready

@@ -1,9 +1,14 @@
 """Requests and tokens per key, model and hour: counted in memory, written in batches.
 
 The request path only adds to a dictionary; a background task hands the totals to a
-writer every few seconds (``LLMGW_ROUTER_ACCOUNTING_SECONDS``). A write that fails
-keeps its totals for the next one, so a database outage delays accounting without
-losing it (until the router itself stops).
+writer every second (``LLMGW_ROUTER_ACCOUNTING_SECONDS``), and the router writes what is
+left when it stops (SIGTERM). A write that fails keeps its totals for the next one, so a
+database outage delays accounting without losing it (until the router itself stops).
+
+These rows are the ledger of record for day and month budgets (issue 41):
+``ledger_totals`` reads a key's day and month from them, and ``Accounting.unwritten``
+adds what this router counted and has not written yet. Redis's counters are a cache of
+them (router/intake/limits.py).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class Accounting:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self._pending: dict[tuple[int, str, str], PendingUsage] = {}
+        self._writing: list[PendingUsage] = []  # taken by a write not finished yet
 
     def record(
         self, key_prefix: str, key_name: str, model: str, prompt: int, completion: int
@@ -53,6 +59,19 @@ class Accounting:
         usage.requests += 1
         usage.prompt_tokens += prompt
         usage.completion_tokens += completion
+
+    def unwritten(self, key_prefix: str, day_start: float, month_start: float) -> tuple[int, int]:
+        """The tokens of ``key_prefix`` this router counted since ``day_start`` and since
+        ``month_start`` that no write has reached the database with yet."""
+        day = month = 0
+        for row in [*self._pending.values(), *self._writing]:
+            if row.key_prefix != key_prefix or row.hour * 3600 < month_start:
+                continue
+            tokens = row.prompt_tokens + row.completion_tokens
+            month += tokens
+            if row.hour * 3600 >= day_start:
+                day += tokens
+        return day, month
 
     def take(self) -> list[PendingUsage]:
         """Everything pending, leaving nothing; give it back with ``restore`` if unwritten."""
@@ -75,11 +94,14 @@ class Accounting:
         rows = self.take()
         if not rows:
             return
+        self._writing = rows
         try:
             await write(rows)
         except Exception as exc:
             logger.warning("accounting not written, keeping it for the next try: %s", exc)
             self.restore(rows)
+        finally:
+            self._writing = []
 
     async def flush_every(self, seconds: float, write: AsyncUsageWriter) -> None:
         """``flush`` every ``seconds`` until cancelled: never on a request's path."""
@@ -125,3 +147,25 @@ def write_usage(rows: list[PendingUsage]) -> None:
     # bulk_create(update_conflicts=True) can only overwrite, hence the SQL.
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.executemany(UPSERT, params)
+
+
+LEDGER = """
+SELECT COALESCE(SUM(prompt_tokens + completion_tokens) FILTER (WHERE hour >= %s), 0),
+       COALESCE(SUM(prompt_tokens + completion_tokens), 0)
+FROM router_usage WHERE key_prefix = %s AND hour >= %s
+"""
+
+
+def ledger_totals(key_prefix: str, day_start: float, month_start: float) -> tuple[int, int]:
+    """A key's tokens since ``day_start`` and since ``month_start`` (hour boundaries), as
+    the usage rows of every router hold them (Django's connection, sync)."""
+    from datetime import UTC, datetime
+
+    from django.db import connection
+
+    day = datetime.fromtimestamp(day_start, tz=UTC)
+    month = datetime.fromtimestamp(month_start, tz=UTC)
+    with connection.cursor() as cursor:
+        cursor.execute(LEDGER, (day, key_prefix, month))
+        found = cursor.fetchone()
+    return int(found[0]), int(found[1])
