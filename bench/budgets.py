@@ -270,6 +270,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--limit", type=float, default=600.0, help="give up after (s)")
     parser.add_argument("--no-router-kill", dest="router_kill", action="store_false")
+    parser.add_argument("--database", default="llmgw_bench_budgets",
+                        help="the bench's own database, made beside DATABASE_URL's")  # fmt: skip
     parser.add_argument(
         "--short", action="store_true", help="a small run (the test suite's): 16 clients, B 6000"
     )
@@ -282,7 +284,7 @@ def main(argv: list[str] | None = None) -> None:
         import os
 
         os.environ["REDIS_URL"] = redis.url
-        with bench_django("llmgw_bench_budgets") as env:
+        with bench_django(args.database) as env:
             run_until_signalled(run(args, env, redis, home))
     finally:
         redis.kill()

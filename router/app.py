@@ -11,7 +11,10 @@ relayed back).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 import time
+from pathlib import Path
 
 from protocol.rate_limits import day_starts, month_starts
 from protocol.serving import KIND_OF_PATH, TOKENIZE_PATHS
@@ -36,6 +39,7 @@ from router.table.keeper import TableKeeper
 from router.table.routes import RoutingTable
 from router.table.sources import DatabaseSource, StaticSource
 from router.usage.accounting import Accounting
+from router.usage.journal import Journal
 from router.wire.upstream import Upstream
 
 # Every POST addressed to a model by the ``model`` of its body (or upload form).
@@ -70,7 +74,12 @@ class Router:
         def redis_url() -> str:  # the database source knows it once it has loaded
             return getattr(source, "redis_url", "")
 
-        self.accounting = Accounting()
+        journal = None
+        if source.mode == "database" and config.journal_dir:
+            # One directory per database: a router adopts only the journals of its fleet.
+            database = hashlib.sha256(os.environ.get("DATABASE_URL", "").encode()).hexdigest()
+            journal = Journal(Path(config.journal_dir) / database[:12])
+        self.accounting = Accounting(journal=journal)
         self.limiter = RateLimiter(
             redis_url, self.metrics, ledger=self._ledger if source.mode == "database" else None
         )
@@ -210,6 +219,7 @@ class Router:
         await asyncio.gather(*tasks, return_exceptions=True)
         self.tables.stop()
         await self.accounting.flush(self.source.write_usage)
+        self.accounting.close()
         await self.upstream.close()
         await self.limiter.close()
         await self.response_ids.close()

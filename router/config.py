@@ -63,6 +63,8 @@ class RouterConfig:
     migrations: int = 2
     # Tokens reserved for an answer whose request names no max_tokens (issue 41).
     reserve_tokens: int = 4096
+    # Where each router journals its usage before writing it ("" keeps none; journal.py).
+    journal_dir: str = ""
     # Browser origins that may call the router (CORS), or "*" for any; none: no CORS
     # headers at all, and a browser on another origin is refused by its own rules.
     cors_origins: tuple[str, ...] = ()
@@ -107,6 +109,9 @@ class RouterConfig:
             prefix_block=env_int("LLMGW_ROUTER_PREFIX_BLOCK", cls.prefix_block),
             migrations=env_int("LLMGW_ROUTER_MIGRATIONS", cls.migrations),
             reserve_tokens=env_int("LLMGW_ROUTER_RESERVE_TOKENS", cls.reserve_tokens),
+            journal_dir=env_str(
+                "LLMGW_ROUTER_JOURNAL", str(llmgw_home() / "router" / "usage-journal")
+            ),
             cors_origins=tuple(
                 origin.strip().rstrip("/")
                 for origin in env_str("LLMGW_ROUTER_CORS_ORIGINS").split(",")

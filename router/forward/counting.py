@@ -48,6 +48,7 @@ class Served:
     relayed: Relayed | None = None  # what of a stream reached the client
     engine_usage: Callable[[], Tokens | None] = lambda: None  # the engine's count, once said
     accounted: bool = False  # charged and recorded: once
+    journalled: int | None = None  # its number in the usage journal, once it began
 
 
 class TokenCounter:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from router import errors
 from router.balance.balancer import Balancer
 from router.balance.response_ids import ResponseIds
-from router.forward.counting import COUNT_SECONDS, Served, TokenCounter
+from router.forward.counting import COUNT_SECONDS, Served, TokenCounter, estimate_prompt
 from router.forward.migration import (
     Progress,
     Splice,
@@ -159,7 +159,7 @@ class Proxy:
                         if following is not None:
                             endpoint = following
                             continue
-                    served.began = response.status < 400
+                    self._began(call, served, response.status < 400, body)
                     if response.is_event_stream:
                         broken = await self._relay_stream(
                             call, response, replica, translation, served
@@ -198,6 +198,16 @@ class Proxy:
         raise errors.bad_gateway(
             f"No replica of {model} answered ({len(tried)} tried): {last_problem}."
         )
+
+    def _began(self, call: Call, served: Served, began: bool, body: bytes) -> None:
+        """An engine took the request: from here on it is charged however it ends, and a
+        router killed before it is counted leaves its prompt charged (usage/journal.py)."""
+        served.began = began
+        if began and served.journalled is None and self.accounting is not None:
+            caller = call.caller
+            served.journalled = self.accounting.begin(
+                caller.prefix, caller.name, call.model, estimate_prompt(body)
+            )
 
     async def _post(
         self, endpoint: Endpoint, path: str, body: bytes, headers: list[tuple[bytes, bytes]],
@@ -413,7 +423,8 @@ class Proxy:
         self.metrics.tokens(call.model, prompt, completion)
         if self.accounting is not None:
             caller = call.caller
-            self.accounting.record(caller.prefix, caller.name, call.model, prompt, completion)
+            self.accounting.record(caller.prefix, caller.name, call.model, prompt, completion,
+                                   served.journalled)  # fmt: skip
 
 
 def _sent_upload(call: Call) -> bool:

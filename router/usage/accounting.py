@@ -18,6 +18,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+from router.usage.journal import Journal
 
 logger = logging.getLogger(__name__)
 
@@ -41,17 +44,40 @@ AsyncUsageWriter = Callable[[list[PendingUsage]], Awaitable[None]]
 
 
 class Accounting:
-    """Totals since the last write."""
+    """Totals since the last write, journalled (journal.py) where a journal is kept."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.time, journal: Journal | None = None
+    ) -> None:
         self.clock = clock
+        self.journal = journal
         self._pending: dict[tuple[int, str, str], PendingUsage] = {}
         self._writing: list[PendingUsage] = []  # taken by a write not finished yet
+        self._requests = 0
+        self._written_files: list[Path] = []  # journals to remove once a write succeeds
+
+    def begin(self, key_prefix: str, key_name: str, model: str, prompt: int) -> int:
+        """A request reached an engine: journalled with its prompt's estimate, which a
+        router killed before it was counted leaves charged. Returns its number, for
+        ``record``."""
+        self._requests += 1
+        if self.journal is not None:
+            self.journal.begun(self._requests, {"h": int(self.clock()) // 3600,
+                                                "p": key_prefix, "n": key_name, "m": model,
+                                                "pt": prompt, "ct": 0})  # fmt: skip
+        return self._requests
 
     def record(
-        self, key_prefix: str, key_name: str, model: str, prompt: int, completion: int
-    ) -> None:
+        self, key_prefix: str, key_name: str, model: str, prompt: int, completion: int,
+        request: int | None = None,
+    ) -> None:  # fmt: skip
         hour = int(self.clock()) // 3600
+        if self.journal is not None:
+            if request is None:
+                self._requests += 1
+                request = self._requests
+            self.journal.counted(request, {"h": hour, "p": key_prefix, "n": key_name,
+                                           "m": model, "pt": prompt, "ct": completion})  # fmt: skip
         slot = (hour, key_prefix, model)
         usage = self._pending.get(slot)
         if usage is None:
@@ -91,6 +117,10 @@ class Accounting:
 
     async def flush(self, write: AsyncUsageWriter) -> None:
         """Hand everything pending to ``write``; what it fails to write is kept for the next."""
+        if self.journal is not None:
+            self.adopt()
+            if self._pending:
+                self._written_files.append(self.journal.rotate())
         rows = self.take()
         if not rows:
             return
@@ -100,8 +130,28 @@ class Accounting:
         except Exception as exc:
             logger.warning("accounting not written, keeping it for the next try: %s", exc)
             self.restore(rows)
+        else:
+            files, self._written_files = self._written_files, []
+            for path in files:
+                path.unlink(missing_ok=True)
         finally:
             self._writing = []
+
+    def close(self) -> None:
+        """At the router's end: its journal goes once everything it holds is written."""
+        if self.journal is not None and not self._pending:
+            for path in self._written_files:
+                path.unlink(missing_ok=True)
+            self.journal.close()
+
+    def adopt(self) -> None:
+        """Take in the journals of routers that are gone: written with the next write."""
+        assert self.journal is not None
+        entries, files = self.journal.adopt()
+        self.restore([
+            PendingUsage(e["h"], e["p"], e["n"], e["m"], 1, e["pt"], e["ct"]) for e in entries
+        ])  # fmt: skip
+        self._written_files += files
 
     async def flush_every(self, seconds: float, write: AsyncUsageWriter) -> None:
         """``flush`` every ``seconds`` until cancelled: never on a request's path."""
