@@ -149,6 +149,15 @@ def ledger(key: str) -> tuple[int, int]:
     return rows["requests"] or 0, (rows["prompt"] or 0) + (rows["completion"] or 0)
 
 
+def day_counter(redis: RedisServer, key: str) -> int:
+    import redis as redis_client
+
+    from protocol.rate_limits import counter_keys
+
+    value = redis_client.Redis(port=redis.port).get(counter_keys(key[:14], time.time()).day)
+    return int(value or 0)
+
+
 async def engine_count(session, url: str) -> int:
     async with session.get(f"{url}/_state") as response:
         counted = (await response.json())["counted"]
@@ -234,6 +243,7 @@ async def run(args: argparse.Namespace, env: dict[str, str], redis: RedisServer,
             await asyncio.sleep(2.5)  # the routers' last writes (every second)
             served = await engine_count(session, engines["budgeted"])
         rows, counted = await sync_to_async(ledger)(keys["budgeted"])
+        redis_day = day_counter(redis, keys["budgeted"])
         free_rows, _free_counted = await sync_to_async(ledger)(keys["free"])
     finally:
         stop(*processes)
@@ -242,7 +252,8 @@ async def run(args: argparse.Namespace, env: dict[str, str], redis: RedisServer,
                                   "max_tokens": args.chunks})) // 4 + args.chunks  # fmt: skip
     lost = (limited.answered - rows) + (free.answered - free_rows)
     difference = (counted - served) / served if served else 0.0
-    print(f"limited key: {limited}\nunlimited key: {free}", file=sys.stderr)
+    print(f"limited key: {limited}\nunlimited key: {free}\nthe day's counter in Redis: "
+          f"{redis_day}, the ledger's: {counted}", file=sys.stderr)  # fmt: skip
     header = ["B", "served (engine)", "overshoot", "of B", "one reservation",
               "refused after exhaustion", "answered", "usage rows", "lost rows",
               "router count", "vs engine", "cut by the kill", "other key refused"]  # fmt: skip

@@ -194,12 +194,15 @@ class RateLimiter:
         )
 
     async def _merge_back(self, now: float) -> None:
-        """Once Redis answers after an outage: the totals of keys charged here meanwhile
-        raised to the ledger's, which holds what every router spent."""
+        """Once Redis answers after an outage: the totals of the keys with budgets raised
+        to the ledger's, which holds what every router spent."""
         if not self._outage:
             return
         self._outage = False
+        # The keys charged here meanwhile, and every key with a budget this router counted:
+        # a Redis that restarted from its append-only file may have lost its last second.
         charged, self.local.charged = set(self.local.charged), set()
+        charged |= set(self.local.sharers)
         if self.ledger is not None:
             for prefix in charged:
                 try:
