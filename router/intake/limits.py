@@ -51,6 +51,9 @@ logger = logging.getLogger(__name__)
 REDIS_RETRY_SECONDS = 5.0
 # A limit check must not slow a request down much when Redis is slow: give up on it fast.
 REDIS_TIMEOUT = 0.5
+# After Redis answers again, the totals are raised to the ledger once at once and once this
+# much later, when every router has written what it counted (the ledger lags a second).
+MERGE_AGAIN_SECONDS = 3.0
 # A router counts among those sharing a key's budget for this long after it admitted it.
 ROUTER_SHARE_SECONDS = 600
 
@@ -89,6 +92,7 @@ class RateLimiter:
     _scripts: tuple[Any, Any, Any] | None = None
     _redis_down_until: float = 0.0
     _outage: bool = False  # Redis failed since it last answered: merge back when it does
+    _merge_again_at: float = 0.0
 
     async def admit(self, caller: Caller, reserve: int = 0) -> Admission | None:
         """Count the request against its key, reserving ``reserve`` tokens (its worst case)
@@ -196,9 +200,14 @@ class RateLimiter:
     async def _merge_back(self, now: float) -> None:
         """Once Redis answers after an outage: the totals of the keys with budgets raised
         to the ledger's, which holds what every router spent."""
-        if not self._outage:
+        if self._outage:
+            self._outage = False
+            # Once more when every router has written what it counted meanwhile.
+            self._merge_again_at = now + MERGE_AGAIN_SECONDS
+        elif self._merge_again_at and now >= self._merge_again_at:
+            self._merge_again_at = 0.0
+        else:
             return
-        self._outage = False
         # The keys charged here meanwhile, and every key with a budget this router counted:
         # a Redis that restarted from its append-only file may have lost its last second.
         charged, self.local.charged = set(self.local.charged), set()
