@@ -83,7 +83,8 @@ async def client(session, scene: Scene, key: str, model: str, tally: Tally, *,
                         continue
                 if response.status != 200:
                     tally.refused += 1
-                    tally.errors.append(f"{response.status}: {(await response.text())[:200]}")
+                    if len(tally.errors) < 5:
+                        tally.errors.append(f"{response.status}: {(await response.text())[:200]}")
                     await asyncio.sleep(0.2)
                     continue
                 tally.answered += 1

@@ -15,9 +15,11 @@ from typing import Any, NamedTuple
 
 COUNTER_PREFIX = "llmgw:limits:"
 MINUTE = 60
-# Requests in flight (and the tokens reserved for them) are held this long at most: a
-# router that died holding some must not block the key for ever.
-INFLIGHT_HOLD_SECONDS = 15 * 60
+# A request's place in flight (and the tokens reserved for it) is held this long, and its
+# router renews the hold every INFLIGHT_RENEW_SECONDS while it runs: a router that died
+# holding some blocks the key for two minutes at most.
+INFLIGHT_HOLD_SECONDS = 120
+INFLIGHT_RENEW_SECONDS = 30
 
 
 @dataclass(frozen=True, slots=True)

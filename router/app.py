@@ -83,6 +83,7 @@ class Router:
         self.limiter = RateLimiter(
             redis_url, self.metrics, ledger=self._ledger if source.mode == "database" else None
         )
+        self.accounting.adopted = self.limiter.raise_from_ledger
         self.response_ids = ResponseIds(redis_url=redis_url)
         self.conversations = ConversationStore(
             redis_url, max_bytes=config.conversation_bytes, seconds=config.conversation_seconds
@@ -203,6 +204,7 @@ class Router:
             self._tasks += await self.tables.start()
             if self.source.notifies:
                 self._tasks.append(asyncio.create_task(report_inflight(self)))
+            self._tasks.append(asyncio.create_task(self.limiter.renew_holds()))
             self._tasks.append(asyncio.create_task(
                 self.accounting.flush_every(self.config.accounting_seconds,
                                             self.source.write_usage)

@@ -24,6 +24,7 @@ router spent meanwhile.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -34,6 +35,7 @@ from typing import Any
 
 from protocol.rate_limits import (
     INFLIGHT_HOLD_SECONDS,
+    INFLIGHT_RENEW_SECONDS,
     CounterKeys,
     Limits,
     counter_keys,
@@ -92,6 +94,8 @@ class RateLimiter:
     _scripts: tuple[Any, Any, Any] | None = None
     _redis_down_until: float = 0.0
     _outage: bool = False  # Redis failed since it last answered: merge back when it does
+    # Requests admitted and not settled yet, by id: their holds are renewed while they run.
+    _holding: dict[str, CounterKeys] = field(default_factory=dict)
     _merge_again_at: float = 0.0
 
     async def admit(self, caller: Caller, reserve: int = 0) -> Admission | None:
@@ -110,6 +114,7 @@ class RateLimiter:
         if tally.refused:
             self.metrics.rate_limited.labels(tally.refused).inc()
             raise refusal(caller, tally, now, headers)
+        self._holding[request_id] = keys
         return Admission(request_id, keys, headers, shared, limits, reserve)
 
     async def charge(self, admission: Admission, tokens: int) -> None:
@@ -123,6 +128,7 @@ class RateLimiter:
                 1 if limits.tokens_per_month and self.ledger else 0)  # fmt: skip
         keys = admission.keys
         prefix = _prefix_of(keys)
+        self._holding.pop(admission.request_id, None)
         if admission.shared and self._use_redis(now):
             try:
                 await self._merge_back(now)
@@ -134,6 +140,44 @@ class RateLimiter:
             except Exception as exc:  # any failure of Redis: count here rather than lose it
                 self._redis_failed(now, exc)
         self.local.charge(keys, now, admission.request_id, tokens, prefix)
+
+    async def renew_holds(self) -> None:
+        """Every INFLIGHT_RENEW_SECONDS until cancelled: the places in flight (and their
+        reservations) of this router's running requests held on, so only a dead router's
+        run out."""
+        while True:
+            await asyncio.sleep(INFLIGHT_RENEW_SECONDS)
+            await self.renew_once()
+
+    async def renew_once(self) -> None:
+        now = self.clock()
+        until = now + INFLIGHT_HOLD_SECONDS
+        holding = list(self._holding.items())
+        for request_id, keys in holding:
+            local = self.local.inflight.get(keys.inflight)
+            if local is not None and request_id in local:
+                local[request_id] = until
+        if not holding or not self._use_redis(now):
+            return
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for request_id, keys in holding:
+                    pipe.zadd(keys.inflight, {request_id: int(until * 1000)}, xx=True)
+                    pipe.pexpire(keys.inflight, int(INFLIGHT_HOLD_SECONDS * 1000) + 60000)
+                    pipe.pexpire(keys.reserved, int(INFLIGHT_HOLD_SECONDS * 1000) + 60000)
+                await pipe.execute()
+        except Exception as exc:  # noqa: BLE001  # held on at the next renewal
+            logger.warning("places in flight not renewed: %s", exc)
+
+    async def raise_from_ledger(self, key_prefixes: set[str]) -> None:
+        """These keys' totals raised to the ledger's: after a gone router's journal was
+        adopted (its last second and the prompts of what it was answering)."""
+        now = self.clock()
+        if self.ledger is None or not self._use_redis(now):
+            return
+        for prefix in key_prefixes:
+            day, month = await self.ledger(prefix, now)
+            await self._raise_to(counter_keys(prefix, now), day, month, now)
 
     async def close(self) -> None:
         if self._client is not None:

@@ -51,6 +51,9 @@ class Accounting:
     ) -> None:
         self.clock = clock
         self.journal = journal
+        # Told the keys of the journals adopted once they are in the rows (router/app.py:
+        # the limiter raises their totals to the ledger).
+        self.adopted: Callable[[set[str]], Awaitable[None]] | None = None
         self._pending: dict[tuple[int, str, str], PendingUsage] = {}
         self._writing: list[PendingUsage] = []  # taken by a write not finished yet
         self._requests = 0
@@ -117,8 +120,9 @@ class Accounting:
 
     async def flush(self, write: AsyncUsageWriter) -> None:
         """Hand everything pending to ``write``; what it fails to write is kept for the next."""
+        adopted: set[str] = set()
         if self.journal is not None:
-            self.adopt()
+            adopted = self.adopt()
             if self._pending:
                 self._written_files.append(self.journal.rotate())
         rows = self.take()
@@ -130,12 +134,17 @@ class Accounting:
         except Exception as exc:
             logger.warning("accounting not written, keeping it for the next try: %s", exc)
             self.restore(rows)
-        else:
-            files, self._written_files = self._written_files, []
-            for path in files:
-                path.unlink(missing_ok=True)
+            return
         finally:
-            self._writing = []
+            self._writing = []  # in the rows now, or pending again: never counted twice
+        files, self._written_files = self._written_files, []
+        for path in files:
+            path.unlink(missing_ok=True)
+        if adopted and self.adopted is not None:
+            try:
+                await self.adopted(adopted)
+            except Exception as exc:  # noqa: BLE001  # the next miss rebuilds them
+                logger.warning("adopted usage not raised in Redis: %s", exc)
 
     def close(self) -> None:
         """At the router's end: its journal goes once everything it holds is written."""
@@ -144,14 +153,16 @@ class Accounting:
                 path.unlink(missing_ok=True)
             self.journal.close()
 
-    def adopt(self) -> None:
-        """Take in the journals of routers that are gone: written with the next write."""
+    def adopt(self) -> set[str]:
+        """Take in the journals of routers that are gone (written with the next write);
+        return the keys they served."""
         assert self.journal is not None
         entries, files = self.journal.adopt()
         self.restore([
             PendingUsage(e["h"], e["p"], e["n"], e["m"], 1, e["pt"], e["ct"]) for e in entries
         ])  # fmt: skip
         self._written_files += files
+        return {e["p"] for e in entries if e["p"]}
 
     async def flush_every(self, seconds: float, write: AsyncUsageWriter) -> None:
         """``flush`` every ``seconds`` until cancelled: never on a request's path."""

@@ -242,3 +242,15 @@ async def test_a_dead_routers_reservation_is_released_after_the_hold(limiter):
         await limiter.admit(key, 10)
     limiter.clock.now += INFLIGHT_HOLD_SECONDS + 1
     assert await limiter.admit(key, 10) is not None
+
+
+async def test_a_running_request_keeps_its_place_while_its_router_renews_it(limiter):
+    key = caller(tokens_per_day=1000)
+    running = await limiter.admit(key, 1000)
+    for _ in range(5):  # ten minutes of a long stream, its hold renewed
+        limiter.clock.now += INFLIGHT_HOLD_SECONDS / 2
+        await limiter.renew_once()
+        with pytest.raises(RouterError):
+            await limiter.admit(key, 10)
+    await limiter.charge(running, 20)
+    assert await limiter.admit(key, 10) is not None
