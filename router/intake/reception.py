@@ -31,7 +31,7 @@ from router.conversations.store import ConversationStore
 from router.errors import RouterError
 from router.intake.body_checks import check_body
 from router.intake.call import Call, Receive, Send, Upload, read_body, resolve, rewrite_body
-from router.intake.limits import Admission, RateLimiter
+from router.intake.limits import Admission, RateLimiter, worst_case
 from router.intake.request_ids import log_request
 from router.intake.uploads import read_upload, resolve_upload
 from router.metrics import RouterMetrics
@@ -158,7 +158,9 @@ class Reception:
             message, retry_after = route.unavailable()
             raise errors.unavailable(message, retry_after)
         # Within the key's limits, a replica that can take it, now or after a wait.
-        arrival.admission = admission = await self.limiter.admit(caller)
+        arrival.admission = admission = await self.limiter.admit(
+            caller, worst_case(path, payload, body, self.config.reserve_tokens)
+        )
         # An upload's rest is still to be read: nothing else may read the client meanwhile.
         waited = await self.waiting.wait_for_replica(route, caller, None if upload else receive)
         if waited is None:
