@@ -53,7 +53,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "django_htmx",
     "template_partials",
@@ -142,9 +141,15 @@ SIGN_IN_FAILURE_LIMIT = env_int("LLMGW_SIGN_IN_FAILURE_LIMIT", 5)
 # Seconds: the window the failures are counted in, and then how long the pair waits.
 SIGN_IN_WINDOW = env_int("LLMGW_SIGN_IN_WINDOW", 15 * 60)
 
+# Days a REST API token lasts unless `llmgw_ctl api-tokens create --expires` says otherwise:
+# a quarter, so a token copied into a script or a backup stops working on its own, while the
+# scripts that use one are renewed less often than people forget them.
+API_TOKEN_LIFETIME_DAYS = env_int("LLMGW_API_TOKEN_LIFETIME_DAYS", 90)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # DRF's own tokens, hashed and expiring (catalog/tokens/).
+        "catalog.tokens.stored.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["catalog.permissions.IsOperatorOrReadOnly"],

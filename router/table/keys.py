@@ -26,6 +26,15 @@ class Caller:
     limits: Limits = field(default_factory=Limits)
     expires_at: float | None = None  # unix time; None: never
     priority: str = "normal"
+    # The account a key was issued to (the playground's keys), "" for a key of its own:
+    # what the key makes (kept responses) belongs to the account, through every renewal.
+    user: str = ""
+
+    @property
+    def owner(self) -> str:
+        """Who what this key makes belongs to: its account, else the key itself (its prefix
+        is unique, its name said)."""
+        return f"user:{self.user}" if self.user else f"{self.prefix}:{self.name}"
 
     def may_use(self, names: frozenset[str]) -> bool:
         """Whether the key covers a model known by any of ``names`` (its name and aliases)."""
@@ -55,6 +64,7 @@ class KeyCache:
                 limits=Limits.from_dict(k.get("limits")),
                 expires_at=k.get("expires_at"),
                 priority=k.get("priority") or "normal",
+                user=str(k.get("user") or ""),
             )
             for k in keys
         }

@@ -9,7 +9,6 @@ from __future__ import annotations
 import httpx
 import pytest
 from django.conf import settings
-from rest_framework.authtoken.models import Token
 
 from audit.models import Event
 from catalog.actions.api_keys import create_key, revoke_key
@@ -20,6 +19,7 @@ from protocol.routing import TRAFFIC_BUCKET_SECONDS
 from router.models import Usage
 from tests.factories import (
     SETUP,
+    api_token_of,
     make_model,
     make_node,
     make_profile,
@@ -135,7 +135,7 @@ def test_a_model_created_through_the_rest_api_is_recorded_and_reaches_the_router
     notice that reaches a running router at once (its periodic refresh is an hour away)."""
     _engine, _replica, key, router = fleet
     operator = make_user("olga", operator=True)
-    token = Token.objects.create(user=operator).key
+    token = api_token_of(operator)
     port = free_port()
     (tmp_path / "logs").mkdir()
     control = control_plane(port, tmp_path / "logs").start()

@@ -15,6 +15,9 @@ from tests.router.harness import Harness, key_sha256
 pytestmark = pytest.mark.process
 
 AUTH = {"Authorization": f"Bearer {FULL_KEY}"}
+# A second key with every model: it may not use the first key's responses.
+OTHER_KEY = "llmgw-test-other-key"
+OTHER = {"Authorization": f"Bearer {OTHER_KEY}"}
 ALLOWED_ORIGIN = "https://app.example"
 SERVE_ALL = ["chat", "embeddings", "rerank", "transcription", "speech", "images"]
 # A body each endpoint accepts, by path.
@@ -53,7 +56,8 @@ def fleet(tmp_path_factory):
                 {"name": "omni", "serves": SERVE_ALL,
                  "endpoints": [{"url": engines["all"].url, "native": ["messages", "responses"]}]},
             ],
-            keys=[{"name": "full", "sha256": key_sha256(FULL_KEY)}],
+            keys=[{"name": "full", "sha256": key_sha256(FULL_KEY)},
+                  {"name": "other", "sha256": key_sha256(OTHER_KEY)}],
         )  # fmt: skip
         router = harness.router(
             {"LLMGW_ROUTER_STATIC": str(static), "LLMGW_ROUTER_CORS_ORIGINS": ALLOWED_ORIGIN,
@@ -290,6 +294,24 @@ def test_a_response_is_continued_fetched_and_deleted_on_the_replica_that_made_it
     ]  # fmt: skip
     gone = httpx.get(f"{url}/v1/responses/{response_id}", headers=AUTH, timeout=30)
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "response_not_found"
+
+
+def test_a_response_the_engine_keeps_answers_only_the_key_that_made_it(url, engines):
+    first = httpx.post(f"{url}/v1/responses", json={"model": "omni", "input": "hi", "store": False},
+                       headers=AUTH, timeout=30)  # fmt: skip
+    response_id = first.json()["id"]
+    follow = {"model": "omni", "input": "more", "previous_response_id": response_id}
+    attempts = [
+        httpx.get(f"{url}/v1/responses/{response_id}", headers=OTHER, timeout=30),
+        httpx.delete(f"{url}/v1/responses/{response_id}", headers=OTHER, timeout=30),
+        httpx.post(f"{url}/v1/responses", json=follow, headers=OTHER, timeout=30),
+    ]
+    for refused in attempts:
+        assert refused.status_code == 404, refused.text
+        assert refused.json()["error"]["code"] == "response_not_found"
+    assert [r["method"] for r in engines["all"].requests()] == ["POST"]  # only the first
+    mine = httpx.get(f"{url}/v1/responses/{response_id}", headers=AUTH, timeout=30)
+    assert mine.status_code == 200 and mine.json()["id"] == response_id
 
 
 def test_a_response_the_router_keeps_is_continued_on_any_replica_and_fetched_from_it(url, engines):
