@@ -375,7 +375,8 @@ class Proxy:
         self.metrics.tokens(call.model, prompt, completion)
         if self.accounting is not None:
             caller = call.caller
-            self.accounting.record(caller.prefix, caller.name, call.model, prompt, completion)
+            self.accounting.record(caller.prefix, caller.name, call.model, prompt, completion,
+                                   cached_prompt=tokens.cached if tokens else 0)  # fmt: skip
 
 
 def _sent_upload(call: Call) -> bool:

@@ -29,6 +29,7 @@ class PendingUsage:
     requests: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, read from the engine's prompt cache
 
 
 UsageWriter = Callable[[list[PendingUsage]], None]
@@ -43,8 +44,11 @@ class Accounting:
         self._pending: dict[tuple[int, str, str], PendingUsage] = {}
 
     def record(
-        self, key_prefix: str, key_name: str, model: str, prompt: int, completion: int
-    ) -> None:
+        self, key_prefix: str, key_name: str, model: str, prompt: int, completion: int,
+        *, cached_prompt: int = 0,
+    ) -> None:  # fmt: skip
+        """Count one request: ``prompt`` is the whole prompt, ``cached_prompt`` its part
+        the engine read from its cache."""
         hour = int(self.clock()) // 3600
         slot = (hour, key_prefix, model)
         usage = self._pending.get(slot)
@@ -53,6 +57,7 @@ class Accounting:
         usage.requests += 1
         usage.prompt_tokens += prompt
         usage.completion_tokens += completion
+        usage.cached_prompt_tokens += cached_prompt
 
     def take(self) -> list[PendingUsage]:
         """Everything pending, leaving nothing; give it back with ``restore`` if unwritten."""
@@ -69,6 +74,7 @@ class Accounting:
                 usage.requests += row.requests
                 usage.prompt_tokens += row.prompt_tokens
                 usage.completion_tokens += row.completion_tokens
+                usage.cached_prompt_tokens += row.cached_prompt_tokens
 
     async def flush(self, write: AsyncUsageWriter) -> None:
         """Hand everything pending to ``write``; what it fails to write is kept for the next."""
@@ -90,13 +96,15 @@ class Accounting:
 
 UPSERT = """
 INSERT INTO router_usage
-    (hour, key_prefix, key_name, model, requests, prompt_tokens, completion_tokens)
-VALUES (%s, %s, %s, %s, %s, %s, %s)
+    (hour, key_prefix, key_name, model, requests, prompt_tokens, completion_tokens,
+     cached_prompt_tokens)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (hour, key_prefix, model) DO UPDATE SET
     key_name = EXCLUDED.key_name,
     requests = router_usage.requests + EXCLUDED.requests,
     prompt_tokens = router_usage.prompt_tokens + EXCLUDED.prompt_tokens,
-    completion_tokens = router_usage.completion_tokens + EXCLUDED.completion_tokens
+    completion_tokens = router_usage.completion_tokens + EXCLUDED.completion_tokens,
+    cached_prompt_tokens = router_usage.cached_prompt_tokens + EXCLUDED.cached_prompt_tokens
 """
 
 
@@ -117,6 +125,7 @@ def write_usage(rows: list[PendingUsage]) -> None:
             row.requests,
             row.prompt_tokens,
             row.completion_tokens,
+            row.cached_prompt_tokens,
         )
         # One order for every router, so two writing the same rows cannot deadlock.
         for row in sorted(rows, key=lambda r: (r.hour, r.key_prefix, r.model))
