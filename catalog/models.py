@@ -330,6 +330,12 @@ class ApiKey(models.Model):
         default="normal",
         help_text="who is served first when a model's replicas are all busy",
     )
+    # The account a key was issued to: the playground's keys (one live key per account);
+    # what such a key makes (kept responses) is the account's, through every renewal.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+        related_name="playground_keys",
+    )  # fmt: skip
 
     class Meta:
         ordering = ["name"]

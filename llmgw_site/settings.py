@@ -239,6 +239,18 @@ ROUTER_URL = env_str("LLMGW_ROUTER_URL")
 # Seconds a playground key lives: long enough for a session of trying, short enough that
 # a key left in a browser soon stops working.
 PLAYGROUND_KEY_LIFETIME = max(60, env_int("LLMGW_PLAYGROUND_KEY_LIFETIME", 3600))
+# Who may use the playground: this group's members (and superusers); a key it issues can be
+# used from anywhere that reaches the routers, so it is not every reader's.
+PLAYGROUND_GROUP = env_str("LLMGW_PLAYGROUND_GROUP", "playground")
+# What each playground key may spend (0: no limit), at low priority: a person trying a model
+# sends a few requests a minute of a few thousand tokens; a script using the key as a free
+# API key hits these at once.
+PLAYGROUND_REQUESTS_PER_MINUTE = env_int("LLMGW_PLAYGROUND_RPM", 20)
+PLAYGROUND_TOKENS_PER_MINUTE = env_int("LLMGW_PLAYGROUND_TPM", 20_000)
+# Per account and UTC day, over all its playground keys (a renewal is no fresh budget).
+PLAYGROUND_TOKENS_PER_DAY = env_int("LLMGW_PLAYGROUND_TOKENS_PER_DAY", 200_000)
+# The models playground keys cover (comma-separated); unset: every model that serves chat.
+PLAYGROUND_MODELS = env_list("LLMGW_PLAYGROUND_MODELS")
 # Where a model given as a hub id (org/repo) has its config.json and file list read, to
 # estimate the memory it needs; Hugging Face's own names for them, so a mirror set for the
 # engines serves here too.

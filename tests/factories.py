@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth.models import Group, User
 
 from audit.actors import SystemActor
@@ -18,10 +19,12 @@ SETUP = SystemActor("test setup")
 
 
 def make_user(
-    username: str, *, operator: bool = False, superuser: bool = False, engine_admin: bool = False
-) -> User:
+    username: str, *, operator: bool = False, superuser: bool = False, engine_admin: bool = False,
+    playground: bool = False,
+) -> User:  # fmt: skip
     user = User.objects.create_user(username, password="pw-" + username, is_superuser=superuser)
-    groups = [OPERATORS_GROUP] * operator + [ENGINE_ADMINS_GROUP] * engine_admin
+    groups = ([OPERATORS_GROUP] * operator + [ENGINE_ADMINS_GROUP] * engine_admin
+              + [settings.PLAYGROUND_GROUP] * playground)  # fmt: skip
     for name in groups:
         user.groups.add(Group.objects.get_or_create(name=name)[0])
     return user

@@ -1,7 +1,10 @@
 """API keys as the router checks them: one SHA-256 and a dictionary lookup, no database.
 
 The cache holds every key that is not revoked and is replaced whole on each reload
-(a pub/sub message when a key is created or revoked, and the periodic refresh).
+(a pub/sub message when a key is created or revoked, any other table push, and the
+periodic refresh). A key expired for over ``EXPIRED_KEYS_KEPT_SECONDS`` is left out,
+whatever table it came in (the database leaves it out too, ``catalog.keys.active_keys``;
+a table saved before, or a static file, may not).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.rate_limits import Limits
+from protocol.routing import EXPIRED_KEYS_KEPT_SECONDS
 from router import errors
 
 
@@ -56,6 +60,7 @@ class KeyCache:
             self._by_hash = None
             return
         # A table saved by an older router has no limits, expiry or priority: none then.
+        gone_before = time.time() - EXPIRED_KEYS_KEPT_SECONDS
         self._by_hash = {
             k["sha256"]: Caller(
                 name=k["name"],
@@ -67,6 +72,7 @@ class KeyCache:
                 user=str(k.get("user") or ""),
             )
             for k in keys
+            if k.get("expires_at") is None or k["expires_at"] > gone_before
         }
 
     def __len__(self) -> int:
