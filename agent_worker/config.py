@@ -60,7 +60,7 @@ class AgentConfig:
     pip_index_url: str = ""
     # Loader variables (LD_LIBRARY_PATH…) this node lets a profile's env set; none by default.
     allow_env: tuple[str, ...] = ()
-    # "nftables": wall every shard's ports (README, "Engine ports: who may reach them");
+    # "nftables": wall every shard's ports (docs/security.md, "Engine ports: who may reach them");
     # "off": the operator accepts them open to the network, and the node page says so.
     firewall: str = "nftables"
     heartbeat_interval: float = 5.0

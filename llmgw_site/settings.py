@@ -1,4 +1,4 @@
-"""Django settings, all from the environment (see README for the knobs)."""
+"""Django settings, all from the environment (docs/settings.md lists them)."""
 
 from __future__ import annotations
 
@@ -211,7 +211,7 @@ ENGINE_PORT_BASE = env_int("LLMGW_ENGINE_PORT_BASE", 20000)
 # runs only what its agent files name.
 DEFAULT_ENGINES = env_bool("LLMGW_DEFAULT_ENGINES", True)
 # Addresses or networks every engine's HTTP port admits beside the routers and control
-# planes the fleet hears of (README, "Engine ports"): a router in static mode, a scraper.
+# planes the fleet hears of (docs/security.md, "Engine ports"): a router in static mode, a scraper.
 ENGINE_CALLERS = env_list("LLMGW_ENGINE_CALLERS")
 # This control plane's name in the leader lease: the URL agents should dial to reach it.
 CONTROL_PLANE_ID = env_str(
