@@ -141,7 +141,8 @@ class Reception:
         kind = KIND_OF_PATH.get(path)  # None: /tokenize, which every kind serves
         if kind is not None and kind not in route.serves:
             raise errors.not_served(route.name, path, kind, route.serves,
-                                    self.tables.serving(kind))  # fmt: skip
+                                    self.tables.serving(kind, caller),
+                                    restricted=bool(caller.models))  # fmt: skip
         chain = None
         if path == RESPONSES_PATH:  # its conversation so far, where the router keeps it
             body, payload, chain = await self._continued(body, payload, caller, route.name)

@@ -18,6 +18,8 @@ AUTH = {"Authorization": f"Bearer {FULL_KEY}"}
 # A second key with every model: it may not use the first key's responses.
 OTHER_KEY = "llmgw-test-other-key"
 OTHER = {"Authorization": f"Bearer {OTHER_KEY}"}
+# A key for the chat model alone: it is never told the others' names.
+CHAT_ONLY_KEY = "llmgw-test-chat-only-key"
 ALLOWED_ORIGIN = "https://app.example"
 SERVE_ALL = ["chat", "embeddings", "rerank", "transcription", "speech", "images"]
 # A body each endpoint accepts, by path.
@@ -57,7 +59,9 @@ def fleet(tmp_path_factory):
                  "endpoints": [{"url": engines["all"].url, "native": ["messages", "responses"]}]},
             ],
             keys=[{"name": "full", "sha256": key_sha256(FULL_KEY)},
-                  {"name": "other", "sha256": key_sha256(OTHER_KEY)}],
+                  {"name": "other", "sha256": key_sha256(OTHER_KEY)},
+                  {"name": "chat-only", "sha256": key_sha256(CHAT_ONLY_KEY),
+                   "models": ["chatty"]}],
         )  # fmt: skip
         router = harness.router(
             {"LLMGW_ROUTER_STATIC": str(static), "LLMGW_ROUTER_CORS_ORIGINS": ALLOWED_ORIGIN,
@@ -169,6 +173,19 @@ def test_a_model_asked_for_what_it_does_not_serve_is_refused_before_any_engine(
     else:
         assert error["code"] == "model_does_not_serve"
     assert all(engine.requests() == [] for engine in engines.values())
+
+
+def test_a_refusal_names_only_models_the_key_may_use_instead(url, engines):
+    response = httpx.post(
+        f"{url}/v1/embeddings",
+        json={"model": "chatty", "input": "x"},
+        headers={"Authorization": f"Bearer {CHAT_ONLY_KEY}"},
+        timeout=30,
+    )
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert "no model this key may use serves embeddings" in message
+    assert "embedder" not in message and "omni" not in message
 
 
 def test_models_lists_what_each_serves(url):
