@@ -182,9 +182,6 @@ class RoutingTable:
             )  # fmt: skip
         return replace(self, routes=routes, by_name=_by_name(routes))
 
-    def known_names(self) -> list[str]:
-        return sorted(self.routes)
-
 
 def _by_name(routes: dict[str, ModelRoute]) -> dict[str, ModelRoute]:
     by_name: dict[str, ModelRoute] = {}
