@@ -290,6 +290,9 @@ class Replica(models.Model):
         max_length=16, choices=ReplicaState.choices, default=ReplicaState.PLACING
     )
     reasons = models.JSONField(default=list, blank=True)
+    # When placement last worked out why it is refused (``reasons``): every 30 to 60 s, or
+    # at the next pass after an operator acts on a node or the catalog. None otherwise.
+    reasons_at = models.DateTimeField(null=True, blank=True)
     # The per-replica secret engines require; only the router sends it.
     secret = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -14,10 +14,11 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import Max, Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from audit.actors import RECONCILER
+from audit.models import Event, EventKind
 from catalog.models import Profile, newest_engine_versions
 from core.collector import collecting_less
 from fleet.actions.replicas import (
@@ -47,11 +48,11 @@ log = logging.getLogger("llmgw.reconciler")
 # The key of the PostgreSQL advisory lock that makes a pass one at a time, cluster-wide.
 PASS_LOCK_KEY = 0x6C6C6D67  # "llmg"
 # Why an unplaceable replica is refused is worked out again after this (and up to as long
-# again, spread by replica).
+# again, spread by replica), or at the next pass after an operator's action.
 REEXPLAIN_AFTER = timedelta(seconds=30)
-# When this process last worked that out for each replica still waiting: a cache (a new
-# process works each out once again).
-_explained_at: dict[str, datetime] = {}
+# The operators' actions that may change where a replica fits: on a node (a drain, a
+# pool), on the catalog (an apply), or on placement itself (check again).
+REEXPLAINED_BY = (EventKind.NODE, EventKind.CATALOG, EventKind.PLACEMENT)
 
 
 def reconcile(
@@ -290,21 +291,23 @@ def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:
 
     Each pass tries to place every one; why an unplaceable one is refused (every filter on
     every node: at 10,000 nodes, 25 such models took 3 s a pass) is worked out again only
-    30 to 60 s later (REEXPLAIN_AFTER), so its reasons lag the fleet by at most that.
+    30 to 60 s later (REEXPLAIN_AFTER), so its reasons lag the fleet by at most that, and
+    say when they were worked out (``Replica.reasons_at``). An operator's action on a node,
+    the catalog or placement since has it worked out at once (``REEXPLAINED_BY``).
     """
     waiting = list(
         Replica.objects.filter(state__in=ReplicaState.UNPLACED, profile__isnull=False)
         .select_related("profile__model")
         .order_by("created_at")
     )
-    _forget_explained_but(str(r.id) for r in waiting)
     if not waiting:
         return
     newest = newest_engine_versions()
     requests = [
         placement_request(str(r.id), _profile(r), r.version_to_run(newest)) for r in waiting
     ]
-    lately = {str(replica.id) for replica in waiting if _explained_lately(replica, now)}
+    acted_at = _operator_acted_since(r.reasons_at for r in waiting)
+    lately = {str(r.id) for r in waiting if _explained_lately(r, now, acted_at)}
     decisions = place_batch(requests, node_snapshots(now), unexplained=lately)
     for replica, decision in zip(waiting, decisions, strict=True):
         # Counted as decided, as before: a start that loses a race still counts as placed.
@@ -312,32 +315,31 @@ def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:
             start_replica(replica, decision, actor=RECONCILER, epoch=epoch)
             report.placed.append(str(replica.id))
             continue
-        if decision.explained:
-            _explained_at[str(replica.id)] = now
         if replica.state == ReplicaState.PLACING:
             report.unplaceable.append(str(replica.id))
-        note_unplaceable(replica, decision, actor=RECONCILER)
+        note_unplaceable(replica, decision, actor=RECONCILER, now=now)
 
 
-def _explained_lately(replica: Replica, now: datetime) -> bool:
-    at = _explained_at.get(str(replica.id))
+def _operator_acted_since(worked_out: Iterable[datetime | None]) -> datetime | None:
+    """When an operator last acted on a node, the catalog or placement, if that was after
+    the oldest of these refusals was worked out (one indexed read of the minute since)."""
+    known = [at for at in worked_out if at is not None]
+    if not known:
+        return None
+    acted = Event.objects.filter(at__gt=min(known), kind__in=REEXPLAINED_BY).exclude(actor_name="")
+    return acted.aggregate(latest=Max("at"))["latest"]
+
+
+def _explained_lately(replica: Replica, now: datetime, acted_at: datetime | None) -> bool:
+    at = replica.reasons_at
     if replica.state != ReplicaState.UNPLACEABLE or at is None:
         return False
+    if acted_at is not None and acted_at > at:
+        return False  # an operator acted since: what it said may no longer hold
     # Each replica waits up to as long again, by its id, so that many refused together
     # are not all worked out again in the same pass.
     spread = REEXPLAIN_AFTER * (replica.id.int % 100 / 100)
     return now - at < REEXPLAIN_AFTER + spread
-
-
-def forget_refusals() -> None:
-    """Have the next pass work out again why each unplaceable replica is refused."""
-    _explained_at.clear()
-
-
-def _forget_explained_but(waiting: Iterable[str]) -> None:
-    kept = set(waiting)
-    for replica_id in [key for key in _explained_at if key not in kept]:
-        del _explained_at[replica_id]
 
 
 def finish_stops(report: ReconcileReport) -> None:
