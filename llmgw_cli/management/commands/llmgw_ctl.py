@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand
 from catalog import ctl as catalog_ctl
 from catalog import ctl_keys
 from fleet.ctl import engines, logs, nodes, pki, replicas, weights
+from fleet.planning.engine_restarts import restart_lines
 from router import database_role
 from router.usage import ctl as usage_ctl
 
@@ -19,6 +20,9 @@ class Command(BaseCommand):
         for module in (catalog_ctl, ctl_keys, replicas, nodes, engines, logs, weights, pki,
                        usage_ctl, database_role):  # fmt: skip
             module.add_parsers(subparsers)
+        # The catalog's apply says what the fleet's replicas would go through: wired here,
+        # where both are in reach.
+        subparsers.choices["apply"].set_defaults(engine_restarts=restart_lines)
 
     def handle(self, *args, **options) -> None:
         options["handler"](options, self.stdout)
