@@ -32,8 +32,11 @@ from fleet.transitions import transition
 from placement import Decision
 
 
-def create_replica(profile: Profile, why: str, *, actor: Actor) -> Replica:
-    """A new replica of ``profile`` with its current settings, waiting to be placed.
+def create_replica(
+    profile: Profile, why: str, *, actor: Actor, stands_in_since: datetime | None = None
+) -> Replica:
+    """A new replica of ``profile`` with its current settings, waiting to be placed; a
+    stand-in (``stands_in_since``) for replicas no router reaches, beyond its count.
 
     Its engine version is the profile's resolved one; "" (no pin, none in the catalog)
     is settled when it is placed, from what the chosen node has.
@@ -50,6 +53,7 @@ def create_replica(profile: Profile, why: str, *, actor: Actor) -> Replica:
             engine=profile.engine,
             engine_version=profile.resolved_engine_version(newest),
             secret=replica_secret(replica_id),
+            stands_in_since=stands_in_since,
         )
         record_event(EventKind.REPLICA, str(replica.id), why, to_state=ReplicaState.PLACING,
                      actor=actor)  # fmt: skip
@@ -223,6 +227,18 @@ def restart_replica(replica_id, *, actor: Actor) -> bool:
         replica = Replica.objects.filter(id=replica_id).first()
         # Stopping tells the nodes to stop the engines; the reconciler replaces it.
         return replica is not None and stop_replica(replica, "restart requested", actor=actor)
+
+
+def adopt_stand_in(replica_id, why: str, *, actor: Actor) -> bool:
+    """Count a stand-in as one of its profile's replicas from now on (the ones it stood in
+    for are lost, and it serves as their replacement); False if it was not a stand-in."""
+    with transaction.atomic():
+        adopted = Replica.objects.filter(id=replica_id, stands_in_since__isnull=False).update(
+            stands_in_since=None
+        )
+        if adopted:
+            record_event(EventKind.REPLICA, str(replica_id), why, actor=actor)
+    return bool(adopted)
 
 
 def note_replica_kept(replica_id, why: str, *, actor: Actor) -> bool:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import Max, Prefetch, Q, QuerySet
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from audit.actors import RECONCILER
@@ -32,7 +32,15 @@ from fleet.actions.replicas import (
     stop_replica,
 )
 from fleet.actions.shard_reports import refresh_replica_state
-from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardState
+from fleet.models import (
+    Node,
+    NodeState,
+    Replica,
+    ReplicaState,
+    Shard,
+    ShardState,
+    with_shard_nodes,
+)
 from fleet.planning.backoff import replacement_backoffs
 from fleet.planning.snapshot import node_snapshots, placement_request
 from fleet.reconcile.autoscale import autoscale_profiles
@@ -40,6 +48,7 @@ from fleet.reconcile.callers import tell_nodes_their_callers
 from fleet.reconcile.engines import tell_nodes_their_engines
 from fleet.reconcile.report import ReconcileReport
 from fleet.reconcile.rollout import drain_verdict, reports_once, roll_stale
+from fleet.reconcile.stand_ins import keep_stand_ins
 from fleet.routing_table import read_inflight_reports
 from placement import place_batch
 
@@ -78,6 +87,7 @@ def reconcile(
             lambda: retire_from_bad_nodes(report, epoch, now),
             lambda: fail_slow_starts(now, report),
             lambda: retire_failed(now, report, epoch),
+            lambda: keep_stand_ins(now, report, epoch),
             lambda: roll_stale(now, report, epoch),
             lambda: report.scaled.extend(autoscale_profiles(now, read_inflight_reports)),
             lambda: scale(report, epoch),
@@ -113,14 +123,6 @@ def one_pass_at_a_time() -> Iterator[bool]:
         if taken:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_KEY])
-
-
-def with_shard_nodes(replicas: QuerySet[Replica]) -> QuerySet[Replica]:
-    """``replicas`` with their shards and each shard's node's state (not its reports, each
-    kilobytes of JSON): what ``serves_from_lost_node`` and ``finish_stops`` read, in three
-    queries however many replicas there are."""
-    nodes = Node.objects.only("id", "state")
-    return replicas.prefetch_related("shards", Prefetch("shards__node", queryset=nodes))
 
 
 def _stop(replica: Replica, reason: str, report: ReconcileReport, epoch: int | None) -> None:
@@ -260,7 +262,9 @@ def scale(report: ReconcileReport, epoch: int | None = None) -> None:
     newest = newest_engine_versions()
     # Every profile's counted replicas in one read, newest first, not a read per profile.
     counted: dict[int, list[Replica]] = defaultdict(list)
-    replicas = Replica.objects.filter(state__in=ReplicaState.COUNTED, profile__isnull=False)
+    replicas = Replica.objects.filter(
+        state__in=ReplicaState.COUNTED, profile__isnull=False, stands_in_since__isnull=True
+    )  # a stand-in is beyond the count (fleet.reconcile.stand_ins)
     for replica in with_shard_nodes(replicas.order_by("-created_at")):
         counted[replica.profile_id].append(replica)  # type: ignore[index]
     for profile in Profile.objects.select_related("model"):
