@@ -302,11 +302,12 @@ class AgentRuntime:
             messages.ReportedShard(spec=download.spec, state="fetching", seq=download.seq)
             for download in self.launcher.downloading()
         ]
+        probed, engines = self.engines.said_in_register(lambda: self.link.forget("engines"))
         return messages.Register(
             agent_version=AGENT_VERSION,
             inventory=inventory,
-            engines_probed=True,
-            engines=self.engines.said_in_register(lambda: self.link.forget("engines")),
+            engines_probed=probed,
+            engines=engines,
             weights=self.held_weights.for_register(),
             shards=shards,
             problems=self.supervisor.problems,

@@ -37,7 +37,8 @@ ROUTING_POLICIES: tuple[RoutingPolicy, ...] = (LEAST_OUTSTANDING, PREFIX)
 # One key per router process: JSON {"at": unix time, "routed": [replica ids in its table],
 # "inflight": {replica id: requests in flight}}; it expires when the router stops writing.
 INFLIGHT_KEY_PREFIX = "llmgw:inflight:"
-# Also {"models": {name: {"inflight": n, "queued": n}}}: the demand autoscaling follows.
+# Also {"models": {name: {"inflight": n, "queued": n}}}: the demand autoscaling follows;
+# and "failing": [replica ids its breakers took out], which stand-ins follow.
 INFLIGHT_REPORT_SECONDS = 1.0
 # A few missed reports before a router counts as gone, so one slow write is not a stop.
 INFLIGHT_REPORT_TTL = 5

@@ -8,6 +8,7 @@ from catalog import ctl as catalog_ctl
 from catalog import ctl_keys
 from catalog.tokens import ctl as ctl_tokens
 from fleet.ctl import engines, logs, nodes, pki, replicas, weights
+from fleet.planning.engine_restarts import restart_lines
 from router import database_role
 from router.usage import ctl as usage_ctl
 
@@ -20,6 +21,9 @@ class Command(BaseCommand):
         for module in (catalog_ctl, ctl_keys, ctl_tokens, replicas, nodes, engines, logs,
                        weights, pki, usage_ctl, database_role):  # fmt: skip
             module.add_parsers(subparsers)
+        # The catalog's apply says what the fleet's replicas would go through: wired here,
+        # where both are in reach.
+        subparsers.choices["apply"].set_defaults(engine_restarts=restart_lines)
 
     def handle(self, *args, **options) -> None:
         options["handler"](options, self.stdout)
