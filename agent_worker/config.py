@@ -18,6 +18,7 @@ import yaml
 
 from agent_worker.discovery.infiniband import INFINIBAND
 from core.redis_urls import RedisURL, RedisURLError, parse_redis_url
+from protocol.commands import unacked_keys
 from protocol.units import format_size, parse_size
 
 DEFAULT_CONFIG = Path("/etc/llmgw/agent.yaml")
@@ -338,7 +339,14 @@ def broker_url(
 
 def celery_broker_config(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The agent's Celery broker and result backend, from the environment or the agent
-    file, with the TLS dicts kombu and the result backend need for rediss://."""
+    file, with the TLS dicts kombu and the result backend need for rediss://, and the
+    node's own keys for the messages it holds unacknowledged: its broker user may touch
+    its own keys only, never the ones kombu shares between consumers by default."""
     environ = os.environ if environ is None else environ
     path = Path(environ.get("LLMGW_AGENT_CONFIG", DEFAULT_CONFIG))
-    return broker_redis(environ, read_agent_file(path)).celery_config()
+    data = read_agent_file(path)
+    node_id = environ.get("LLMGW_NODE_ID") or data.get("node_id") or socket.gethostname()
+    return {
+        **broker_redis(environ, data).celery_config(),
+        "broker_transport_options": unacked_keys(str(node_id)),
+    }

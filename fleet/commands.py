@@ -33,6 +33,8 @@ from protocol.commands import (
     ReadLogs,
     StartShard,
     StopShard,
+    command_task_id,
+    node_queue,
 )
 from protocol.engines import WantedEngine
 from protocol.shard import ShardSpec
@@ -53,10 +55,6 @@ class AgentDidNotAnswer(Exception):
     """A request/reply command got no answer in time: the agent is too old or unreachable."""
 
 
-def node_queue(node_id: str) -> str:
-    return f"node-{node_id}"
-
-
 @contextmanager
 def one_connection() -> Iterator[Any]:
     """A producer for the commands of a block, passed to each ``send``: one broker
@@ -72,7 +70,7 @@ def send(
     producer: Any = None,
     key_generation: str | None = None,
 ):
-    """Put a signed, expiring command on the node's queue, under an id of its own (also its
+    """Put a signed, expiring command on the node's queue, under an id of its own (in its
     Celery task id) that the agent obeys once.
 
     Signed with the key of the node's latest link (``key_generation``, read from its row
@@ -88,7 +86,8 @@ def send(
         command.task,
         args=args,
         kwargs={"deadline": deadline, "signature": signature, "command_id": command_id},
-        task_id=command_id,
+        # Its node's queue first: the node's broker user may write this result and no other.
+        task_id=command_task_id(node_id, command_id),
         queue=node_queue(node_id),
         expires=expires,
         producer=producer,

@@ -418,6 +418,9 @@ class NodeCertificate(models.Model):
     issued_at = models.DateTimeField(auto_now_add=True)
     not_after = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # The SHA-256 of the node's own broker password (its bundle holds the password): what
+    # its Redis user is made with again whenever Redis forgot it (fleet/pki/broker_users).
+    broker_password_sha256 = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ["node_id", "issued_at"]

@@ -19,8 +19,9 @@ from django.utils import timezone
 
 from agent_worker.config import load_config
 from audit.models import Event
+from audit.redis import redis_client
 from fleet.actions.certificates import issue_node_certificate, revoke_node_certificates
-from fleet.pki import authority, verify
+from fleet.pki import authority, broker_users, verify
 from tests.ctl import ctl
 from tests.factories import SETUP
 
@@ -75,18 +76,28 @@ def test_onboarding_writes_a_bundle_the_agent_reads(ca, tmp_path):
     assert mode(bundle / "node-key.pem") == 0o600 and os.access(bundle / "install.sh", os.X_OK)
     config = load_config(bundle / "agent.yaml", environ={})
     assert config.servers == ("wss://a:8443", "wss://b:8443")
-    assert (config.broker, config.cert_file) == ("redis://r:6379/0", "/etc/llmgw/node.pem")
+    assert config.cert_file == "/etc/llmgw/node.pem"
+    assert config.broker.startswith("redis://llmgw-node-") and config.broker.endswith("@r:6379/0")
     cert = x509.load_pem_x509_certificate((bundle / "node.pem").read_bytes())
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "gpu07"
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert names.get_values_for_type(x509.DNSName) == ["gpu07"]
     valid = cert.not_valid_after_utc - cert.not_valid_before_utc
     assert dt.timedelta(days=365) <= valid <= dt.timedelta(days=366)
-    # The agent file is the same on every node: only the certificate names the node.
+    # The agent file is the same on every node but for its broker user: the certificate
+    # names the node.
     ctl("onboard", "gpu08", "--servers", "wss://a:8443,wss://b:8443", "--broker",
         "redis://r:6379/0", "--out", str(tmp_path / "other"),
         "--wheel-sha256", "ab" * 32)  # fmt: skip
-    assert (tmp_path / "other" / "agent.yaml").read_text() == (bundle / "agent.yaml").read_text()
+
+    def apart_from_broker(path: Path) -> list[str]:
+        return [line for line in path.read_text().splitlines() if not line.startswith("broker:")]
+
+    assert apart_from_broker(tmp_path / "other" / "agent.yaml") == apart_from_broker(
+        bundle / "agent.yaml"
+    )
+    for node in ("gpu07", "gpu08"):
+        broker_users.delete_user(redis_client(), node)
 
 
 def issue(node_id: str, **kwargs) -> bytes:
