@@ -17,6 +17,7 @@ from fleet.models import Node, NodeCertificate
 from fleet.pki.authority import Issued, sign_node_certificate
 from fleet.pki.broker_users import delete_node_user
 from fleet.pki.revocation import announce_revoked
+from fleet.pki.verify import check_link_proof
 
 
 def issue_node_certificate(
@@ -37,6 +38,7 @@ def issue_node_certificate(
             node_id=node_id,
             not_after=issued.not_after,
             broker_password_sha256=broker_password_sha256,
+            certificate_pem=issued.cert_pem.decode(),
         )
         record_event(
             EventKind.NODE,
@@ -84,3 +86,20 @@ def renew_broker_password(node_id: str, sha256: str, *, actor: Actor) -> bool:
         newest.save(update_fields=["broker_password_sha256"])
         record_event(EventKind.NODE, node_id, "broker password renewed", actor=actor)
     return True
+
+
+def link_proven(
+    cert_pem: bytes, claimed_id: str, nonce: str, signature: bytes, *, actor: Actor
+) -> int:
+    """Check a link's proof (``check_link_proof``) and keep the certificate it proved, if
+    its row has none yet (issued before certificates were kept): secrets are sealed to it.
+    The serial of that certificate."""
+    serial = check_link_proof(cert_pem, claimed_id, nonce, signature)
+    with transaction.atomic():
+        kept = NodeCertificate.objects.filter(serial=str(serial), certificate_pem="").update(
+            certificate_pem=cert_pem.decode()
+        )
+        if kept:
+            record_event(EventKind.NODE, claimed_id,
+                         f"certificate {serial} kept from its first link", actor=actor)  # fmt: skip
+    return serial
