@@ -79,7 +79,9 @@ def revoked_certificate(fleet: Fleet, node: str, leader: str, url: str) -> tuple
     nodes would cost the legitimate traffic measured beside), used from a node host."""
     name = f"hostile-{secrets.token_hex(3)}"
     bundle = fleet.directory / "hostile" / name
-    for argv in (["onboard", name, "--servers", url, "--certificate-only", "--out", str(bundle)],
+    plain = ["--insecure"] if url.startswith("ws://") else []
+    for argv in (["onboard", name, "--servers", url, "--certificate-only", "--out", str(bundle),
+                  *plain],
                  ["ca", "revoke", name]):  # fmt: skip
         done = fleet.run(leader, [sys.executable, MANAGE, "llmgw_ctl", *argv], timeout=120)
         if done.returncode != 0:

@@ -13,7 +13,8 @@ from django.core.management.base import CommandError
 
 from audit.actors import shell_operator
 from audit.redis import redis_client
-from core.redis_urls import with_credentials
+from core.addresses import plaintext_to_network
+from core.redis_urls import mask_password, with_credentials
 from core.secret_files import write_secret_file
 from fleet.actions.certificates import (
     issue_node_certificate,
@@ -24,6 +25,8 @@ from fleet.pki import authority, broker_users
 from fleet.pki.verify import still_good
 
 INSTALL_SH = Path(__file__).with_name("onboard_install.sh")
+# Without --broker: TLS, checked against llmgw's CA, which every bundle carries.
+DEFAULT_BROKER = "rediss://CHANGE-ME:6380/0?ssl_ca_certs=/etc/llmgw/ca.pem"
 
 
 def add_parsers(subparsers) -> None:
@@ -51,6 +54,11 @@ def add_parsers(subparsers) -> None:
         default="",
         help="the broker's Redis URL, as the node reaches it; the bundle's signs in as the "
         "node's own user (any password in it is dropped)",
+    )
+    onboard.add_argument(
+        "--insecure",
+        action="store_true",
+        help="accept ws:// servers and a redis:// broker across the network (in clear)",
     )
     onboard.add_argument("--out", default="", help="directory for the bundle (default: NODE/)")
     onboard.add_argument("--days", type=int, default=365)
@@ -112,6 +120,13 @@ def onboard_command(options, out) -> None:
         raise CommandError(
             f"--servers must be wss:// addresses, comma separated (got {options['servers']!r})"
         )
+    clear = [url for url in (*servers, options["broker"]) if url and plaintext_to_network(url)]
+    if clear and not options.get("insecure"):
+        raise CommandError(
+            f"{', '.join(mask_password(url) for url in clear)}: in clear across the network; "
+            "give wss:// servers and a rediss:// broker, or pass --insecure to accept it (the "
+            "agent file then says insecure: true, and the node's page shows it)"
+        )
     wheel_sha256 = _wheel_sha256(options)
     bundle = Path(options["out"] or node_id)
     password, sha256 = broker_users.new_password()
@@ -120,7 +135,7 @@ def onboard_command(options, out) -> None:
         # the node's user, and this bundle may be older than broker users).
         if renew_broker_password(node_id, sha256, actor=shell_operator()):
             broker = node_broker(options["broker"], node_id, password)
-            _replace_secret(bundle / "agent.yaml", agent_file(servers, broker))
+            _replace_secret(bundle / "agent.yaml", agent_file(servers, broker, bool(clear)))
             _make_broker_user(node_id, out)
         out.write(f"kept the certificate of {node_id} in {bundle}/")
         return
@@ -137,7 +152,7 @@ def onboard_command(options, out) -> None:
     _replace_secret(bundle / "node-key.pem", issued.key_pem)
     # 0600: it holds the node's broker password.
     broker = node_broker(options["broker"], node_id, password)
-    _replace_secret(bundle / "agent.yaml", agent_file(servers, broker))
+    _replace_secret(bundle / "agent.yaml", agent_file(servers, broker, bool(clear)))
     _make_broker_user(node_id, out)
     if not options.get("certificate_only"):
         wheel = _carry_wheel(options["wheel"], bundle) or ("", wheel_sha256)
@@ -151,7 +166,7 @@ def node_broker(broker: str, node_id: str, password: str) -> str:
     """The node's broker URL: ``broker`` (the control plane's, with any password it held
     dropped) signed in as the node's own user."""
     user = broker_users.user_name(node_id, broker_users.database_of(redis_client()))
-    return with_credentials(broker or "redis://CHANGE-ME:6379/0", user, password)
+    return with_credentials(broker or DEFAULT_BROKER, user, password)
 
 
 def _make_broker_user(node_id: str, out) -> None:
@@ -164,9 +179,10 @@ def _make_broker_user(node_id: str, out) -> None:
                   "makes it once it reaches the broker\n")  # fmt: skip
 
 
-def agent_file(servers: list[str], broker: str) -> str:
-    """The agent file, the same on every node: the certificate files name the node."""
-    data = {
+def agent_file(servers: list[str], broker: str, insecure: bool = False) -> str:
+    """The agent file, the same on every node but for its broker user: the certificate files
+    name the node."""
+    data: dict = {
         "servers": servers,
         "broker": broker,
         "tls": {
@@ -175,6 +191,8 @@ def agent_file(servers: list[str], broker: str) -> str:
             "key": "/etc/llmgw/node-key.pem",
         },  # fmt: skip
     }
+    if insecure:  # onboard --insecure: plaintext across the network, accepted
+        data["insecure"] = True
     text = yaml.safe_dump(data, sort_keys=False)
     return (
         text

@@ -185,7 +185,8 @@ def prepare_control(fleet: Fleet, demo: bool, replicas: int = 1) -> None:
             "--nodes", ",".join(n.name for n in fleet.nodes), "--servers",
             hosts.servers(fleet.hosts), "--bundles", str(fleet.directory / "bundles"),
             "--router-password-file", str(fleet.directory / services.ROUTER_PASSWORD_FILE),
-            "--key-file",
+            # The sim's bridge is this machine's own: its link and Redis are plaintext on it.
+            "--insecure", "--key-file",
             str(fleet.directory / "api-key"), "--catalog",
             str(catalog_file) if catalog else ""]  # fmt: skip
     result = fleet.run(cp1, argv, timeout=START_TIMEOUT * 2)

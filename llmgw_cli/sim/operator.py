@@ -23,6 +23,8 @@ def main(argv: list[str]) -> int:
     # The agents' broker: this host's REDIS_URL unless named (not on a command line: its password).
     parser.add_argument("--broker", default=os.environ.get("REDIS_URL", ""))
     parser.add_argument("--bundles", required=True, help="directory for one bundle per node")
+    parser.add_argument("--insecure", action="store_true",
+                        help="the link and Redis are plaintext on the sim's bridge")  # fmt: skip
     parser.add_argument("--catalog", default="", help="a catalog file to apply")
     parser.add_argument("--key-file", required=True, help="where the API key is written")
     parser.add_argument("--router-password-file", required=True,
@@ -42,7 +44,8 @@ def main(argv: list[str]) -> int:
     for node in options.nodes.split(","):
         call_command("llmgw_ctl", "onboard", node, "--servers", options.servers, "--broker",
                      options.broker, "--certificate-only", "--out",
-                     str(Path(options.bundles) / node))  # fmt: skip
+                     str(Path(options.bundles) / node),
+                     *(["--insecure"] if options.insecure else []))  # fmt: skip
     if options.catalog:
         call_command("llmgw_ctl", "apply", "-f", options.catalog)
     created = io.StringIO()

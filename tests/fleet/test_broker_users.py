@@ -109,7 +109,7 @@ def test_a_nodes_user_reaches_its_own_queue_and_results_only(nodes):
 
 def onboard(node_id: str, bundle, *extra: str) -> dict:
     ctl("onboard", node_id, "--servers", "wss://cp:8443", "--broker",
-        "redis://:control-plane-secret@r:6379/0", "--out", str(bundle), "--certificate-only",
+        "rediss://:control-plane-secret@r:6380/0", "--out", str(bundle), "--certificate-only",
         *extra)  # fmt: skip
     return yaml.safe_load((bundle / "agent.yaml").read_text())
 
@@ -130,7 +130,7 @@ def test_onboarding_makes_the_nodes_user_and_revoking_deletes_it(
     assert "control-plane-secret" not in agent["broker"]
     password = agent["broker"].split("@")[0].rsplit(":", 1)[1]
     user = broker_users.user_name(node_id, broker_users.database_of(redis_client()))
-    assert agent["broker"].startswith(f"redis://{user}:") and url.scheme == "redis"
+    assert agent["broker"].startswith(f"rediss://{user}:") and url.scheme == "rediss"
     assert (tmp_path / "b" / "agent.yaml").stat().st_mode & 0o077 == 0
     assert as_node(node_id, password).ping()
     assert node_id in broker_users.existing_users(redis_client())
