@@ -40,7 +40,11 @@ def main(argv: list[str]) -> int:
     # The router reads as a role of its own, made once the tables it is granted exist.
     call_command("llmgw_ctl", "router-role", "--password-file", options.router_password_file,
                  stdout=io.StringIO())  # fmt: skip
-    call_command("llmgw_ctl", "ca", "init")
+    from django.conf import settings
+
+    # Kept when llmgw_cli.sim.certificates made it (with the serving certificates, for TLS).
+    if not (Path(settings.LLMGW_CA_DIR) / "ca.pem").exists():
+        call_command("llmgw_ctl", "ca", "init")
     for node in options.nodes.split(","):
         call_command("llmgw_ctl", "onboard", node, "--servers", options.servers, "--broker",
                      options.broker, "--certificate-only", "--out",
