@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ from llmgw_cli.local_engine import local_engines
 from llmgw_cli.sim import cleanup, fabric, hosts, impair, network, services
 from llmgw_cli.sim.hosts import Host
 from llmgw_cli.sim.probes import START_TIMEOUT, leads, listening, node_rows, wait_for
-from llmgw_cli.sim.state import Fleet, state_dir
+from llmgw_cli.sim.state import REPO, Fleet, state_dir
 
 NETWORK = "198.18.0.0"
 
@@ -180,7 +181,8 @@ def tls_on(fleet: Fleet) -> bool:
 
 
 def make_certificates(fleet: Fleet, redis_tls: Path) -> None:
-    """llmgw's CA and the serving certificates of the control planes and Redis, on cp1."""
+    """llmgw's CA and the serving certificates of the control planes and Redis, with cp1's
+    settings (its CA directory)."""
     cp1 = hosts.CONTROL_PLANES[0]
     planes = [h for h in fleet.hosts if h.role == "control-plane"]
     names = ",".join([*(h.name for h in planes), *(h.address for h in planes)])
@@ -188,9 +190,13 @@ def make_certificates(fleet: Fleet, redis_tls: Path) -> None:
     argv = [sys.executable, "-m", "llmgw_cli.sim.certificates",
             "--control", f"{fleet.directory / 'control' / 'tls'}={names}",
             "--services", f"{redis_tls}={services_host.name},{services_host.address}"]  # fmt: skip
-    result = fleet.run(cp1, argv, timeout=START_TIMEOUT)
+    # Files only, no network: run where this process is, with cp1's environment (its
+    # REDIS_URL names the CA file this makes, which settings would look for first).
+    env = {**fleet.env[cp1], "REDIS_URL": "redis://127.0.0.1:1/0"}
+    result = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True,
+                            timeout=START_TIMEOUT, check=False)  # fmt: skip
     if result.returncode != 0:
-        raise network.SimError(f"making the fleet's certificates on {cp1} failed:\n"
+        raise network.SimError(f"making the fleet's certificates for {cp1} failed:\n"
                                f"{result.stderr[-3000:]}")  # fmt: skip
 
 
