@@ -23,6 +23,11 @@ class NodeIdentity:
             raise ValueError(f"{key_file} is not the EC key of an llmgw node certificate")
         self._key = key
 
+    @property
+    def private_key(self) -> ec.EllipticCurvePrivateKey:
+        """What secrets sealed to this node's certificate open with (protocol.signing)."""
+        return self._key
+
     def proof(self, nonce: str, node_id: str) -> dict[str, str]:
         signature = self._key.sign(proof_payload(nonce, node_id), ec.ECDSA(hashes.SHA256()))
         return {

@@ -290,7 +290,13 @@ class AgentRuntime:
             )
         inventory = discover(self.discovery_config, host=self.host_sources)
         firewall, problem = self.walls.status(inventory.address)
-        inventory = inventory.model_copy(update={"firewall": firewall, "firewall_problem": problem})
+        warnings = list(inventory.warnings)
+        if self.config.plaintext:  # only with insecure: true
+            warnings.append(f"plaintext to the network (insecure: true): "
+                            f"{', '.join(self.config.plaintext)}")  # fmt: skip
+        inventory = inventory.model_copy(
+            update={"firewall": firewall, "firewall_problem": problem, "warnings": warnings}
+        )
         shards = [
             messages.ReportedShard(
                 spec=shard.spec, state=shard.state, pid=shard.pid, reason=shard.detail,
