@@ -19,6 +19,7 @@ from agent_worker.supervision.logrotate import rotate_if_large
 from agent_worker.supervision.logtail import read_log_lines
 from agent_worker.supervision.process import ShardProcess
 from agent_worker.supervision.shard import PortWait, ShardRun, ShardTransition, StatusSequence
+from agent_worker.supervision.shard_files import ShardFiles
 from agent_worker.supervision.statedir import StateDir, check_shard_id
 from protocol.shard import ShardSpec, ShardState
 
@@ -49,9 +50,12 @@ class ShardLoop:
         background: bool = True,
         clock: Callable[[], float] = time.monotonic,
         sequence: StatusSequence | None = None,
+        files_dir: Path | None = None,
     ) -> None:
         self.logs = logs if logs is not None else LogBuffer()
         self._state = StateDir(state_dir)
+        # Beside the state files: each shard's own directory, for the secrets it reads.
+        self._files = ShardFiles(files_dir or Path(state_dir).parent / "shard-files")
         self._log_dir = Path(log_dir)
         self._log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._on_transition = on_transition
@@ -156,7 +160,8 @@ class ShardLoop:
                 return True
             command = run.commands[len(run.processes)]
             try:
-                proc = ShardProcess.launch(command, run.tail.path)
+                secret_flags = self._files.write_secrets(run.shard_id, command.secret_files)
+                proc = ShardProcess.launch(command, run.tail.path, secret_flags)
             except OSError as err:
                 name = command.name or (command.argv[0] if command.argv else "?")
                 self._finish(run, "failed", f"could not start {name}: {err}")
@@ -244,6 +249,7 @@ class ShardLoop:
         run.finished = True
         transition = run.transition(state, reason, output, exit_code, seq=self._sequence.next())
         self._state.remove(run.shard_id)
+        self._files.remove(run.shard_id)
         with self._lock:
             self._runs.pop(run.shard_id, None)
             self._remember(transition)

@@ -105,13 +105,16 @@ class ShardProcess:
         return self._popen is None
 
     @classmethod
-    def launch(cls, command: LaunchCommand, log_path: Path) -> ShardProcess:
+    def launch(
+        cls, command: LaunchCommand, log_path: Path, secret_flags: list[str] | None = None
+    ) -> ShardProcess:
         """Start ``command`` in a new session with its output appended to ``log_path``.
 
-        Raises OSError when the executable cannot be run.
+        ``secret_flags`` (the flags naming its secret files) go after its argv; its secret
+        environment joins its environment. Raises OSError when the executable cannot be run.
         """
-        argv = list(command.argv)
-        env = engine_environment(os.environ, command.env)
+        argv = [*command.argv, *(secret_flags or [])]
+        env = engine_environment(os.environ, {**command.env, **command.secret_env})
         # The engine writes to the file itself: a pipe into the agent would die with the
         # agent and take the engine down with SIGPIPE.
         with open(log_path, "ab") as out:
