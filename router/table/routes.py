@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -184,6 +185,14 @@ class RoutingTable:
 
     def known_names(self) -> list[str]:
         return sorted(self.routes)
+
+    def engine_hosts(self) -> set[str]:
+        """The host of every engine this table routes to: nodes of the fleet."""
+        return {
+            urlsplit(endpoint.url).hostname or ""
+            for route in self.routes.values()
+            for endpoint in route.endpoints
+        } - {""}
 
 
 def _by_name(routes: dict[str, ModelRoute]) -> dict[str, ModelRoute]:
