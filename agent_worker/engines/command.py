@@ -16,7 +16,7 @@ class SecretFile:
     the shard ends.
     """
 
-    flag: str  # e.g. "--api-key-file"
+    flag: str  # e.g. "--api-key-file"; "" puts the path alone
     name: str  # a plain file name, e.g. "api-key"
     content: str = field(repr=False)  # never in a log line or a traceback's repr
 
