@@ -37,6 +37,7 @@ from agent_worker.link import AgentLink, LinkCallbacks
 from agent_worker.logbuffer import AGENT_SOURCE, LogBuffer
 from agent_worker.node_engines import NodeEngines
 from agent_worker.node_weights import NodeWeights
+from agent_worker.supervision.engine_user import engine_user
 from agent_worker.supervision.shard import StatusSequence
 from agent_worker.supervisor import ShardTransition, Supervisor
 from agent_worker.walls import Walls
@@ -94,9 +95,11 @@ class AgentRuntime:
         self.agent_state = AgentState(config.agent_dir / "agent-state.json")
         self.sequence = StatusSequence(self.agent_state.begin_generation())
         self.walls = Walls(config.firewall, config.agent_dir / "engine-callers.json")
+        # Never root: engines run as the engine user when the agent is root.
+        self.engine_user = engine_user(config.engine_user, config.agent_dir)
         self.supervisor = Supervisor(
             config.state_dir, config.log_dir, self._on_transition, logs=self.logs,
-            sequence=self.sequence,
+            sequence=self.sequence, engine_user=self.engine_user,
         )  # fmt: skip
         self.sampler = UsageSampler(storage_dirs(self.discovery_config))
         self.engines = NodeEngines(

@@ -201,6 +201,10 @@ LINK_PROOF_TIMEOUT = env_float("LLMGW_LINK_PROOF_TIMEOUT", 10.0)
 # behind one NAT relinking together each take milliseconds, while a flood of unanswered
 # challenges from one address is held to this many (each costs a consumer and a descriptor).
 LINK_PENDING_PER_ADDRESS = env_int("LLMGW_LINK_PENDING_PER_ADDRESS", 100)
+# Proxies agents' links come through (addresses): a node's link from one of these may report
+# an address other than the peer's, which is the proxy's. Empty: none, so every node's
+# reported address must be the one its link comes from (fleet/link/node_address.py).
+LINK_PROXIES = env_list("LLMGW_LINK_PROXIES")
 # Seconds between the link's own look at the database for revoked nodes still linked: the
 # safety net behind the notice `ca revoke` publishes, for one lost while Redis was away.
 REVOCATION_RECHECK = env_float("LLMGW_REVOCATION_RECHECK", 30.0)

@@ -6,8 +6,9 @@ table loaded yet), 401 (key), 411 or 413 (size), 400 (JSON, model), 404 (unknown
 403 (key not allowed the model), 400 (a kind the model does not serve), 404 or 400 (a
 ``previous_response_id`` of another key, or of a conversation too long to be kept, where
 the router keeps them: conversations/chains.py), 400 (a field an engine cannot use:
-body_checks.py), 404 (a ``previous_response_id`` no replica holds), 400 (a
-body that must be translated and cannot be), 503 (nothing ready), 429 (the key's limits:
+body_checks.py; a media URL that points inside the fleet: media_urls.py), 404 (a
+``previous_response_id`` no replica holds), 400 (a body that must be translated and
+cannot be), 503 (nothing ready), 429 (the key's limits:
 limits.py), and then a wait for a replica when none can take the request now
 (balance/waiting.py: 429 when its room is full, 503 past its patience). The proxy
 (forward/proxy.py) takes the Call from there.
@@ -32,6 +33,7 @@ from router.errors import RouterError
 from router.intake.body_checks import check_body
 from router.intake.call import Call, Receive, Send, Upload, read_body, resolve, rewrite_body
 from router.intake.limits import Admission, RateLimiter, worst_case
+from router.intake.media_urls import MediaUrlPolicy
 from router.intake.request_ids import log_request
 from router.intake.uploads import read_upload, resolve_upload
 from router.metrics import RouterMetrics
@@ -119,6 +121,7 @@ class Reception:
         self.response_ids = response_ids
         self.metrics = metrics
         self.conversations = conversations or ConversationStore()
+        self.media = MediaUrlPolicy(config.allow_private_urls)
 
     async def take_call(
         self, arrival: Arrival, scope: dict[str, Any], receive: Receive, send: Send
@@ -147,6 +150,7 @@ class Reception:
         if path == RESPONSES_PATH:  # its conversation so far, where the router keeps it
             body, payload, chain = await self._continued(body, payload, caller, route.name)
         check_body(path, payload, self.config.max_choices)
+        await self.media.check(payload, self.tables.table.engine_hosts())
         translation = None
         if path in TRANSLATED_PATHS:
             translation = Translation.of(
