@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -37,7 +37,7 @@ def create_key(
     limits: dict[str, int | None] | None = None,
     expires_at: datetime | None = None,
     priority: str = "normal",
-    user: AbstractBaseUser | None = None,
+    user: User | None = None,
     actor: Actor,
 ) -> tuple[ApiKey, str]:
     """Create a key for ``name``; return the row and the key, which is never shown again.

@@ -308,7 +308,7 @@ class Proxy:
             splice = Splice(progress, drop_usage_only=call.drop_usage_only, sent=sent)
             body = continuation_body(call.path, payload, progress, sent)
             served.endpoint, served.path = target, call.path
-            served.engine_usage = lambda splice=splice: splice.tokens
+            served.engine_usage = splice.engine_usage
             outcome = await self._continue_on(call, target, body, stream, splice)
             tried.append(target)
             usage = splice.tokens
