@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
 
 from catalog.models import ApiKey, Model
 from protocol.rate_limits import Limits, counter_keys
+from protocol.routing import EXPIRED_KEYS_KEPT_SECONDS
 
 KEY_START = "llmgw-"
 # "llmgw-" and 8 random characters: enough to tell keys apart in a list, never to use one.
@@ -98,8 +102,13 @@ def find_key(identity: str) -> ApiKey:
     )
 
 
+EXPIRED_KEYS_KEPT = timedelta(seconds=EXPIRED_KEYS_KEPT_SECONDS)
+
+
 def active_keys() -> list[dict[str, Any]]:
-    """Every key that is not revoked, as the router caches it (hashes, never keys)."""
+    """Every key that is not revoked nor expired for over ``EXPIRED_KEYS_KEPT``, as the
+    router caches it (hashes, never keys)."""
+    recently = timezone.now() - EXPIRED_KEYS_KEPT
     return [
         {
             "name": key.name,
@@ -109,8 +118,11 @@ def active_keys() -> list[dict[str, Any]]:
             "limits": enforced_limits(key).as_dict(),
             "expires_at": _timestamp(key.expires_at),
             "priority": key.priority,
+            "user": key.user_id,
         }
-        for key in ApiKey.objects.filter(revoked_at__isnull=True)
+        for key in ApiKey.objects.filter(revoked_at__isnull=True).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=recently)
+        )
     ]
 
 

@@ -53,7 +53,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "django_htmx",
     "template_partials",
@@ -142,9 +141,15 @@ SIGN_IN_FAILURE_LIMIT = env_int("LLMGW_SIGN_IN_FAILURE_LIMIT", 5)
 # Seconds: the window the failures are counted in, and then how long the pair waits.
 SIGN_IN_WINDOW = env_int("LLMGW_SIGN_IN_WINDOW", 15 * 60)
 
+# Days a REST API token lasts unless `llmgw_ctl api-tokens create --expires` says otherwise:
+# a quarter, so a token copied into a script or a backup stops working on its own, while the
+# scripts that use one are renewed less often than people forget them.
+API_TOKEN_LIFETIME_DAYS = env_int("LLMGW_API_TOKEN_LIFETIME_DAYS", 90)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # DRF's own tokens, hashed and expiring (catalog/tokens/).
+        "catalog.tokens.stored.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["catalog.permissions.IsOperatorOrReadOnly"],
@@ -196,6 +201,10 @@ LINK_PROOF_TIMEOUT = env_float("LLMGW_LINK_PROOF_TIMEOUT", 10.0)
 # behind one NAT relinking together each take milliseconds, while a flood of unanswered
 # challenges from one address is held to this many (each costs a consumer and a descriptor).
 LINK_PENDING_PER_ADDRESS = env_int("LLMGW_LINK_PENDING_PER_ADDRESS", 100)
+# Proxies agents' links come through (addresses): a node's link from one of these may report
+# an address other than the peer's, which is the proxy's. Empty: none, so every node's
+# reported address must be the one its link comes from (fleet/link/node_address.py).
+LINK_PROXIES = env_list("LLMGW_LINK_PROXIES")
 # Seconds between the link's own look at the database for revoked nodes still linked: the
 # safety net behind the notice `ca revoke` publishes, for one lost while Redis was away.
 REVOCATION_RECHECK = env_float("LLMGW_REVOCATION_RECHECK", 30.0)
@@ -237,6 +246,18 @@ ROUTER_URL = env_str("LLMGW_ROUTER_URL")
 # Seconds a playground key lives: long enough for a session of trying, short enough that
 # a key left in a browser soon stops working.
 PLAYGROUND_KEY_LIFETIME = max(60, env_int("LLMGW_PLAYGROUND_KEY_LIFETIME", 3600))
+# Who may use the playground: this group's members (and superusers); a key it issues can be
+# used from anywhere that reaches the routers, so it is not every reader's.
+PLAYGROUND_GROUP = env_str("LLMGW_PLAYGROUND_GROUP", "playground")
+# What each playground key may spend (0: no limit), at low priority: a person trying a model
+# sends a few requests a minute of a few thousand tokens; a script using the key as a free
+# API key hits these at once.
+PLAYGROUND_REQUESTS_PER_MINUTE = env_int("LLMGW_PLAYGROUND_RPM", 20)
+PLAYGROUND_TOKENS_PER_MINUTE = env_int("LLMGW_PLAYGROUND_TPM", 20_000)
+# Per account and UTC day, over all its playground keys (a renewal is no fresh budget).
+PLAYGROUND_TOKENS_PER_DAY = env_int("LLMGW_PLAYGROUND_TOKENS_PER_DAY", 200_000)
+# The models playground keys cover (comma-separated); unset: every model that serves chat.
+PLAYGROUND_MODELS = env_list("LLMGW_PLAYGROUND_MODELS")
 # Where a model given as a hub id (org/repo) has its config.json and file list read, to
 # estimate the memory it needs; Hugging Face's own names for them, so a mirror set for the
 # engines serves here too.

@@ -77,6 +77,9 @@ class RouterConfig:
     # client with more sends its conversation itself).
     conversation_seconds: float = 24 * 3600
     conversation_bytes: int = 2 * 1024 * 1024
+    # Hosts, addresses and networks (CIDR) media URLs may point at although they are inside
+    # the fleet (intake/media_urls.py): none, since engines fetch them from inside it.
+    allow_private_urls: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls) -> RouterConfig:
@@ -122,6 +125,11 @@ class RouterConfig:
                 "LLMGW_ROUTER_CONVERSATION_SECONDS", cls.conversation_seconds
             ),
             conversation_bytes=env_int("LLMGW_ROUTER_CONVERSATION_BYTES", cls.conversation_bytes),
+            allow_private_urls=tuple(
+                entry.strip()
+                for entry in env_str("LLMGW_ROUTER_ALLOW_PRIVATE_URLS").split(",")
+                if entry.strip()
+            ),
         )
 
     def __post_init__(self) -> None:

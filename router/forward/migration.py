@@ -236,6 +236,10 @@ class Splice:
         self.tokens: Tokens | None = None  # of the whole answer, once the usage came
         self._partial = b""
 
+    def engine_usage(self) -> Tokens | None:
+        """The engine's count of the whole answer, once its usage came (``Served``'s)."""
+        return self.tokens
+
     def feed(self, data: bytes) -> bytes:
         """Take bytes as they came; return the whole events to pass on, rewritten."""
         data = self._partial + data

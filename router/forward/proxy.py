@@ -262,7 +262,8 @@ class Proxy:
         if call.chain is not None:  # its conversation kept with the response it ends with
             edit, flush = call.chain.watching(edit, flush)
         elif call.path == RESPONSES_PATH and translation is None:  # the engine's to keep
-            edit = noting_response_id(scanner.feed, self.response_ids, replica, call.model)
+            edit = noting_response_id(scanner.feed, self.response_ids, replica, call.model,
+                                      call.caller.owner)  # fmt: skip
         broken = await stream.pipe(response, edit, flush)
         if broken is None:
             await stream.end()
@@ -307,7 +308,7 @@ class Proxy:
             splice = Splice(progress, drop_usage_only=call.drop_usage_only, sent=sent)
             body = continuation_body(call.path, payload, progress, sent)
             served.endpoint, served.path = target, call.path
-            served.engine_usage = lambda splice=splice: splice.tokens
+            served.engine_usage = splice.engine_usage
             outcome = await self._continue_on(call, target, body, stream, splice)
             tried.append(target)
             usage = splice.tokens
@@ -424,7 +425,8 @@ class Proxy:
         if self.accounting is not None:
             caller = call.caller
             self.accounting.record(caller.prefix, caller.name, call.model, prompt, completion,
-                                   served.journalled)  # fmt: skip
+                                   served.journalled,
+                                   cached_prompt=tokens.cached if tokens else 0)  # fmt: skip
 
 
 def _sent_upload(call: Call) -> bool:

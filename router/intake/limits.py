@@ -329,8 +329,8 @@ def worst_case(path: str, payload: dict[str, Any], body: bytes, default: int) ->
     prompt = math.ceil(len(body) / 4)
     if path not in GENERATING_PATHS:
         return prompt
-    budget = next((payload[f] for f in BUDGET_FIELDS if _is_count(payload.get(f))), default)
-    choices = payload.get("n") if _is_count(payload.get("n")) else 1
+    budget: int = next((payload[f] for f in BUDGET_FIELDS if _is_count(payload.get(f))), default)
+    choices: int = payload["n"] if _is_count(payload.get("n")) else 1
     return prompt + budget * max(1, choices)
 
 

@@ -37,6 +37,7 @@ class PendingUsage:
     requests: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, read from the engine's prompt cache
 
 
 UsageWriter = Callable[[list[PendingUsage]], None]
@@ -72,15 +73,18 @@ class Accounting:
 
     def record(
         self, key_prefix: str, key_name: str, model: str, prompt: int, completion: int,
-        request: int | None = None,
+        request: int | None = None, *, cached_prompt: int = 0,
     ) -> None:  # fmt: skip
+        """Count one request: ``prompt`` is the whole prompt, ``cached_prompt`` its part
+        the engine read from its cache; ``request`` is ``begin``'s number, if it began."""
         hour = int(self.clock()) // 3600
         if self.journal is not None:
             if request is None:
                 self._requests += 1
                 request = self._requests
             self.journal.counted(request, {"h": hour, "p": key_prefix, "n": key_name,
-                                           "m": model, "pt": prompt, "ct": completion})  # fmt: skip
+                                           "m": model, "pt": prompt, "ct": completion,
+                                           "cp": cached_prompt})  # fmt: skip
         slot = (hour, key_prefix, model)
         usage = self._pending.get(slot)
         if usage is None:
@@ -88,6 +92,7 @@ class Accounting:
         usage.requests += 1
         usage.prompt_tokens += prompt
         usage.completion_tokens += completion
+        usage.cached_prompt_tokens += cached_prompt
 
     def unwritten(self, key_prefix: str, day_start: float, month_start: float) -> tuple[int, int]:
         """The tokens of ``key_prefix`` this router counted since ``day_start`` and since
@@ -117,6 +122,7 @@ class Accounting:
                 usage.requests += row.requests
                 usage.prompt_tokens += row.prompt_tokens
                 usage.completion_tokens += row.completion_tokens
+                usage.cached_prompt_tokens += row.cached_prompt_tokens
 
     async def flush(self, write: AsyncUsageWriter) -> None:
         """Hand everything pending to ``write``; what it fails to write is kept for the next."""
@@ -159,7 +165,8 @@ class Accounting:
         assert self.journal is not None
         entries, files = self.journal.adopt()
         self.restore([
-            PendingUsage(e["h"], e["p"], e["n"], e["m"], 1, e["pt"], e["ct"]) for e in entries
+            PendingUsage(e["h"], e["p"], e["n"], e["m"], 1, e["pt"], e["ct"], e.get("cp", 0))
+            for e in entries
         ])  # fmt: skip
         self._written_files += files
         return {e["p"] for e in entries if e["p"]}
@@ -173,13 +180,15 @@ class Accounting:
 
 UPSERT = """
 INSERT INTO router_usage
-    (hour, key_prefix, key_name, model, requests, prompt_tokens, completion_tokens)
-VALUES (%s, %s, %s, %s, %s, %s, %s)
+    (hour, key_prefix, key_name, model, requests, prompt_tokens, completion_tokens,
+     cached_prompt_tokens)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (hour, key_prefix, model) DO UPDATE SET
     key_name = EXCLUDED.key_name,
     requests = router_usage.requests + EXCLUDED.requests,
     prompt_tokens = router_usage.prompt_tokens + EXCLUDED.prompt_tokens,
-    completion_tokens = router_usage.completion_tokens + EXCLUDED.completion_tokens
+    completion_tokens = router_usage.completion_tokens + EXCLUDED.completion_tokens,
+    cached_prompt_tokens = router_usage.cached_prompt_tokens + EXCLUDED.cached_prompt_tokens
 """
 
 
@@ -200,6 +209,7 @@ def write_usage(rows: list[PendingUsage]) -> None:
             row.requests,
             row.prompt_tokens,
             row.completion_tokens,
+            row.cached_prompt_tokens,
         )
         # One order for every router, so two writing the same rows cannot deadlock.
         for row in sorted(rows, key=lambda r: (r.hour, r.key_prefix, r.model))
