@@ -69,6 +69,12 @@ class Progress:
 
     def absorb(self, chunk: dict[str, Any]) -> None:
         """Take in one event of the answer, as the client received it."""
+        other_api = _text_of_other_api(chunk)
+        if other_api is not None:  # Messages or Responses: counted, never carried on
+            if other_api:
+                self.parts.append(other_api)
+                self.chunks += 1
+            return
         if self.id is None and isinstance(chunk.get("id"), str):
             self.id = chunk["id"]
             self.created, self.model = chunk.get("created"), chunk.get("model")
@@ -91,6 +97,21 @@ class Progress:
                 self.chunks += 1
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+
+
+def _text_of_other_api(chunk: dict[str, Any]) -> str | None:
+    """The text an Anthropic Messages or OpenAI Responses stream event carries ("" for
+    another of their events), or None for a chat completion's or completion's event."""
+    kind = chunk.get("type")
+    if not isinstance(kind, str) or "choices" in chunk:
+        return None
+    delta = chunk.get("delta")
+    if kind == "content_block_delta" and isinstance(delta, dict):
+        text = delta.get("text") or delta.get("thinking") or delta.get("partial_json")
+        return text if isinstance(text, str) else ""
+    if kind.startswith("response.") and kind.endswith(".delta") and isinstance(delta, str):
+        return delta
+    return ""
 
 
 class Relayed:
