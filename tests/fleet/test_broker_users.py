@@ -39,8 +39,12 @@ def as_node(node_id: str, password: str) -> redis.Redis:
     client = redis_client()
     kwargs = client.connection_pool.connection_kwargs
     user = broker_users.user_name(node_id, broker_users.database_of(client))
-    return redis.Redis(host=kwargs.get("host"), port=kwargs.get("port"), db=kwargs.get("db", 0),
-                       username=user, password=password, socket_timeout=5)  # fmt: skip
+    # The same server (TCP, TLS or the embedded Redis's unix socket), as the node's user.
+    pool = redis.ConnectionPool(
+        connection_class=client.connection_pool.connection_class,
+        **{**kwargs, "username": user, "password": password, "socket_timeout": 5},
+    )
+    return redis.Redis(connection_pool=pool)
 
 
 def refused(call) -> str:
