@@ -11,6 +11,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 ShardState = Literal["pending", "fetching", "starting", "ready", "failed", "stopped"]
+# The names a reader outside Django (a bench, a SQL query) compares with; fleet's
+# ShardState holds the same ones (tests/fleet/test_transitions.py keeps them equal).
+SHARD_READY: ShardState = "ready"
+# Holds its node's GPUs and port: running, or on its way to running.
+SHARD_LIVE: tuple[ShardState, ...] = ("pending", "fetching", "starting", "ready")
 LaunchMode = Literal["native", "ray", "mp"]
 
 
