@@ -39,7 +39,6 @@ class LlamaCppAdapter(EngineAdapter):
 
     name: ClassVar[str] = "llama.cpp"
     launch_mode_note = "llama.cpp runs its own processes, across nodes over its RPC backend"
-    listening_side = "workers"
     owned_flags = {
         **COMMON_OWNED_FLAGS,
         "--api-key-file": COMMON_OWNED_FLAGS["--api-key"],
