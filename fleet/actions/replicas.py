@@ -212,7 +212,8 @@ def release_held_stops(
                  f"stopping rank {ranks}: {held_stop_reason(replica, now or timezone.now())}",
                  actor=actor)  # fmt: skip
     for shard in due:
-        transaction.on_commit(partial(commands.send_stop_shard, shard.node_id, shard.id, epoch))
+        node_id = str(shard.node_id)  # held_stops_due gives placed shards only
+        transaction.on_commit(partial(commands.send_stop_shard, node_id, shard.id, epoch))
     return [shard.id for shard in due]
 
 

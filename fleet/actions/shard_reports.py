@@ -65,8 +65,8 @@ def record_shard_status(node_id: str, message: messages.ShardStatus, *, actor: A
         is not None
     )
     if changed:
-        moved = Shard.objects.select_related("replica").only("rank", "replica__engine")
-        moved = moved.get(id=message.shard_id)
+        rows = Shard.objects.select_related("replica").only("rank", "replica__engine")
+        moved = rows.get(id=message.shard_id)
         refresh_replica_state(moved.replica_id, actor=actor)
         connecting = ranks_of(moved.replica.engine).connects(moved.rank)
         if connecting and message.state in ShardState.FINAL:

@@ -29,14 +29,14 @@ def held_stops_due(replica: Replica, now: datetime, *, answered: bool = True) ->
     if replica.state != ReplicaState.STOPPING:
         return []
     ranks = ranks_of(replica.engine)
-    shards = [shard for shard in replica.shards.all() if shard.node_id is not None]
+    shards = [shard for shard in replica.shards.all() if shard.node is not None]
     held = [s for s in shards if not ranks.connects(s.rank) and s.state not in ShardState.FINAL]
     if not held:
         return []
     if now - replica.state_changed_at >= HELD_STOP_LIMIT:
         return held
     connecting = [s for s in shards if ranks.connects(s.rank) and s.state not in ShardState.FINAL]
-    if any(shard.node.state == NodeState.CONNECTED for shard in connecting):
+    if any(shard.node and shard.node.state == NodeState.CONNECTED for shard in connecting):
         return []
     return held if connecting or answered else []
 
