@@ -2,8 +2,9 @@
 the agent file names to look in (``weights: {look: [...], shared: [...]}``).
 
 A look directory may be a shared filer: a directory declared shared, or one on a network
-filesystem (by the mount table), is reported with a store id, so the control plane counts
-it once and knows who else sees it. Local storage is never taken for shared.
+filesystem (by the mount table), is reported with a store id (``shares``: its fabric and
+the filer's own identity), so the control plane counts it once and knows who else sees it.
+Local storage is never taken for shared.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_worker.weights.shares import network_store, share_store
 from core.files import size_or_zero
-from core.mounts import MOUNT_TABLE, Mount, mount_of, read_mounts
+from core.mounts import MOUNT_TABLE, Mount, read_mounts
 
 log = logging.getLogger("llmgw.agent.weights")
 
-NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "cephfs", "ceph", "beegfs", "fuse.cephfs")
 # Filers hold thousands of files; models lie near the top.
 MAX_DEPTH = 3
 
@@ -32,6 +33,7 @@ class LookDirs:
     look: tuple[Path, ...] = ()
     shared: tuple[Path, ...] = ()  # declared shared (each also looked in)
     mounts: Path = MOUNT_TABLE
+    fabrics: tuple[str, ...] = ()  # the node's: a store is its fabric's
 
     @property
     def all(self) -> tuple[Path, ...]:
@@ -57,12 +59,8 @@ def store_of(directory: Path, dirs: LookDirs, mounts: Sequence[Mount]) -> str:
     resolved = directory.resolve()
     for shared in dirs.shared:
         if resolved.is_relative_to(shared.resolve()):
-            return f"shared:{shared.resolve()}"
-    mount = mount_of(resolved, mounts)
-    if mount is not None and mount.fstype in NETWORK_FILESYSTEMS:
-        device = os.stat(resolved).st_dev
-        return f"{mount.fstype}:{mount.source}:{device}"
-    return ""
+            return share_store(shared.resolve(), dirs.fabrics, mounts)
+    return network_store(resolved, dirs.fabrics, mounts)
 
 
 def holds_a_model(directory: Path) -> bool:
