@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from agent_worker.discovery.infiniband import INFINIBAND
+from agent_worker.supervision.statedir import STATE_DIR_NAME
 from core.addresses import plaintext_to_network
 from core.redis_urls import RedisURL, RedisURLError, mask_password, parse_redis_url
 from protocol.commands import unacked_keys
@@ -86,7 +87,7 @@ class AgentConfig:
 
     @property
     def state_dir(self) -> Path:
-        return self.agent_dir / "shards"
+        return self.agent_dir / STATE_DIR_NAME
 
     @property
     def log_dir(self) -> Path:

@@ -56,6 +56,10 @@ class ShardLauncher:
         with self._lock:
             if spec.shard_id in self._downloads:
                 return "fetching"
+        if not get_adapter(spec.engine).needs_weights(spec.rank):
+            # A worker sent its tensors by rank 0 (rpc-server): nothing to fetch or hold.
+            problems = self.problems(spec, check_file=False)
+            return self.refuse(spec, "; ".join(problems)) if problems else self._launch(spec)
         try:
             resolved = self.weights.resolve(spec.source)
         except WeightSourceError as exc:

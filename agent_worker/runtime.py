@@ -135,7 +135,8 @@ class AgentRuntime:
         # Ids of the commands obeyed, so that none is obeyed twice; refusals, counted.
         self.commands = CommandGuard(config.agent_dir / "commands-done.json", self.link.send)
         self.weights = WeightStore(config.weights_dir)
-        self.look_dirs = LookDirs(look=config.look_dirs, shared=config.shared_dirs)
+        self.look_dirs = LookDirs(look=config.look_dirs, shared=config.shared_dirs,
+                                  fabrics=tuple(config.fabrics))  # fmt: skip
         self.held_weights = NodeWeights(self.weights, self.look_dirs, self.link)
         self.launcher = ShardLauncher(
             self.node_id, self.supervisor, self.weights, self.engines.find,

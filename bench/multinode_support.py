@@ -49,7 +49,7 @@ def refusal(others_count: bool = True) -> str | None:
         return reason
     others = network.our_namespaces() if others_count else []
     if others:
-        # sim up removes every lsim namespace first: it would take another run's fleet down.
+        # sim up would refuse (or with replace, take another run's fleet down).
         return (
             f"another simulated fleet is running ({', '.join(sorted(others))}); wait for it "
             "to finish, or remove a stale one with `llmgw sim down`"

@@ -25,12 +25,14 @@ from functools import partial
 import httpx
 import psutil
 
+from agent_worker.supervision.statedir import recorded_shards
 from bench import sim
 from bench.fault_load import Load
 from llmgw_cli.demo import DEMO_MODEL
 from llmgw_cli.sim import cleanup, fabric, hosts, impair, network
 from llmgw_cli.sim.fleet import Tuning
 from llmgw_cli.sim.state import Fleet
+from protocol.shard import SHARD_LIVE, SHARD_READY
 
 CLIENTS = 8
 MAX_REQUESTS = 5000  # per scenario: the load is bounded in requests as well as in time
@@ -132,14 +134,15 @@ class Observer:
         return {replica: node for replica, (state, node) in live if state == "ready" and node}
 
     def ready_shards(self) -> dict[str, tuple[str, int]]:
-        rows = self.query("SELECT id, node_id, pid FROM fleet_shard WHERE state = 'ready'")
+        rows = self.query(
+            "SELECT id, node_id, pid FROM fleet_shard WHERE state = %s", (SHARD_READY,)
+        )
         return {shard: (node, pid) for shard, node, pid in rows}
 
     def shards_on(self, node: str) -> list[str]:
         rows = self.query(
-            "SELECT id FROM fleet_shard WHERE node_id = %s AND state IN "
-            "('pending', 'fetching', 'starting', 'ready')",
-            (node,),
+            "SELECT id FROM fleet_shard WHERE node_id = %s AND state = ANY(%s)",
+            (node, list(SHARD_LIVE)),
         )
         return [shard for (shard,) in rows]
 
@@ -171,16 +174,10 @@ class Observer:
         state files (the last process launched is the one serving)."""
         found = {}
         for node in self.fleet.nodes:
-            shards = self.fleet.directory / "nodes" / node.name / "agent" / "shards"
-            for path in shards.glob("*.json"):
-                try:
-                    record = json.loads(path.read_text())
-                    pid = int(record["processes"][-1]["pid"])
-                    shard = record["spec"]["shard_id"]
-                except (OSError, ValueError, KeyError, IndexError, TypeError):
-                    continue
-                if running(pid):
-                    found[shard] = (node.name, pid)
+            agent_dir = self.fleet.directory / "nodes" / node.name / "agent"
+            for shard, record in recorded_shards(agent_dir).items():
+                if record.serving and running(record.serving.pid):
+                    found[shard] = (node.name, record.serving.pid)
         return found
 
     def agent_epoch(self, node: str) -> int:

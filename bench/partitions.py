@@ -40,6 +40,11 @@ def main() -> int:
     parser.add_argument("--only", default="", help="scenarios to run, e.g. P1,P3")
     parser.add_argument("--dir", type=Path, help="the fleet's state directory (kept)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="take down a simulated fleet running on this machine (else refused)",
+    )
     options = parser.parse_args()
     reason = sim.refusal()
     if reason:
@@ -57,7 +62,8 @@ def main() -> int:
     )
     rows = []
     started = time.monotonic()
-    with simulated_fleet(NODES, directory, tuning=timers.tuning(NODES)) as fleet:
+    tuning = timers.tuning(NODES)
+    with simulated_fleet(NODES, directory, tuning=tuning, replace=options.replace) as fleet:
         print(f"fleet up in {time.monotonic() - started:.0f}s", flush=True)
         key = sim.api_key(fleet)
         for name in names:

@@ -139,6 +139,9 @@ def disk_free(node: NodeSnapshot, request: PlacementRequest) -> Refusal | None:
     if node.disk_free >= request.disk or holds_or_fetches(node, request.weights_key):
         return None
     need, have = format_need_and_have(request.disk, node.disk_free)
+    if request.weights_on_rank_0_only:  # enough to be a worker, not rank 0
+        return Refusal(f"needs {need} disk free for rank 0's weights, has {have}",
+                       "lack disk for rank 0's weights")  # fmt: skip
     return Refusal(f"needs {need} disk free for weights, has {have}", "lack disk for weights")
 
 

@@ -23,6 +23,7 @@ from collections.abc import Collection, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from core.humanize import format_bytes
 from placement.decision import EXAMPLES_PER_SHORTFALL, Decision, RankPlacement
 from placement.fabric import fabric_shortfall, usable_fabrics
 from placement.filters import FILTERS, disk_free, holds_or_fetches, refusals_for
@@ -166,20 +167,23 @@ class _Fleet:
         """
         popped: list[Candidate] = []
         on_fabric: dict[str, list[Candidate]] = {name: [] for name in self.fabric_names}
-        complete: list[str] = []
+        complete: dict[str, list[Candidate]] = {}
         while not complete and (candidate := queue.pop()) is not None:
             popped.append(candidate)
             for name in usable_fabrics(self.nodes[candidate.node]):
                 on_fabric[name].append(candidate)
-                if len(on_fabric[name]) == request.ranks:
-                    complete.append(name)
+                gathered = self._gathered(on_fabric[name], request)
+                if gathered is not None:
+                    complete[name] = gathered
         if not complete:
             queue.put_back(popped)
             counts = {name: len(members) for name, members in on_fabric.items()}
+            if request.weights_on_rank_0_only and max(counts.values(), default=0) >= request.ranks:
+                return self._explain(request, _no_room_for_rank_0(request), available)
             return self._explain(request, fabric_shortfall(request.ranks, counts), available)
         # One node can complete two fabrics at once; the faster wins, then the first by name.
-        fabric = min(complete, key=lambda name: (-self._slowest(on_fabric[name], name), name))
-        members = on_fabric[fabric]
+        fabric = min(complete, key=lambda name: (-self._slowest(complete[name], name), name))
+        members = complete[fabric]
         chosen = {member.node for member in members}
         others = [candidate for candidate in popped if candidate.node not in chosen]
         queue.put_back(others)
@@ -189,10 +193,26 @@ class _Fleet:
             )
             for rank, member in enumerate(members)
         )
-        for member in members:
-            self._take(member, request)
+        for rank, member in enumerate(members):
+            self._take(member, request, reads_weights=rank == 0 or request.workers_read_weights)
         compared = members + others[:RUNNERS_UP]
         return self._placed(request, ranks, compared, available, fabric)
+
+    def _gathered(
+        self, members: list[Candidate], request: PlacementRequest
+    ) -> list[Candidate] | None:
+        """``request.ranks`` of ``members`` (best first), rank 0 first; None while there
+        are too few. Where only rank 0 reads the weights, the others were not filtered
+        by disk: rank 0 is the best of them with room for the weights (or holding them)."""
+        if len(members) < request.ranks:
+            return None
+        if not request.weights_on_rank_0_only:
+            return members[: request.ranks]
+        fits = (m for m in members if disk_free(self.nodes[m.node], request) is None)
+        head = next(fits, None)
+        if head is None:
+            return None
+        return [head, *[m for m in members if m is not head][: request.ranks - 1]]
 
     def _slowest(self, members: list[Candidate], fabric: str) -> float:
         # A collective runs at the speed of its slowest link.
@@ -200,7 +220,8 @@ class _Fleet:
 
     def _queue(self, request: PlacementRequest) -> _Queue:
         shape = _shape(request)
-        signature = (shape, request.weights_key, request.disk, request.spread_key)
+        signature = (shape, request.weights_key, request.disk, request.spread_key,
+                     request.weights_on_rank_0_only)  # fmt: skip
         queue = self.queues.get(signature)
         if queue is None:
             queue = _Queue(request, self.fits.setdefault(shape, {}))
@@ -213,12 +234,15 @@ class _Fleet:
             self.queues[signature] = queue
         return queue
 
-    def _take(self, candidate: Candidate, request: PlacementRequest) -> None:
-        """Take one rank's GPUs, RAM and disk from the node, and re-evaluate it everywhere."""
+    def _take(
+        self, candidate: Candidate, request: PlacementRequest, reads_weights: bool = True
+    ) -> None:
+        """Take one rank's GPUs, RAM and disk (if it reads the weights) from the node, and
+        re-evaluate it everywhere."""
         node = self.nodes[candidate.node]
         taken = set(candidate.gpus)
         disk_left, fetching = node.disk_free, node.weights_fetching
-        if not holds_or_fetches(node, request.weights_key):
+        if reads_weights and not holds_or_fetches(node, request.weights_key):
             disk_left -= request.disk
             if request.weights_key:
                 fetching = fetching | {request.weights_key}
@@ -248,7 +272,11 @@ class _Fleet:
             cached = (version, fit_node(node, queue.request) if passes else None)
             queue.fits[node.id] = cached
         fitted = cached[1]
-        if fitted is None or disk_free(node, queue.request) is not None:
+        if fitted is None:
+            return None
+        # Where only rank 0 reads the weights, any node may be a worker: disk is judged
+        # when rank 0 is chosen (``_gathered``).
+        if not queue.request.weights_on_rank_0_only and disk_free(node, queue.request) is not None:
             return None
         return score(node, queue.request, fitted)
 
@@ -281,7 +309,8 @@ class _Fleet:
                 request=request, ranks=(), scores={}, refusals={}, shortfalls={},
                 nodes_total=len(self.ids), nodes_available=available, explained=False,
             )  # fmt: skip
-        key = (_shape(request), request.weights_key, request.disk, request.ranks)
+        key = (_shape(request), request.weights_key, request.disk, request.ranks,
+               request.weights_on_rank_0_only)  # fmt: skip
         cached = self.explained.get(key)
         if cached is None or cached[0] != self.placements:
             refusals: dict[str, tuple[str, ...]] = {}
@@ -313,3 +342,12 @@ class _Fleet:
             problem=problem,
             examples=examples_shown,
         )
+
+
+def _no_room_for_rank_0(request: PlacementRequest) -> str:
+    """Why a replica whose workers read no weights is refused where nodes enough were."""
+    return (
+        f"needs {request.ranks} nodes on one fabric, one of them with "
+        f"{format_bytes(request.disk)} disk free for rank 0's weights (the other ranks read "
+        "none); no node on a fabric with enough eligible nodes has it"
+    )

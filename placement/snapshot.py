@@ -96,6 +96,9 @@ class PlacementRequest:
     ranks: int = 1  # nodes per replica; each rank on a different node
     memory: int = 0  # host RAM per rank, bytes
     disk: int = 0  # bytes of weights a rank's node must fetch if it lacks them
+    # False where only rank 0 opens the weights (llama.cpp's rpc-server workers are sent
+    # their tensors): the other ranks' nodes need no disk for them.
+    workers_read_weights: bool = True
     pool: str = ""  # "" places in any pool
     weights_key: str = ""
     strategy: Strategy = "pack"
@@ -106,6 +109,11 @@ class PlacementRequest:
     # Why the replica must wait before any node is asked (the estimate is on its way and
     # nothing was declared in its stead); "" when it need not.
     waiting_for: str = ""
+
+    @property
+    def weights_on_rank_0_only(self) -> bool:
+        """Whether only rank 0's node needs the weights (and room for them)."""
+        return self.ranks > 1 and not self.workers_read_weights
 
     @property
     def spread_key(self) -> str:

@@ -53,8 +53,9 @@ class WeightFile(_Message):
     fetched: bool = Field(default=False, description="llmgw fetched it, so llmgw may delete it")
     store: str = Field(
         default="",
-        description="the shared store it lies on (a declared shared directory, or a network "
-        'filesystem by type, source and device); "" is this node\'s own storage',
+        description="the shared store it lies on: the node's fabrics and the filer's identity "
+        "(a declared shared directory's marker, else a network filesystem's type and mount "
+        'source; agent_worker/weights/shares.py); "" is this node\'s own storage',
     )
 
 

@@ -6,11 +6,18 @@ restarts can describe a running engine back to the control plane (adoption).
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 ShardState = Literal["pending", "fetching", "starting", "ready", "failed", "stopped"]
+# The names a reader outside Django (a bench, a SQL query) compares with; fleet's
+# ShardState holds the same ones (tests/fleet/test_transitions.py keeps them equal).
+SHARD_READY: ShardState = "ready"
+# Holds its node's GPUs and port: running, or on its way to running.
+SHARD_LIVE: tuple[ShardState, ...] = ("pending", "fetching", "starting", "ready")
 LaunchMode = Literal["native", "ray", "mp"]
 
 
@@ -88,3 +95,54 @@ class ShardSpec(BaseModel):
     )
     startup_timeout: int = Field(default=600, ge=1, description="seconds")
     epoch: int = Field(default=0, ge=0, description="the leader's epoch that issued this spec")
+
+
+# How one engine's ranks across nodes stand to each other, for both sides: the agent's
+# adapters start ranks by it (the side that connects starts once the other listens) and
+# fetch weights only for the ranks that read them; the control plane stops ranks by it
+# (the side that connects first, so that no rank is left talking to one already gone,
+# ``fleet/planning/stop_order.py``) and placement counts disk only for the ranks that
+# read the weights. One table, so that the two sides cannot disagree.
+
+ListeningSide = Literal["rank0", "workers"]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class EngineRanks:
+    """One engine's ranks across nodes."""
+
+    # "rank0": the workers join rank 0's rendezvous (vLLM, SGLang); "workers": rank 0
+    # connects to each worker (llama.cpp's RPC backend).
+    listening_side: ListeningSide = "rank0"
+    # False where a worker rank is sent its tensors by rank 0 (rpc-server) and never opens
+    # the weights: it neither fetches them nor needs the disk for them.
+    workers_read_weights: bool = True
+
+    def reads_weights(self, rank: int) -> bool:
+        """Say whether ``rank`` opens the weights (and so needs them on its node)."""
+        return rank == 0 or self.workers_read_weights
+
+    def connects(self, rank: int) -> bool:
+        """Say whether ``rank`` is on the side that connects to the others."""
+        return (rank == 0) == (self.listening_side == "workers")
+
+    def stop_order(self, ranks: Sequence[tuple[int, T]]) -> tuple[list[T], list[T]]:
+        """Split (rank, item) pairs into what stops first (the side that connects) and
+        what stops once that has (the side it connects to)."""
+        first = [item for rank, item in ranks if self.connects(rank)]
+        then = [item for rank, item in ranks if not self.connects(rank)]
+        return first, then
+
+
+ENGINE_RANKS: dict[str, EngineRanks] = {
+    "llama.cpp": EngineRanks(listening_side="workers", workers_read_weights=False),
+    "vllm": EngineRanks(listening_side="rank0"),
+    "sglang": EngineRanks(listening_side="rank0"),
+}
+
+
+def ranks_of(engine: str) -> EngineRanks:
+    """The engine's ranks as the table has them; an engine it does not name is taken as
+    vLLM's kind (rank 0 listens, every rank reads the weights), the cautious reading."""
+    return ENGINE_RANKS.get(engine, EngineRanks())

@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, settings
 from rest_framework.test import APIClient
 
 from tests.factories import make_user
+from tests.support.db_sessions import close_executor_connections, other_sessions, sessions_left
 from tests.support.leftovers import label_this_run, stop_leftovers
 
 # The fuzz tests: a fixed seed and a bounded number of examples, so `make test` runs the
@@ -65,6 +66,25 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
 
     connections.settings["default"]["CONN_MAX_AGE"] = 0
     connections["default"].settings_dict["CONN_MAX_AGE"] = 0
+
+
+@pytest.fixture(autouse=True)
+def no_database_session_outlives_its_test(request):
+    """A database session a test opens in another thread is closed with the test (asgiref's
+    executor thread's here, any other by the test): left open, it fails the test database's
+    teardown in a two-worker run. Process tests stop their own children."""
+    uses_db = request.node.get_closest_marker("django_db") or (
+        {"db", "transactional_db"} & set(request.fixturenames)
+    )
+    if not uses_db or request.node.get_closest_marker("process"):
+        yield
+        return
+    request.getfixturevalue("django_db_setup")  # the test database, not the one it copies
+    before = other_sessions()
+    yield
+    close_executor_connections()
+    left = sessions_left(before)
+    assert not left, f"database sessions this test opened and left open: {left}"
 
 
 RUN_LABEL = label_this_run()

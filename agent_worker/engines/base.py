@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from agent_worker.engines.command import LaunchCommand, Listener
 from agent_worker.engines.validation import (
@@ -16,7 +16,7 @@ from agent_worker.engines.validation import (
 from protocol.engine_args import COMMON_OWNED_FLAGS
 from protocol.engine_serves import serve_flags, serve_problems, serve_setting_problems
 from protocol.serving import DEFAULT_SERVES
-from protocol.shard import ShardSpec
+from protocol.shard import EngineRanks, ListeningSide, ShardSpec, ranks_of
 
 
 class EngineAdapter(ABC):
@@ -35,10 +35,6 @@ class EngineAdapter(ABC):
     owned_flags: ClassVar[Mapping[str, str]] = COMMON_OWNED_FLAGS
     # env name -> why it is llmgw's, beyond the CUDA/NCCL ones every engine has
     owned_env: ClassVar[Mapping[str, str]] = {}
-    # Across nodes, who listens for whom: "rank0" (the workers join rank 0's rendezvous,
-    # as vLLM and SGLang do) or "workers" (rank 0 connects to each worker, as llama.cpp's
-    # RPC backend does). The side that connects starts only once the other listens.
-    listening_side: ClassVar[Literal["rank0", "workers"]] = "rank0"
     # What a profile that names no ``serves:`` serves (protocol.engine_serves says the rest:
     # the flags of each kind, and which kinds one process cannot serve together).
     serves_by_default: ClassVar[tuple[str, ...]] = DEFAULT_SERVES
@@ -51,6 +47,22 @@ class EngineAdapter(ABC):
         problems += self.serve_problems(spec)
         problems += self.engine_problems(spec)
         return problems
+
+    @property
+    def ranks(self) -> EngineRanks:
+        """How this engine's ranks across nodes stand to each other (``protocol``'s table,
+        shared with the control plane): who listens for whom, and which read the weights.
+        The side that connects starts only once the other listens."""
+        return ranks_of(self.name)
+
+    @property
+    def listening_side(self) -> ListeningSide:
+        return self.ranks.listening_side
+
+    def needs_weights(self, rank: int) -> bool:
+        """Say whether ``rank`` opens the weights: a rank that does not is never made to
+        fetch them, nor refused for lacking them."""
+        return self.ranks.reads_weights(rank)
 
     def serve_flags(self, serves: list[str]) -> list[str]:
         """Return the flags that make this engine serve ``serves`` (none for its default)."""

@@ -2,7 +2,9 @@
 
 Across nodes llama.cpp's RPC backend splits the model's layers: ranks 1.. each run
 ``rpc-server`` on their engine port and rank 0 runs ``llama-server --rpc`` naming them all,
-so here the workers listen and rank 0 connects (the reverse of vLLM and SGLang).
+so here the workers listen and rank 0 connects (the reverse of vLLM and SGLang), and only
+rank 0 opens the GGUF: rank 0 sends the workers their tensors, so they neither fetch the
+weights nor need disk for them (``protocol.shard.ENGINE_RANKS``).
 ``rpc-server`` has no authentication and runs whatever tensor operations it is sent: it is
 bound only to the address placement gave the rank, never to every interface.
 """
@@ -39,7 +41,6 @@ class LlamaCppAdapter(EngineAdapter):
 
     name: ClassVar[str] = "llama.cpp"
     launch_mode_note = "llama.cpp runs its own processes, across nodes over its RPC backend"
-    listening_side = "workers"
     owned_flags = {
         **COMMON_OWNED_FLAGS,
         "--api-key-file": COMMON_OWNED_FLAGS["--api-key"],

@@ -3,7 +3,8 @@
 Written before anything is launched and again after each process starts, so an agent
 that restarts (or was killed) can find, verify and describe every engine it left
 running. Files are replaced atomically and readable only by the agent: a spec holds
-the replica's API key.
+the replica's API key. ``recorded_shards`` is the one reader for everything outside the
+agent that looks at them (the benches, the process tests' cleanup).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from protocol.shard import ShardSpec
 
 _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 SUFFIX = ".json"
+# The state directory's name in the agent directory (``AgentConfig.state_dir``).
+STATE_DIR_NAME = "shards"
 
 
 class StateFileError(Exception):
@@ -64,6 +67,11 @@ class ShardRecord(BaseModel):
     processes: list[ProcessRecord] = Field(default_factory=list)
     stopping: bool = False
 
+    @property
+    def serving(self) -> ProcessRecord | None:
+        """The process that serves: the last one launched (workers and helpers go first)."""
+        return self.processes[-1] if self.processes else None
+
 
 class StateDir:
     """The directory of shard state files."""
@@ -81,22 +89,7 @@ class StateDir:
 
     def read(self, path: Path) -> ShardRecord:
         """Read one state file, raising StateFileError naming it if it is not one."""
-        fix = "it is left in place; remove it once its engine has been dealt with"
-        stem = path.name.removesuffix(SUFFIX)
-        try:
-            check_shard_id(stem)
-        except ValueError as err:
-            raise StateFileError(f"state file {path} has an unsafe name ({err}); {fix}") from None
-        try:
-            record = ShardRecord.model_validate_json(path.read_bytes())
-        except (OSError, ValidationError, ValueError) as err:
-            summary = str(err).splitlines()[0] if str(err) else type(err).__name__
-            raise StateFileError(f"state file {path} is not readable: {summary}; {fix}") from None
-        if record.spec.shard_id != stem:
-            raise StateFileError(
-                f"state file {path} describes shard {record.spec.shard_id!r}, not {stem!r}; {fix}"
-            )
-        return record
+        return read_state_file(path)
 
     def remove(self, shard_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -116,3 +109,46 @@ class StateDir:
             elif entry.name.endswith(SUFFIX) and entry.is_file():
                 found.append(entry)
         return found
+
+
+def read_state_file(path: Path) -> ShardRecord:
+    """Read one state file, raising StateFileError naming it if it is not one."""
+    fix = "it is left in place; remove it once its engine has been dealt with"
+    stem = path.name.removesuffix(SUFFIX)
+    try:
+        check_shard_id(stem)
+    except ValueError as err:
+        raise StateFileError(f"state file {path} has an unsafe name ({err}); {fix}") from None
+    try:
+        record = ShardRecord.model_validate_json(path.read_bytes())
+    except (OSError, ValidationError, ValueError) as err:
+        summary = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise StateFileError(f"state file {path} is not readable: {summary}; {fix}") from None
+    if record.spec.shard_id != stem:
+        raise StateFileError(
+            f"state file {path} describes shard {record.spec.shard_id!r}, not {stem!r}; {fix}"
+        )
+    return record
+
+
+def recorded_shards(agent_dir: Path) -> dict[str, ShardRecord]:
+    """Shard id -> its record, for every state file in the agent directory ``agent_dir``
+    that reads as one: what an agent there runs, or left running, as it recorded it.
+
+    For readers outside the agent (benches, tests, cleanups), which may look while the
+    agent writes or after it is gone: nothing is created or removed, and a file that does
+    not read as a state file (another shard's, an interrupted write) is left out.
+    """
+    directory = Path(agent_dir) / STATE_DIR_NAME
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError:  # no agent ran there, or it is not ours to read
+        return {}
+    found = {}
+    for entry in entries:
+        if not entry.name.endswith(SUFFIX) or entry.name.startswith(_TMP_PREFIX):
+            continue
+        with contextlib.suppress(StateFileError):
+            record = read_state_file(entry)
+            found[record.spec.shard_id] = record
+    return found

@@ -2,25 +2,28 @@
 the agent file names to look in (``weights: {look: [...], shared: [...]}``).
 
 A look directory may be a shared filer: a directory declared shared, or one on a network
-filesystem (by the mount table), is reported with a store id, so the control plane counts
-it once and knows who else sees it. Local storage is never taken for shared.
+filesystem (by the mount table), is reported with a store id (``shares``: its fabric and
+the filer's own identity), so the control plane counts it once and knows who else sees it.
+Local storage is never taken for shared.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent_worker.weights.shares import network_store, share_store
 from core.files import size_or_zero
-from core.mounts import MOUNT_TABLE, Mount, mount_of, read_mounts
+from core.mounts import MOUNT_TABLE, Mount, read_mounts
 
 log = logging.getLogger("llmgw.agent.weights")
 
-NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "cephfs", "ceph", "beegfs", "fuse.cephfs")
 # Filers hold thousands of files; models lie near the top.
 MAX_DEPTH = 3
 
@@ -30,6 +33,7 @@ class LookDirs:
     look: tuple[Path, ...] = ()
     shared: tuple[Path, ...] = ()  # declared shared (each also looked in)
     mounts: Path = MOUNT_TABLE
+    fabrics: tuple[str, ...] = ()  # the node's: a store is its fabric's
 
     @property
     def all(self) -> tuple[Path, ...]:
@@ -55,12 +59,8 @@ def store_of(directory: Path, dirs: LookDirs, mounts: Sequence[Mount]) -> str:
     resolved = directory.resolve()
     for shared in dirs.shared:
         if resolved.is_relative_to(shared.resolve()):
-            return f"shared:{shared.resolve()}"
-    mount = mount_of(resolved, mounts)
-    if mount is not None and mount.fstype in NETWORK_FILESYSTEMS:
-        device = os.stat(resolved).st_dev
-        return f"{mount.fstype}:{mount.source}:{device}"
-    return ""
+            return share_store(shared.resolve(), dirs.fabrics, mounts)
+    return network_store(resolved, dirs.fabrics, mounts)
 
 
 def holds_a_model(directory: Path) -> bool:
@@ -72,7 +72,8 @@ def models_under(top: Path) -> list[tuple[Path, int]]:
     """GGUF files, and directories of safetensors with a config.json, with their sizes.
 
     The one rule for what counts as a model on disk: a directory with only a config.json,
-    or a half-copied one without its safetensors, is no model and must not draw placement.
+    or a half-copied one without all its safetensors (``is_model_directory``), is no model
+    and must not draw placement.
     """
     found = []
     for root, dirs, files in os.walk(top):
@@ -80,7 +81,7 @@ def models_under(top: Path) -> list[tuple[Path, int]]:
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         if len(here.relative_to(top).parts) >= MAX_DEPTH:
             dirs[:] = []
-        if is_model_directory(files):
+        if is_model_directory(here, files):
             found.append((here, sum(size_or_zero(here / name) for name in files)))
             dirs[:] = []  # a model directory is one model
             continue
@@ -90,7 +91,52 @@ def models_under(top: Path) -> list[tuple[Path, int]]:
     return [(path, size) for path, size in found if size]
 
 
-def is_model_directory(files: Iterable[str]) -> bool:
-    """A directory whose files include a config.json and at least one .safetensors."""
+def is_model_directory(directory: Path, files: Iterable[str]) -> bool:
+    """A directory with a config.json and every one of its safetensors files: all that its
+    index file (``*.safetensors.index.json``) maps tensors to, and without one, all the
+    parts its files' names count (``model-00001-of-00004.safetensors``). Half a download
+    holds some of them and is no model; an index that does not read is taken for one being
+    copied."""
     names = set(files)
-    return "config.json" in names and any(name.endswith(".safetensors") for name in names)
+    if "config.json" not in names or not any(n.endswith(".safetensors") for n in names):
+        return False
+    indexes = sorted(name for name in names if name.endswith(INDEX_SUFFIX))
+    if indexes:
+        wanted: set[str] = set()
+        for index in indexes:
+            mapped = files_an_index_names(directory / index)
+            if mapped is None:
+                return False
+            wanted |= mapped
+    else:
+        wanted = parts_their_names_count(names)
+    safetensors = wanted | {name for name in names if name.endswith(".safetensors")}
+    return wanted <= names and all(size_or_zero(directory / name) for name in safetensors)
+
+
+INDEX_SUFFIX = ".safetensors.index.json"
+_PART = re.compile(r"(?P<stem>.+)-(?P<part>\d+)-of-(?P<count>\d+)\.safetensors")
+
+
+def files_an_index_names(index: Path) -> set[str] | None:
+    """The safetensors files a ``*.safetensors.index.json`` maps tensors to, or None when it
+    does not read as one."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {str(name) for name in weight_map.values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def parts_their_names_count(names: set[str]) -> set[str]:
+    """Every part file that sharded safetensors names imply: ``x-00002-of-00003`` implies
+    parts 1 to 3, with the same number of digits."""
+    wanted = set()
+    for name in names:
+        match = _PART.fullmatch(name)
+        if match is None:
+            continue
+        width, count = len(match["part"]), int(match["count"])
+        for part in range(1, count + 1):
+            wanted.add(f"{match['stem']}-{part:0{width}d}-of-{match['count']}.safetensors")
+    return wanted

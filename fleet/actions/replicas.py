@@ -11,10 +11,12 @@ to its caller: the reconciler's report is the reconciler's.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from datetime import datetime
 from functools import partial
 
 from django.db import transaction
+from django.db.models import Prefetch
 from django.utils import timezone
 
 from audit import notices
@@ -28,8 +30,10 @@ from fleet.members import engine_callers
 from fleet.models import Node, Replica, ReplicaState, Shard, ShardState
 from fleet.pki.keys import replica_secret
 from fleet.planning.shard_specs import allocate_port, meeting_points, shard_spec, version_on_nodes
+from fleet.planning.stop_order import held_stop_reason, held_stops_due
 from fleet.transitions import transition
 from placement import Decision
+from protocol.shard import ranks_of
 
 
 def create_replica(
@@ -190,7 +194,10 @@ def drain_replica(
 
 
 def stop_replica(replica: Replica, reason: str, *, actor: Actor, epoch: int | None = None) -> bool:
-    """Move a replica to stopping and tell its nodes to stop its shards.
+    """Move a replica to stopping and tell its nodes to stop its shards: across nodes, the
+    ranks that connect first (llama.cpp's rank 0, vLLM's workers), and the ranks they
+    connect to once those have stopped (``release_held_stops``): a rank whose peer
+    vanished under it aborts with a backtrace, or hangs.
 
     ``epoch`` is the leader epoch the caller acts under (the reconciler's own); None for
     an operator's action, which acts under the current lease.
@@ -204,9 +211,45 @@ def stop_replica(replica: Replica, reason: str, *, actor: Actor, epoch: int | No
         ):  # fmt: skip
             return False
         live = replica.shards.exclude(state__in=ShardState.FINAL).exclude(node=None)
-        for node_id, shard_id in live.values_list("node_id", "id"):
+        ranks = [(rank, (node_id, shard_id)) for rank, node_id, shard_id
+                 in live.values_list("rank", "node_id", "id")]  # fmt: skip
+        first, held = ranks_of(replica.engine).stop_order(ranks)
+        for node_id, shard_id in first or held:
             transaction.on_commit(partial(commands.send_stop_shard, node_id, shard_id, epoch))
     return True
+
+
+def release_held_stops(
+    replica: Replica | uuid.UUID | str,
+    *,
+    actor: Actor,
+    epoch: int | None = None,
+    now: datetime | None = None,
+    answered: bool = True,
+    already_sent: Collection[str] = (),
+) -> list[str]:
+    """Send the stops ``stop_replica`` held back, if they are due (``held_stops_due``),
+    but those ``already_sent``; the shards told to stop, with an Event saying why now.
+    The shards' own reports record their stops. A replica given as a row has its shards
+    and their nodes prefetched (``with_shard_nodes``)."""
+    if not isinstance(replica, Replica):
+        nodes = Prefetch("shards__node", queryset=Node.objects.only("state"))
+        found = Replica.objects.filter(id=replica).prefetch_related("shards", nodes).first()
+        if found is None:
+            return []
+        replica = found
+    due = held_stops_due(replica, now or timezone.now(), answered=answered)
+    due = [shard for shard in due if shard.id not in already_sent]
+    if not due:
+        return []
+    ranks = ", ".join(str(shard.rank) for shard in due)
+    record_event(EventKind.REPLICA, str(replica.id),
+                 f"stopping rank {ranks}: {held_stop_reason(replica, now or timezone.now())}",
+                 actor=actor)  # fmt: skip
+    for shard in due:
+        node_id = str(shard.node_id)  # held_stops_due gives placed shards only
+        transaction.on_commit(partial(commands.send_stop_shard, node_id, shard.id, epoch))
+    return [shard.id for shard in due]
 
 
 def finish_stop(replica_id, *, actor: Actor) -> bool:

@@ -20,11 +20,13 @@ from audit.actors import Actor
 from audit.events import record_event
 from audit.models import EventKind
 from core.humanize import format_bytes
+from fleet.actions.replicas import release_held_stops
 from fleet.models import Replica, ReplicaState, Shard, ShardState
 from fleet.pki.keys import replica_secret
 from fleet.pki.redaction import replica_secrets, without_secrets
 from fleet.transitions import transition
 from protocol import messages
+from protocol.shard import ranks_of
 
 log = logging.getLogger("llmgw.fleet")
 
@@ -69,7 +71,12 @@ def record_shard_status(node_id: str, message: messages.ShardStatus, *, actor: A
         is not None
     )
     if changed:
-        refresh_replica_state(Shard.objects.get(id=message.shard_id).replica_id, actor=actor)
+        rows = Shard.objects.select_related("replica").only("rank", "replica__engine")
+        moved = rows.get(id=message.shard_id)
+        refresh_replica_state(moved.replica_id, actor=actor)
+        connecting = ranks_of(moved.replica.engine).connects(moved.rank)
+        if connecting and message.state in ShardState.FINAL:
+            release_held_stops(moved.replica_id, actor=actor)  # its peers' stops waited for it
     return changed
 
 
@@ -246,6 +253,7 @@ def forget_unreported_shards(
             if transition(Shard, shard_id, ShardState.STOPPED, reason, actor=actor,
                           reason=reason, progress=None):  # fmt: skip
                 settled.append(shard_id)
+                release_held_stops(replica_id, actor=actor)
         elif state != ShardState.PENDING:
             reason = f"node {node_id} registered without it (its agent or engine restarted)"
             if transition(Shard, shard_id, ShardState.FAILED, reason, actor=actor,

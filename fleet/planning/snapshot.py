@@ -18,6 +18,7 @@ from placement import (
     PlacementRequest,
 )
 from protocol.inventory import FabricAdapter, UsableFabric
+from protocol.shard import ranks_of
 
 # What a node's snapshot reads of its row: every pass loads every node, and the rest
 # (timestamps, the engines it was told) would only be decoded to be dropped.
@@ -157,6 +158,7 @@ def placement_request(
         ranks=profile.nodes,
         memory=need.memory,
         disk=profile.disk,
+        workers_read_weights=ranks_of(profile.engine).workers_read_weights,
         pool=profile.pool,
         weights_key=profile.model.source,
         strategy="spread" if profile.strategy == "spread" else "pack",

@@ -28,6 +28,7 @@ from fleet.actions.replicas import (
     finish_stop,
     note_replica_kept,
     note_unplaceable,
+    release_held_stops,
     start_replica,
     stop_replica,
 )
@@ -62,6 +63,9 @@ REEXPLAIN_AFTER = timedelta(seconds=30)
 # The operators' actions that may change where a replica fits: on a node (a drain, a
 # pool), on the catalog (an apply), or on placement itself (check again).
 REEXPLAINED_BY = (EventKind.NODE, EventKind.CATALOG, EventKind.PLACEMENT)
+# The held stops this process has sent (``release_held_stops``), so that each pass does
+# not send them again while their shards stop.
+_held_stops_sent: set[str] = set()
 
 
 def reconcile(
@@ -92,7 +96,7 @@ def reconcile(
             lambda: report.scaled.extend(autoscale_profiles(now, read_inflight_reports)),
             lambda: scale(report, epoch),
             lambda: place_waiting(now, epoch, report),
-            lambda: finish_stops(report),
+            lambda: finish_stops(report, epoch, now),
             lambda: report.told_engines.extend(tell_nodes_their_engines(now)),
             lambda: report.told_callers.extend(tell_nodes_their_callers(now)),
         ]
@@ -346,9 +350,18 @@ def _explained_lately(replica: Replica, now: datetime, acted_at: datetime | None
     return now - at < REEXPLAIN_AFTER + spread
 
 
-def finish_stops(report: ReconcileReport) -> None:
-    """A stopping replica is stopped once no shard can still be running where it was."""
-    for replica in with_shard_nodes(Replica.objects.filter(state=ReplicaState.STOPPING)):
+def finish_stops(
+    report: ReconcileReport, epoch: int | None = None, now: datetime | None = None
+) -> None:
+    """A stopping replica is stopped once no shard can still be running where it was. The
+    stops held for ranks others connect to go once those others are stopped or out of
+    reach (their own stopped reports send them at once; this is for the rest)."""
+    now = now or timezone.now()
+    stopping = list(with_shard_nodes(Replica.objects.filter(state=ReplicaState.STOPPING)))
+    held = {shard.id for replica in stopping for shard in replica.shards.all()}
+    for shard_id in [sent for sent in _held_stops_sent if sent not in held]:
+        _held_stops_sent.discard(shard_id)
+    for replica in stopping:
         pending = [
             shard
             for shard in replica.shards.all()
@@ -357,6 +370,15 @@ def finish_stops(report: ReconcileReport) -> None:
             and shard.node.state == NodeState.CONNECTED
         ]
         if pending:
+            sent = release_held_stops(
+                replica,
+                actor=RECONCILER,
+                epoch=epoch,
+                now=now,
+                answered=False,
+                already_sent=_held_stops_sent,
+            )
+            _held_stops_sent.update(sent)
             continue
         if finish_stop(replica.id, actor=RECONCILER):
             report.stopped.append(str(replica.id))

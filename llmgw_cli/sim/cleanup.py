@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -119,3 +120,31 @@ def leftovers() -> list[str]:
     found += [f"process {pid}" for pid in processes_in_our_namespaces()]
     found += [f"impairment relay {pid} for {host}" for pid, host in impair.relays().items()]
     return found
+
+
+@dataclass(frozen=True)
+class RunningFleet:
+    """A simulated fleet with processes running now, whoever started it and from where."""
+
+    directories: tuple[Path, ...]  # its state directories, by its hosts' UTS mounts
+    namespaces: tuple[str, ...]
+    processes: int
+
+    def __str__(self) -> str:
+        where = ", ".join(str(d) for d in self.directories) or "a state directory unknown"
+        hosts = ", ".join(ns.removeprefix(f"{network.PREFIX}-") for ns in self.namespaces)
+        count = f"{self.processes} process{'' if self.processes == 1 else 'es'} running"
+        return f"the one in {where} (hosts {hosts or 'none'}; {count})"
+
+
+def running_fleet() -> RunningFleet | None:
+    """The simulated fleet running on this machine (the namespaces are the machine's, so
+    there is at most one), or None when nothing of one runs: namespaces, links and
+    mounts with no process left in them are a crashed run's leftovers, not a fleet."""
+    processes = set(processes_in_our_namespaces()) | set(impair.relays())
+    if not processes:
+        return None
+    directories = {Path(point).parent.parent for point in uts_mounts()}
+    return RunningFleet(
+        tuple(sorted(directories)), tuple(sorted(network.our_namespaces())), len(processes)
+    )

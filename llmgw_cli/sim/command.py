@@ -13,8 +13,10 @@ from llmgw_cli.sim import network
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="llmgw sim", description=__doc__)
     verbs = top.add_subparsers(dest="verb", required=True, metavar="VERB")
-    up = verbs.add_parser("up", help="build the fleet (removing an earlier one first)")
+    up = verbs.add_parser("up", help="build the fleet (refused while another one runs)")
     up.add_argument("--nodes", type=int, default=2, help="node hosts (default 2)")
+    up.add_argument("--replace", action="store_true",
+                    help="take down the simulated fleet running on this machine first")  # fmt: skip
     up.add_argument("--no-demo", action="store_true", help="apply no demo catalog")
     verbs.add_parser("down", help="stop every process, remove every namespace and link")
     verbs.add_parser("status", help="hosts, addresses, links and processes")
@@ -42,7 +44,7 @@ def main(argv: list[str]) -> int:
 
     try:
         if options.verb == "up":
-            started = fleet.up(options.nodes, demo=not options.no_demo)
+            started = fleet.up(options.nodes, demo=not options.no_demo, replace=options.replace)
             print(f"the simulated fleet is up; its state is in {started.directory}")
             print("\n".join(fleet.status(started.directory)))
         elif options.verb == "down":
@@ -55,11 +57,17 @@ def main(argv: list[str]) -> int:
             return exec_on_host(options.host, options.argv)
     except (network.SimError, ValueError) as exc:
         print(f"llmgw sim {options.verb}: {exc}", file=sys.stderr)
-        if options.verb == "up" and isinstance(exc, network.SimError):
+        if options.verb == "up" and isinstance(exc, network.SimError) and not refused(exc):
             print("logs are under the state directory; `llmgw sim down` removes it all",
                   file=sys.stderr)  # fmt: skip
         return 1
     return 0
+
+
+def refused(exc: Exception) -> bool:
+    from llmgw_cli.sim.fleet import FleetRunning
+
+    return isinstance(exc, FleetRunning)
 
 
 def on_link(options: argparse.Namespace) -> None:

@@ -107,14 +107,37 @@ class Tuning:
     fabrics: tuple[str, ...] | None = None
 
 
+class FleetRunning(network.SimError):
+    """Another simulated fleet runs on this machine, and was not to be replaced."""
+
+
+def make_room(directory: Path, replace: bool = False) -> None:
+    """Remove what an earlier sim left; a fleet that still runs is taken down only when
+    ``replace`` says so, else refused naming it: it may be someone else's, mid-run."""
+    running = cleanup.running_fleet()
+    if running is not None and not replace:
+        raise FleetRunning(
+            f"a simulated fleet is running on this machine: {running}. "
+            "`llmgw sim up --replace` takes it down first; `llmgw sim down` stops it"
+        )
+    for other in running.directories if running else ():
+        if other.resolve() != directory.resolve():
+            down(other, quiet=True)  # its own way first: PostgreSQL stopped fast, its state kept
+    down(directory, quiet=True)
+
+
 def up(
-    nodes: int, directory: Path | None = None, demo: bool = True, tuning: Tuning | None = None
+    nodes: int,
+    directory: Path | None = None,
+    demo: bool = True,
+    tuning: Tuning | None = None,
+    replace: bool = False,
 ) -> Fleet:
-    """Remove what an earlier sim left, then build and start the whole fleet."""
+    """Build and start the whole fleet, where no other runs (``make_room``)."""
     tuning = tuning or Tuning()
     directory = directory or state_dir()
     planned = hosts.plan(nodes)  # a bad --nodes is refused before anything is removed
-    down(directory, quiet=True)
+    make_room(directory, replace)
     if directory.exists():
         shutil.rmtree(directory)
     ensure_private_dir(directory)
@@ -135,11 +158,23 @@ def up(
 
 @contextmanager
 def simulated_fleet(
-    nodes: int, directory: Path, demo: bool = True, tuning: Tuning | None = None
+    nodes: int,
+    directory: Path,
+    demo: bool = True,
+    tuning: Tuning | None = None,
+    replace: bool = False,
 ) -> Iterator[Fleet]:
-    """A fleet for a test or a benchmark, removed afterwards whatever happened."""
+    """A fleet for a test or a benchmark, removed afterwards whatever happened; refused
+    (and nothing removed) while another runs, unless ``replace``."""
     try:
-        yield up(nodes, directory, demo, tuning)
+        fleet = up(nodes, directory, demo, tuning, replace)
+    except FleetRunning:
+        raise  # nothing of this one was made, and the other is not ours to remove
+    except BaseException:
+        down(directory, quiet=True)
+        raise
+    try:
+        yield fleet
     finally:
         down(directory, quiet=True)
 

@@ -162,3 +162,45 @@ def test_a_stop_that_lands_as_the_download_finishes_is_answered(tmp_path):
     seqs = [t.seq for t in transitions]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs) and seqs[0] > 0
     assert supervisor.running() == []  # nothing was launched after the stop
+
+
+RPC_SERVER_STUB = """#!{python}
+import socket, sys, time
+argv = sys.argv
+host, port = argv[argv.index("--host") + 1], int(argv[argv.index("--port") + 1])
+listener = socket.create_server((host, port))
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def rpc_build(tmp_path):
+    """A llama.cpp build whose rpc-server only listens: what a worker rank runs."""
+    import sys
+
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "llama-server").write_text("#!/bin/sh\nexit 1\n")
+    (build / "rpc-server").write_text(RPC_SERVER_STUB.format(python=sys.executable))
+    for binary in build.iterdir():
+        binary.chmod(0o755)
+    return str(build / "llama-server")
+
+
+@pytest.mark.parametrize(
+    "source", ["http://127.0.0.1:9/never/model.gguf", "/nowhere/model.gguf"], ids=["url", "path"]
+)
+def test_an_rpc_worker_rank_neither_fetches_nor_needs_the_weights(
+    node, rpc_build, tmp_path, source
+):
+    launcher, transitions, progress, engines = node
+    engines["llama.cpp"] = rpc_build
+    spec = spec_for(source, free_port(), rank=1, world_size=2, host="127.0.0.1",
+                    rendezvous="127.0.0.1:20001")  # fmt: skip
+
+    assert launcher.start(spec) == "starting"
+
+    assert wait_for_state(transitions, spec.shard_id, "ready")[0] != "fetching"
+    assert progress == [] and launcher.downloading() == []
+    weights = tmp_path / "weights"
+    assert not weights.exists() or list(weights.iterdir()) == []

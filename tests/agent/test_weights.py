@@ -25,6 +25,7 @@ from agent_worker.weights import (
     WeightStore,
 )
 from agent_worker.weights.fetch import Flight
+from agent_worker.weights.look import LookDirs, list_look_dirs
 from tests.agent.weights_server import WeightsServer
 from tests.support.polling import wait_until
 
@@ -348,7 +349,7 @@ def test_a_directory_is_weights_only_when_it_holds_a_model(store):
         "config-only": ["config.json"],
         "half-copied": ["config.json", "tokenizer.json", "model.safetensors.index.json"],
         "no-config": ["model-00001-of-00002.safetensors"],
-        "whole": ["config.json", "model-00001-of-00002.safetensors"],
+        "whole": ["config.json", "model.safetensors"],
         "gguf": ["qwen-q4.gguf"],
     }.items():
         (weights / name).mkdir(parents=True)
@@ -356,6 +357,63 @@ def test_a_directory_is_weights_only_when_it_holds_a_model(store):
             (weights / name / file).write_bytes(b"x" * 4)
 
     assert [Path(weight["path"]).name for weight in store.list_weights()] == ["gguf", "whole"]
+
+
+def write_model(directory: Path, parts: list[str], index: list[str] | None = None) -> Path:
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text("{}")
+    for part in parts:
+        (directory / part).write_bytes(b"x" * 4)
+    if index is not None:
+        weight_map = {f"layer.{n}.weight": name for n, name in enumerate(index)}
+        (directory / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": 8}, "weight_map": weight_map})
+        )
+    return directory
+
+
+PARTS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+
+
+@pytest.mark.parametrize(
+    ("present", "index", "credited"),
+    [
+        pytest.param(PARTS, PARTS, True, id="every-file-its-index-names"),
+        pytest.param(PARTS[:1], PARTS, False, id="one-of-two-by-its-index"),
+        pytest.param(PARTS[:1], None, False, id="one-of-two-by-their-names-before-the-index"),
+        pytest.param(PARTS, None, True, id="both-parts-before-the-index"),
+        pytest.param(
+            ["a.safetensors", "b.safetensors"],
+            ["a.safetensors", "b.safetensors"],
+            True,
+            id="parts-named-freely-all-there",
+        ),  # fmt: skip
+        pytest.param(
+            ["a.safetensors"],
+            ["a.safetensors", "b.safetensors"],
+            False,
+            id="parts-named-freely-one-missing",
+        ),  # fmt: skip
+    ],
+)
+def test_half_a_model_is_never_credited_as_weights(store, tmp_path, present, index, credited):
+    """A partial download (some of the safetensors its index maps) is no model, in the
+    weights directory and in a look directory alike."""
+    held = write_model(store.weights_dir / "llama", present, index)
+    looked = write_model(tmp_path / "look" / "llama", present, index)
+
+    assert [w["path"] for w in store.list_weights()] == ([str(held)] if credited else [])
+    found = [w["path"] for w in list_look_dirs(LookDirs(look=(tmp_path / "look",)))]
+    assert found == ([str(looked)] if credited else [])
+
+
+def test_an_index_that_does_not_read_or_an_empty_part_is_no_model(store):
+    unreadable = write_model(store.weights_dir / "copying-index", PARTS, PARTS)
+    (unreadable / "model.safetensors.index.json").write_text('{"weight_map": {"a": "model-')
+    empty_part = write_model(store.weights_dir / "allocated", PARTS, PARTS)
+    (empty_part / PARTS[1]).write_bytes(b"")  # created, not yet written
+
+    assert store.list_weights() == []
 
 
 def test_the_fingerprint_changes_only_when_the_listing_does(server, store):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from fleet.link.heartbeats import batcher
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 async def test_register_creates_the_node_connected():
     ws = await linked("node01")
-    node = await sync_to_async(Node.objects.get)(id="node01")
+    node = await database_sync_to_async(Node.objects.get)(id="node01")
     assert (node.state, node.address, node.engines) == ("connected", "10.0.0.1", [])
     await ws.disconnect()
 
@@ -33,7 +33,7 @@ async def test_a_link_without_a_token_is_refused_with_the_fix():
     assert "llmgw_ctl node-token node01" in refusal["reason"]
     assert (await ws.receive_output())["type"] == "websocket.close"
     assert await consumer_ended(ws)
-    assert not await sync_to_async(Node.objects.exists)()
+    assert not await database_sync_to_async(Node.objects.exists)()
 
 
 async def test_a_register_for_another_host_is_refused():
@@ -46,19 +46,19 @@ async def test_a_register_for_another_host_is_refused():
     )
     # The consumer ends itself: its tasks must not outlive the refused link.
     assert await consumer_ended(ws)
-    assert not await sync_to_async(Node.objects.exists)()
+    assert not await database_sync_to_async(Node.objects.exists)()
 
 
 async def test_a_malformed_message_is_refused_and_the_row_is_untouched():
     ws = await linked("node01")
-    before = await sync_to_async(Node.objects.get)(id="node01")
+    before = await database_sync_to_async(Node.objects.get)(id="node01")
     await ws.send_to(text_data=json.dumps({"type": "heartbeat", "usage": {"cpu_percent": "lots"}}))
     error = json.loads(await ws.receive_from())
     assert error["type"] == "error"
     assert "usage.cpu_percent" in error["reason"]
     await ws.send_to(text_data="not json at all")
     assert json.loads(await ws.receive_from())["type"] == "error"
-    after = await sync_to_async(Node.objects.get)(id="node01")
+    after = await database_sync_to_async(Node.objects.get)(id="node01")
     assert (after.usage, after.inventory) == (before.usage, before.inventory)
     await ws.disconnect()
 
@@ -77,7 +77,7 @@ async def test_heartbeats_are_written_in_a_batch():
             break
         await ws.receive_nothing(timeout=0.01)
     assert await batcher.flush() == 1
-    node = await sync_to_async(Node.objects.get)(id="node01")
+    node = await database_sync_to_async(Node.objects.get)(id="node01")
     assert node.usage["cpu_percent"] == 50
     assert node.usage_reported_at is not None
     await ws.disconnect()
@@ -90,7 +90,7 @@ async def test_a_fake_agent_reporting_shards_rebuilds_its_replicas():
     from fleet.models import Replica
     from protocol.shard import ShardSpec
 
-    await sync_to_async(apply_catalog)(
+    await database_sync_to_async(apply_catalog)(
         "models:\n  - name: gemma\n    source: /m/gemma.gguf\n    profiles:\n"
         "      - name: cpu\n        engine: llama.cpp\n",
         actor=SETUP,
@@ -98,7 +98,7 @@ async def test_a_fake_agent_reporting_shards_rebuilds_its_replicas():
     from catalog.models import Profile
     from fleet.pki.keys import replica_secret
 
-    fingerprint = await sync_to_async(lambda: Profile.objects.get().fingerprint())()
+    fingerprint = await database_sync_to_async(lambda: Profile.objects.get().fingerprint())()
     replica_id = str(uuid.uuid4())
     spec = ShardSpec(shard_id=uuid.uuid4().hex, replica_id=replica_id, model="gemma",
                      source="/m/gemma.gguf", engine="llama.cpp", profile="cpu", port=20000,
@@ -109,7 +109,7 @@ async def test_a_fake_agent_reporting_shards_rebuilds_its_replicas():
         text_data=register("node01", shards=[messages.ReportedShard(spec=spec, state="ready")])
     )
     assert json.loads(await ws.receive_from())["type"] == "linked"
-    replica = await sync_to_async(Replica.objects.get)()
+    replica = await database_sync_to_async(Replica.objects.get)()
     assert (str(replica.id), replica.state, replica.fingerprint) == (
         spec.replica_id, "ready", fingerprint,
     )  # fmt: skip
@@ -120,7 +120,7 @@ async def test_a_standby_names_its_leader_only_to_an_authenticated_node(settings
     from fleet import leadership
 
     settings.LEADER_LEASE_KEY = f"llmgw:test-lease:{id(settings)}"
-    await sync_to_async(leadership.acquire_or_renew)("wss://the-leader:8443")
+    await database_sync_to_async(leadership.acquire_or_renew)("wss://the-leader:8443")
     try:
         stranger = communicator("node01", token="node01.forged")
         await stranger.connect()
@@ -135,7 +135,7 @@ async def test_a_standby_names_its_leader_only_to_an_authenticated_node(settings
         assert refusal["code"] == messages.CLOSE_NOT_LEADER
         assert "the leader is wss://the-leader:8443" in refusal["reason"]
     finally:
-        await sync_to_async(leadership.release)("wss://the-leader:8443")
+        await database_sync_to_async(leadership.release)("wss://the-leader:8443")
 
 
 async def test_a_control_plane_for_certificates_refuses_a_token_with_the_fix(settings):
@@ -162,7 +162,7 @@ async def test_a_challenge_answered_with_nonsense_is_refused(settings):
     assert refusal["type"] == "refused"
     assert "did not answer the challenge with a proof" in refusal["reason"]
     assert await consumer_ended(ws)
-    assert not await sync_to_async(Node.objects.exists)()
+    assert not await database_sync_to_async(Node.objects.exists)()
 
 
 async def test_the_link_tells_a_registering_node_the_epoch_that_leads(settings):
@@ -171,7 +171,7 @@ async def test_the_link_tells_a_registering_node_the_epoch_that_leads(settings):
     from fleet import leadership
 
     settings.LEADER_LEASE_KEY = f"llmgw:test-lease:{node_token('epoch')[-8:]}"
-    lease = await sync_to_async(leadership.acquire_or_renew)()  # this control plane leads
+    lease = await database_sync_to_async(leadership.acquire_or_renew)()  # this control plane leads
     ws = communicator("node01")
     assert (await ws.connect())[0]
     await ws.send_to(text_data=register("node01"))

@@ -99,3 +99,13 @@ def test_a_url_model_waits_for_its_header_then_is_placed_with_the_estimate(
     replica.refresh_from_db()
     assert replica.state == "starting"
     assert placement_request("gemma-0", Profile.objects.get()).memory_basis
+
+
+@pytest.mark.parametrize(("engine", "read"), [("llama.cpp", False), ("vllm", True)])
+def test_placement_asks_disk_of_the_workers_only_where_they_read_the_weights(engine, read):
+    from tests.factories import make_profile
+
+    profile = make_profile(engine=engine, nodes=2)
+    request = placement_request("gemma-0", profile)
+    assert request.workers_read_weights is read
+    assert request.weights_on_rank_0_only is not read

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from fleet.link import heartbeats
@@ -41,7 +41,7 @@ async def test_a_flush_writes_every_node_in_chunks(node_ids, monkeypatch):
     batch_of(batcher, node_ids, 33.0)
     assert await batcher.flush() == NODES
     assert chunks == [FLUSH_CHUNK, FLUSH_CHUNK, 10]
-    written = await sync_to_async(
+    written = await database_sync_to_async(
         lambda: Node.objects.filter(id__in=node_ids, usage__cpu_percent=33.0).count()
     )()
     assert written == NODES
@@ -65,7 +65,7 @@ async def test_a_chunk_that_fails_is_kept_with_the_rest_for_the_next_flush(node_
     assert sorted(batcher._latest) == node_ids[FLUSH_CHUNK:]
     monkeypatch.setattr(heartbeats, "write_heartbeats", write)
     assert await batcher.flush() == NODES - FLUSH_CHUNK
-    written = await sync_to_async(
+    written = await database_sync_to_async(
         lambda: Node.objects.filter(id__in=node_ids, usage__cpu_percent=44.0).count()
     )()
     assert written == NODES

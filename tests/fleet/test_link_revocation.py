@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from agent_worker.control_plane_proof import LinkedAnswerRefused, check_linked_answer
@@ -40,7 +40,7 @@ def ca(settings, tmp_path):
 
 async def certificate_link(node_id: str, directory) -> tuple[WebsocketCommunicator, dict, int]:
     """A node linked by a fresh certificate: the socket, the "linked" answer, the serial."""
-    issued = await sync_to_async(issue_node_certificate)(node_id, actor=SETUP)
+    issued = await database_sync_to_async(issue_node_certificate)(node_id, actor=SETUP)
     cert, key = directory / f"{node_id}-{issued.serial}.pem", directory / f"{node_id}-key.pem"
     cert.write_bytes(issued.cert_pem)
     key.unlink(missing_ok=True)
@@ -80,7 +80,7 @@ async def test_revoking_a_node_closes_its_certificate_link_within_seconds(settin
     settings.LLMGW_NODE_AUTH = "certificate"
     ws, _answer, serial = await certificate_link("node01", tmp_path)
 
-    await sync_to_async(revoke_node_certificates)("node01", actor=SETUP)
+    await database_sync_to_async(revoke_node_certificates)("node01", actor=SETUP)
 
     reason = await closed_for_revocation(ws)
     assert f"the certificate of node node01 (serial {serial}) was revoked" in reason
@@ -93,10 +93,10 @@ async def test_revoking_a_node_closes_its_certificate_link_within_seconds(settin
 
 async def test_revoking_a_node_closes_its_token_link_and_its_token_links_no_more(ca, tmp_path):
     # Token mode (the tests' default): the node once had a certificate, now revoked.
-    await sync_to_async(issue_node_certificate)("node01", actor=SETUP)
+    await database_sync_to_async(issue_node_certificate)("node01", actor=SETUP)
     ws, _answer = await token_link("node01")
 
-    await sync_to_async(revoke_node_certificates)("node01", actor=SETUP)
+    await database_sync_to_async(revoke_node_certificates)("node01", actor=SETUP)
 
     assert "node node01 was revoked" in await closed_for_revocation(ws)
     again = communicator("node01")
@@ -112,9 +112,10 @@ async def test_a_revocation_notice_without_a_revocation_closes_nothing(ca, tmp_p
     # Anything that can publish on Redis could send one: the database says who is revoked.
     ws, _answer = await token_link("node01")
     client = redis_client()
-    await sync_to_async(client.publish)(channel_on(client, REVOKED_CHANNEL), "node01")
+    await database_sync_to_async(client.publish)(channel_on(client, REVOKED_CHANNEL), "node01")
     await ws.receive_nothing(timeout=1.0)
-    assert await sync_to_async(Node.objects.filter(id="node01", state="connected").exists)()
+    still = Node.objects.filter(id="node01", state="connected")
+    assert await database_sync_to_async(still.exists)()
     await ws.disconnect()
 
 
@@ -123,11 +124,11 @@ async def test_the_command_key_is_the_certificates_and_changes_with_it(settings,
     first, answer, serial = await certificate_link("node01", tmp_path)
     await first.disconnect()
     assert answer["command_key"] == command_key("node01", str(serial))
-    node = await sync_to_async(Node.objects.get)(id="node01")
+    node = await database_sync_to_async(Node.objects.get)(id="node01")
     assert node.key_generation == str(serial)
 
     # Revoked and onboarded again: the new certificate brings a new key.
-    await sync_to_async(revoke_node_certificates)("node01", actor=SETUP)
+    await database_sync_to_async(revoke_node_certificates)("node01", actor=SETUP)
     second, renewed, new_serial = await certificate_link("node01", tmp_path)
     await second.disconnect()
     assert renewed["command_key"] == command_key("node01", str(new_serial))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import get_args
 
 import pytest
 from django.db import connection
@@ -15,6 +16,8 @@ from fleet.transitions import (
     SHARD_TRANSITIONS,
     transition,
 )
+from protocol.shard import SHARD_LIVE, SHARD_READY
+from protocol.shard import ShardState as ProtocolShardState
 from tests.factories import SETUP, make_node, make_replica, make_shard
 
 MACHINES = {
@@ -145,3 +148,10 @@ def test_racing_to_different_targets_serialises_the_second_through_the_machine()
     else:
         # unreachable won first; lost then legitimately follows from unreachable.
         assert node.state == "lost" and results["lost"] == "unreachable"
+
+
+def test_the_shard_state_names_readers_use_are_the_rows_own():
+    """Benches and agents compare with protocol's names; the rows hold fleet's."""
+    assert set(get_args(ProtocolShardState)) == set(ShardState.values)
+    assert set(SHARD_LIVE) == set(ShardState.LIVE)
+    assert SHARD_READY == ShardState.READY

@@ -108,16 +108,62 @@ def test_a_node_of_the_fabric_that_does_not_list_the_share_does_not_hold_it(flee
 def test_a_network_filesystem_is_one_store_for_the_nodes_that_mount_it(tmp_path):
     filer = tmp_path / "nfs"
     model_file(filer / "m.gguf", GIB)
+    model_file(filer / "deeper" / "d.gguf", GIB)
     mounts = tmp_path / "mounts"
     mounts.write_text(f"filer:/export/llm {filer} nfs4 rw 0 0\n")
     local_mounts = tmp_path / "local-mounts"
     local_mounts.write_text(f"/dev/sdc1 {filer} ext4 rw 0 0\n")
 
-    [on_nfs] = list_look_dirs(LookDirs(look=(filer,), mounts=mounts))
-    [on_disk] = list_look_dirs(LookDirs(look=(filer,), mounts=local_mounts))
+    on_nfs = list_look_dirs(LookDirs(look=(filer, filer / "deeper"), mounts=mounts))
+    [on_disk, _] = list_look_dirs(LookDirs(look=(filer,), mounts=local_mounts))
+    [on_ib_a, _] = list_look_dirs(LookDirs(look=(filer,), mounts=mounts, fabrics=("ib-a",)))
 
-    assert on_nfs["store"].startswith(f"nfs4:filer:/export/llm:{filer.stat().st_dev}")
+    # As the server names it: no client's device number (each client numbers its own),
+    # and one store whichever directory of it is looked in.
+    assert [w["store"] for w in on_nfs] == ["nfs4:filer:/export/llm"] * 3
+    assert on_ib_a["store"] == "ib-a/nfs4:filer:/export/llm"
     assert on_disk["store"] == ""  # local storage is never taken for shared
+    assert not (filer / ".llmgw-share").exists()  # only a declared share is marked
+
+
+def test_two_fabrics_with_their_own_filer_at_one_path_do_not_pool_their_weights(tmp_path):
+    path = tmp_path / "lustre" / "models"
+    gemma = model_file(path / "gemma-3.gguf", 4 * GIB)
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/sda1 / ext4 rw 0 0\n")
+    node_on(tmp_path, "a", "ib-a", LookDirs(shared=(path,), mounts=mounts, fabrics=("ib-a",)))
+    # ib-b's own filer, mounted at the same path on its nodes: other files, its own marker.
+    path.rename(tmp_path / "ib-a-filer")
+    qwen = model_file(path / "qwen.gguf", GIB)
+    node_on(tmp_path, "c", "ib-b", LookDirs(shared=(path,), mounts=mounts, fabrics=("ib-b",)))
+
+    mapped = weights_map()
+
+    assert mapped.holders(str(gemma)) == ["a"]
+    assert mapped.holders(str(qwen)) == ["c"]
+    assert mapped.total == 5 * GIB
+    [a_store] = mapped.stores_of[str(gemma)]
+    [c_store] = mapped.stores_of[str(qwen)]
+    assert a_store.startswith("ib-a/share:") and c_store.startswith("ib-b/share:")
+
+
+def test_a_declared_share_is_named_by_its_marker_not_by_the_path_a_node_sees_it_at(tmp_path):
+    # One filer, mounted at /models on one node and /mnt/llm on another: the marker the
+    # first agent wrote is what both read.
+    here, there = tmp_path / "models", tmp_path / "mnt-llm"
+    model_file(here / "m.gguf", GIB)
+    [first] = list_look_dirs(LookDirs(shared=(here,), fabrics=("ib-a",)))
+    there.mkdir()
+    (there / ".llmgw-share").write_text((here / ".llmgw-share").read_text())
+    model_file(there / "m.gguf", GIB)
+    [second] = list_look_dirs(LookDirs(shared=(there,), fabrics=("ib-a",)))
+
+    marker = (here / ".llmgw-share").read_text().strip()
+    assert first["store"] == second["store"] == f"ib-a/share:{marker}"
+    assert (
+        list_look_dirs(LookDirs(shared=(here,), fabrics=("ib-a",)))[0]["store"] == (first["store"])
+    )  # read again, not written anew
+    assert sorted(p.name for p in here.iterdir()) == [".llmgw-share", "m.gguf"]
 
 
 def test_nothing_in_a_look_directory_is_ever_deleted(fleet, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from placement import place
+from placement import place, place_batch
 from tests.placement.builders import GIB, fabric, gpus, node, request
 
 CHAT = frozenset({"hf://org/chat"})
@@ -130,3 +130,63 @@ def test_a_single_node_replica_needs_no_fabric() -> None:
     assert decision.placed
     assert decision.fabric == ""
     assert decision.ranks[0].fabric is None
+
+
+# llama.cpp over RPC: only rank 0 opens the GGUF; rpc-server workers are sent their tensors.
+RPC = {"engine": "llama.cpp", "gpus_per_rank": 0, "gpu_memory": 0, "ranks": 3,
+       "disk": 140 * GIB, "workers_read_weights": False}  # fmt: skip
+LLAMA = {"llama.cpp": ("b6000",)}
+
+
+def test_workers_that_read_no_weights_need_no_disk_for_them() -> None:
+    ib_a = fabric("ib-a")
+    nodes = [node(f"node0{n}", fabrics=(ib_a,), engines=LLAMA, disk_free=10 * GIB)
+             for n in (1, 2)]  # fmt: skip
+    nodes.append(node("node03", fabrics=(ib_a,), engines=LLAMA, disk_free=500 * GIB))
+
+    decision = place(request(**RPC), nodes)
+
+    assert decision.placed, decision.reasons
+    assert [rank.node for rank in decision.ranks] == ["node03", "node01", "node02"]
+
+
+def test_workers_that_read_weights_each_need_disk_for_them() -> None:
+    ib_a = fabric("ib-a")
+    nodes = [node(f"node0{n}", fabrics=(ib_a,), engines=LLAMA, disk_free=10 * GIB)
+             for n in (1, 2)]  # fmt: skip
+    nodes.append(node("node03", fabrics=(ib_a,), engines=LLAMA, disk_free=500 * GIB))
+
+    decision = place(request(**{**RPC, "workers_read_weights": True}), nodes)
+
+    assert not decision.placed
+    assert "node01: needs 140 GiB disk free for weights, has 10 GiB" in decision.reasons
+
+
+def test_only_rank_0s_node_has_its_disk_taken() -> None:
+    ib_a = fabric("ib-a")
+    nodes = [node(f"node0{n}", fabrics=(ib_a,), engines=LLAMA, disk_free=150 * GIB)
+             for n in (1, 2, 3)]  # fmt: skip
+    two = {**RPC, "ranks": 2}
+
+    first, second, third = place_batch(
+        [request(**two, replica_key=key, weights_key=key) for key in ("a", "b", "c")], nodes
+    )
+
+    # Each replica's rank 0 takes 140 GiB of one node; its worker takes none.
+    assert [d.ranks[0].node for d in (first, second, third)] == ["node01", "node02", "node03"]
+    assert third.placed
+
+
+def test_no_node_with_room_for_rank_0_is_said_so() -> None:
+    ib_a = fabric("ib-a")
+    nodes = [node(f"node0{n}", fabrics=(ib_a,), engines=LLAMA, disk_free=10 * GIB)
+             for n in (1, 2, 3)]  # fmt: skip
+
+    decision = place(request(**RPC), nodes)
+
+    assert not decision.placed
+    assert decision.problem == (
+        "needs 3 nodes on one fabric, one of them with 140 GiB disk free for rank 0's weights "
+        "(the other ranks read none); no node on a fabric with enough eligible nodes has it"
+    )
+    assert "node01: needs 140 GiB disk free for rank 0's weights, has 10 GiB" in decision.reasons

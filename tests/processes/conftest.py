@@ -26,7 +26,8 @@ def processes(tmp_path):
 
 
 # Tests that build a simulated fleet share the machine's network namespaces (lsim-*), and
-# `sim up` removes any it finds: with two xdist workers they must take turns.
+# `sim up` refuses while one runs (or with replace, takes it down): with two xdist workers
+# they must take turns.
 SIMULATED_FLEET_MODULES = {"test_sim", "test_sim_impair", "test_partitions", "test_walls"}
 
 

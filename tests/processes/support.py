@@ -24,6 +24,7 @@ import httpx
 import pytest
 from django.conf import settings
 
+from agent_worker.supervision.statedir import recorded_shards
 from llmgw_cli.demo import DEMO_MODEL
 from llmgw_cli.local_engine import local_engines, wheel_llama_server
 from tests.support.polling import wait_until
@@ -36,15 +37,12 @@ def kill_engines_under(root: Path) -> list[int]:
     """Kill every engine the agents under ``root`` left running, as their state files record
     them (engines outlive their agent by design); return the process groups signalled."""
     killed = []
-    for state in root.glob("**/agent/shards/*.json"):
-        try:
-            recorded = json.loads(state.read_text()).get("processes", [])
-        except (OSError, ValueError):
-            continue
-        for process in recorded:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process["pgid"], signal.SIGKILL)
-                killed.append(process["pgid"])
+    for agent_dir in root.glob("**/agent"):
+        for record in recorded_shards(agent_dir).values():
+            for process in record.processes:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pgid, signal.SIGKILL)
+                    killed.append(process.pgid)
     return killed
 
 

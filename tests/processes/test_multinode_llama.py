@@ -5,6 +5,7 @@ them, served through a real router to the OpenAI SDK."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import uuid
@@ -193,6 +194,23 @@ def test_a_replica_across_two_nodes_serves_keeps_its_ranks_through_agent_restart
     replacement = Replica.objects.get(state="ready")
     assert len(ranks(replacement)) == 2
     assert "".join(wait_until(lambda: _stream_or_none(client), 60, "the replacement to serve"))
+
+    # Stopped, rank 0 (which connects) goes first and its rpc-server after: rank 0 never
+    # sees its worker vanish under it (it aborted with a backtrace in its log).
+    head, worker = ranks(replacement)
+    # (Stopped by the reconciler, which signs its stops with the leader's epoch.)
+    apply_catalog(demo_catalog(threads=1, nodes=2, replicas=0), actor=SETUP)
+    wait_until(lambda: all(s.state == "stopped" for s in ranks(replacement)), 60,
+               "both ranks of the replacement to stop")  # fmt: skip
+    stopped_at = {e.subject: e.at for e in Event.objects.filter(
+        subject__in=[head.id, worker.id], to_state="stopped")}  # fmt: skip
+    [released] = Event.objects.filter(subject=str(replacement.id),
+                                      reason__startswith="stopping rank 1")  # fmt: skip
+    assert released.reason == "stopping rank 1: the ranks that connect to them have stopped"
+    assert stopped_at[head.id] <= released.at <= stopped_at[worker.id]
+    # Stopped the other way round, it printed "Remote RPC server crashed" and gdb's stack.
+    said = (c.tmp_path / head.node_id / "agent" / "logs" / f"{head.id}.log").read_text()
+    assert "RPC server crashed" not in said and not re.search(r"^#0 ", said, re.M), said[-3000:]
 
 
 def _stream_or_none(client: openai.OpenAI) -> list[str] | None:

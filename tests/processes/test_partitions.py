@@ -36,7 +36,7 @@ def test_every_partition_scenario_keeps_its_invariants(tmp_path):
     out = tmp_path / "partitions.json"
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     argv = [sys.executable, "-m", "bench.partitions", "--short", "--only", ",".join(SHORT_RUN),
-            "--dir", str(tmp_path / "sim"), "--json", str(out)]  # fmt: skip
+            "--dir", str(tmp_path / "sim"), "--json", str(out), "--replace"]  # fmt: skip
     try:
         run = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -73,11 +74,60 @@ def netns_of(pid: int) -> str:
         return ""
 
 
+def another_persons_fleet(directory: Path) -> subprocess.Popen:
+    """One host of a fleet whose state is in ``directory``, a process running on it: what
+    another person's `llmgw sim up` looks like from here, mid-run."""
+    network.create_bridge(f"{network.PREFIX}-brother")
+    uts_file = directory / cleanup.UTS_DIR / "other1"
+    network.create_host("other1", "198.18.250.1", uts_file, "198.18.250.1 other1\n",
+                        bridge=f"{network.PREFIX}-brother")  # fmt: skip
+    argv = network.host_command("other1", uts_file, ["sleep", "600"])
+    return subprocess.Popen(argv, start_new_session=True)
+
+
+@needs_namespaces
+def test_up_refuses_while_another_fleet_runs_naming_it(home, tmp_path):
+    others = tmp_path / "others-sim"
+    running = another_persons_fleet(others)
+    try:
+        refused = sim(home, "up", "--nodes", "2")
+
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        [said] = refused.stderr.splitlines()
+        assert f"the one in {others} (hosts other1;" in said, said
+        assert "`llmgw sim up --replace` takes it down first" in said, said
+        assert running.poll() is None  # untouched: not ours to take down
+        assert network.namespace("other1") in network.our_namespaces()
+        assert not (home / "sim").exists()
+    finally:
+        running.kill()
+        running.wait()
+
+
+@needs_namespaces
+def test_replace_takes_the_running_fleet_down_first(tmp_path):
+    from llmgw_cli.sim.fleet import make_room
+
+    running = another_persons_fleet(tmp_path / "others-sim")
+    try:
+        make_room(tmp_path / "mine", replace=True)
+
+        assert running.wait(timeout=30) is not None
+        assert cleanup.leftovers() == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            running.kill()
+        running.wait()
+        cleanup.remove_everything([])
+
+
 @needs_namespaces
 @needs_demo
-def test_two_node_fleet_serves_through_its_router_and_down_leaves_nothing(home):
-    up = sim(home, "up", "--nodes", "2", timeout=240)
+def test_two_node_fleet_serves_through_its_router_and_down_leaves_nothing(home, tmp_path):
+    others = another_persons_fleet(tmp_path / "others-sim")  # replaced, as --replace says
+    up = sim(home, "up", "--nodes", "2", "--replace", timeout=240)
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    assert others.wait(timeout=10) is not None
     fleet = Fleet.load(home / "sim")
     assert fleet is not None
 

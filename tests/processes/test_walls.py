@@ -40,7 +40,9 @@ MANAGE = str(REPO / "manage.py")
 
 
 def test_walls_refuse_every_hostile_attempt_follow_shards_and_routers(tmp_path):
-    with simulated_fleet(hostile_node.NODES, tmp_path / "sim", demo=False) as fleet:
+    # replace: under the lock, a fleet running now is one a killed test left.
+    fleet_up = simulated_fleet(hostile_node.NODES, tmp_path / "sim", demo=False, replace=True)
+    with fleet_up as fleet:
         missing = hostile_node.serve_both(fleet, time.monotonic() + 300)
         assert not missing, "\n".join(support.diagnose(fleet, missing))
 
