@@ -62,9 +62,12 @@ class AgentConfig:
     pip_index_url: str = ""
     # Loader variables (LD_LIBRARY_PATH…) this node lets a profile's env set; none by default.
     allow_env: tuple[str, ...] = ()
-    # "nftables": wall every shard's ports (README, "Engine ports: who may reach them");
+    # "nftables": wall every shard's ports (docs/security.md, "Engine ports: who may reach them");
     # "off": the operator accepts them open to the network, and the node page says so.
     firewall: str = "nftables"
+    # Who engines run as when the agent is root (agent_worker/engine_user.py): "" for
+    # llmgw-engine; the agent's own user name keeps them as that user (an accepted risk).
+    engine_user: str = ""
     heartbeat_interval: float = 5.0
     probe_interval: float = 60.0
     log_max_bytes: int = DEFAULT_LOG_MAX_BYTES
@@ -174,6 +177,7 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
         pip_index_url=str(environ.get("LLMGW_PIP_INDEX_URL") or data.get("pip_index_url") or ""),
         allow_env=allow_env_from(environ, data, path),
         firewall=firewall_from(environ, data, path),
+        engine_user=str(environ.get("LLMGW_AGENT_ENGINE_USER") or data.get("engine_user") or ""),
         heartbeat_interval=float(environ.get("LLMGW_HEARTBEAT_INTERVAL") or 5.0),
         log_max_bytes=log_max_bytes,
         log_keep=log_keep,

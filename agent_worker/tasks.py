@@ -27,7 +27,14 @@ from protocol.commands import (
 )
 from protocol.engines import WantedEngine
 from protocol.shard import ShardSpec
-from protocol.signing import BadSignature, SealError, open_sealed, refuse_at_sight, verify
+from protocol.signing import (
+    ArrivedLate,
+    BadSignature,
+    SealError,
+    open_sealed,
+    refuse_at_sight,
+    verify,
+)
 
 log = logging.getLogger("llmgw.agent.commands")
 
@@ -46,10 +53,20 @@ def _command_key() -> str:
 
 
 def _checked(task: str, args: list[Any], deadline: float, signature: str, command_id: str) -> bool:
-    guard = current().commands
+    runtime = current()
+    guard = runtime.commands
     try:
-        refuse_at_sight(task, deadline, signature, command_id)  # no key needed: no wait
-        verify(_command_key(), task, args, deadline, signature, command_id)
+        try:
+            refuse_at_sight(task, deadline, signature, command_id)  # no key needed: no wait
+        except ArrivedLate:
+            if not runtime.link.command_key:
+                return _dropped_before_the_key(task)
+            raise
+        key = _command_key()
+        if not key:
+            return _dropped_before_the_key(task)
+        guard.key_in_hand()
+        verify(key, task, args, deadline, signature, command_id)
         if not guard.first_time(command_id, deadline):
             raise BadSignature(f"{task} {command_id} was obeyed already: this is a replay")
     except BadSignature as exc:
@@ -59,6 +76,16 @@ def _checked(task: str, args: list[Any], deadline: float, signature: str, comman
         guard.refused(task, str(exc))
         return False
     return True
+
+
+def _dropped_before_the_key(task: str) -> bool:
+    """A command this agent cannot check yet: it has not linked since it started (a
+    power-on, a restart while the control plane is away). Most are llmgw's own, queued
+    before the node went away, and the control plane sends what still stands again once
+    it links (the engines, the drain, the callers, stops, the epoch): dropped, not refused,
+    so no Event a command on the node page, and said once in the agent log."""
+    current().commands.dropped_before_key(task)
+    return False
 
 
 # After each command's own arguments, its signed envelope as keywords: the deadline, the

@@ -21,6 +21,7 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from fleet import leadership
 from fleet.models import Node, NodeCertificate
 from fleet.pki.keys import command_key
+from fleet.pki.redaction import replica_secrets, without_secrets
 from protocol.commands import (
     AnnounceEpoch,
     CollectWeights,
@@ -169,8 +170,13 @@ def send_drain(
 
 
 def read_logs(node_id: str, source: str = "agent", lines: int = 200) -> dict:
-    """The node's recent log lines for ``source``, and the sources it has."""
-    return _ask(node_id, ReadLogs(source=source, lines=lines))
+    """The node's recent log lines for ``source``, and the sources it has, without the
+    secret of any replica the node runs (an engine may print its own)."""
+    answer = _ask(node_id, ReadLogs(source=source, lines=lines))
+    if answer.get("lines"):
+        secrets = replica_secrets(node_id=node_id)
+        answer = {**answer, "lines": without_secrets(answer["lines"], secrets)}
+    return answer
 
 
 def engine_check(node_id: str, engine: str) -> dict:

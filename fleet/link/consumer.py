@@ -31,6 +31,7 @@ from fleet.actions import reports, shard_reports
 from fleet.actions.certificates import link_proven
 from fleet.link.admission import peer_address, pending
 from fleet.link.heartbeats import batcher
+from fleet.link.node_address import address_problem
 from fleet.link.revocations import live_links
 from fleet.pki.authority import PkiError
 from fleet.pki.keys import command_key
@@ -254,6 +255,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 f"register describes host {message.inventory.hostname!r} on the link of node "
                 f"{self.node_id!r}; the node id must be its hostname",
             )
+            return
+        problem = address_problem(self.node_id, message.inventory.address, peer_address(self.scope))
+        if problem:
+            await self._refuse(messages.CLOSE_IDENTITY_MISMATCH, problem)
             return
         answer = await database_sync_to_async(reports.link_node)(
             self.node_id, message, actor=AGENT_LINK, key_generation=self.generation

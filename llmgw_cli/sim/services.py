@@ -103,7 +103,7 @@ def redis_command(
     write_secret_file(
         config,
         f"bind {address}\n{listen}requirepass {password}\nprotected-mode no\n"
-        f'dir {directory}\nsave ""\nappendonly no\n',
+        f'dir {directory}\nsave ""\nappendonly yes\nappendfsync everysec\n',
     )
     return [binary, str(config)], password
 

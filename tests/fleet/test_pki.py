@@ -71,7 +71,7 @@ def test_onboarding_writes_a_bundle_the_agent_reads(ca, tmp_path):
 
     assert "wrote the bundle for gpu07" in said
     assert sorted(p.name for p in bundle.iterdir()) == [
-        "agent.yaml", "ca.pem", "install.sh", "node-key.pem", "node.pem",
+        "agent.yaml", "ca.pem", "install.sh", "node-key.pem", "node.pem", "requirements.lock",
     ]  # fmt: skip
     assert mode(bundle / "node-key.pem") == 0o600 and os.access(bundle / "install.sh", os.X_OK)
     config = load_config(bundle / "agent.yaml", environ={})
@@ -268,8 +268,10 @@ def test_install_sh_installs_once_and_a_second_run_changes_nothing(ca, tmp_path)
     calls = (venv_bin / "pip-calls").read_text().splitlines()
     assert calls[0].startswith("download --quiet --no-deps --only-binary=:all: -d ")
     assert calls[0].endswith(" llmgw==0.1.0")
-    assert calls[1].startswith("install --quiet ") and calls[1].endswith(".whl")
-    assert len(calls) == 2  # the second run installed nothing
+    # The dependencies as locked, each file checked by its hash; then llmgw alone.
+    assert calls[1] == f"install --quiet --require-hashes -r {bundle / 'requirements.lock'}"
+    assert calls[2].startswith("install --quiet --no-deps ") and calls[2].endswith(".whl")
+    assert len(calls) == 3  # the second run installed nothing
     assert "Restart=always" in unit.read_text()
     assert "worker -Q node-$$(hostname)" in unit.read_text()
     assert mode(root / "etc" / "llmgw" / "node-key.pem") == 0o600

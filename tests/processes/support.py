@@ -198,7 +198,7 @@ if master:
     rendezvous.bind(("127.0.0.1", int(master)))
     rendezvous.listen()
     rendezvous.set_inheritable(True)  # kept across the exec below
-stub = [{python!r}, {stub!r}, "--port", flag("--port"), "--api-key", flag("--api-key")]
+stub = [{python!r}, {stub!r}, "--port", flag("--port"), "--api-key-file", flag("--api-key-file")]
 os.execv(stub[0], stub)
 """
 

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("fleet", "0013_walls"),
+        ("fleet", "0015_stand_in_replicas"),
     ]
 
     operations = [
