@@ -133,7 +133,7 @@ def _checked_by(url: str, ca: Path) -> ssl.SSLContext | None:
 
 async def _flood(url: str, node: str, ca: Path) -> dict[str, int]:
     from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed
+    from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
     headers = {"X-Llmgw-Node": node, "X-Llmgw-Auth": "certificate"}
     counts = {"challenged": 0, "refused": 0, "closed": 0, "held": 0}
@@ -157,7 +157,9 @@ async def _flood(url: str, node: str, ca: Path) -> dict[str, int]:
                     counts["closed"] += 1
                 except TimeoutError:
                     counts["held"] += 1
-        except (OSError, TimeoutError, ConnectionClosed):
+        except (OSError, TimeoutError, ConnectionClosed, InvalidHandshake):
+            # Over TLS, a socket the control plane drops mid-handshake ends as an invalid
+            # HTTP answer: refused all the same.
             counts["refused"] += 1
 
     await asyncio.gather(*(one() for _ in range(FLOOD)))

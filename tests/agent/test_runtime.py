@@ -398,3 +398,13 @@ def test_the_register_reads_infiniband_from_the_configured_root(tmp_path):
     agent = runtime(tmp_path, fabrics={"ib-a": ["mlx5_0"]}, infiniband_root=tmp_path / "ib")
     [fabric] = agent.register_message().inventory.fabrics
     assert (fabric.name, fabric.adapters, fabric.rate_gbps) == ("ib-a", ["mlx5_0"], 200.0)
+
+
+def test_an_insecure_agent_says_so_on_its_node_page(tmp_path):
+    # insecure: true let the agent start with plaintext to the network; its register says
+    # so among the node's warnings, which the node page lists.
+    agent = runtime(tmp_path, servers=("ws://10.0.0.1:8000",), insecure=True)
+    warnings = agent.register_message().inventory.warnings
+    assert "plaintext to the network (insecure: true): ws://10.0.0.1:8000" in warnings
+    assert not [w for w in runtime(tmp_path).register_message().inventory.warnings
+                if "plaintext" in w]  # fmt: skip
