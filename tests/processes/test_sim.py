@@ -85,8 +85,17 @@ def another_persons_fleet(directory: Path) -> subprocess.Popen:
     return subprocess.Popen(argv, start_new_session=True)
 
 
+@pytest.fixture
+def no_fleet_running():
+    """These tests make a stand-in fleet: one that really runs (a bench started by hand,
+    which takes no lock) is someone's, and is left alone."""
+    running = cleanup.running_fleet()
+    if running is not None:
+        pytest.skip(f"a simulated fleet runs on this machine, not this test's: {running}")
+
+
 @needs_namespaces
-def test_up_refuses_while_another_fleet_runs_naming_it(home, tmp_path):
+def test_up_refuses_while_another_fleet_runs_naming_it(no_fleet_running, home, tmp_path):
     others = tmp_path / "others-sim"
     running = another_persons_fleet(others)
     try:
@@ -105,7 +114,7 @@ def test_up_refuses_while_another_fleet_runs_naming_it(home, tmp_path):
 
 
 @needs_namespaces
-def test_replace_takes_the_running_fleet_down_first(tmp_path):
+def test_replace_takes_the_running_fleet_down_first(no_fleet_running, tmp_path):
     from llmgw_cli.sim.fleet import make_room
 
     running = another_persons_fleet(tmp_path / "others-sim")
