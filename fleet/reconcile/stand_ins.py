@@ -13,8 +13,8 @@ first of their replacements. Both pieces of evidence are needed: nodes silent to
 control plane alone (its own network is cut) and replicas one router cannot reach alone
 (that router's network) make no stand-in.
 
-Cost: one query for the nodes not connected each pass; replicas and the routers' reports
-are read only when some node is silent or a stand-in lives.
+Cost: one query a pass (the models with a replica on an unreachable node or a stand-in);
+those models' replicas, and the routers' reports, are read only when there are some.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime
 
+from django.db.models import Q
+
 from audit.actors import RECONCILER
 from fleet.actions.replicas import adopt_stand_in, create_replica, drain_replica, stop_replica
-from fleet.models import Node, NodeState, Replica, ReplicaState, with_shard_nodes
+from fleet.models import NodeState, Replica, ReplicaState, with_shard_nodes
 from fleet.reconcile.report import ReconcileReport
 from fleet.reconcile.rollout import Reports, drain_verdict, reports_once
 
@@ -41,14 +43,16 @@ def keep_stand_ins(
 ) -> None:
     """Place a stand-in for each model no router reaches, and retire or adopt each stand-in
     whose reason is gone."""
-    silent = Node.objects.exclude(state=NodeState.CONNECTED)
-    stand_ins = Replica.objects.filter(
-        state__in=ReplicaState.COUNTED, stands_in_since__isnull=False
+    counted = Replica.objects.filter(state__in=ReplicaState.COUNTED, profile__isnull=False)
+    # One query in a steady fleet: the models with a replica on a silent node or a stand-in.
+    concerned = counted.filter(
+        Q(shards__node__state=NodeState.UNREACHABLE) | Q(stands_in_since__isnull=False)
     )
-    if not silent.exists() and not stand_ins.exists():
+    models = set(concerned.values_list("model_name", flat=True).distinct())
+    if not models:
         return
     read = read or reports_once()
-    counted = Replica.objects.filter(state__in=ReplicaState.COUNTED, profile__isnull=False)
+    counted = counted.filter(model_name__in=models)
     by_model: dict[str, list[Replica]] = defaultdict(list)
     for replica in with_shard_nodes(
         counted.select_related("profile__model").order_by("created_at")
