@@ -73,7 +73,7 @@ def _placeable_state(node: Node, now: datetime) -> str:
     unreachable timer reads as unreachable even while the mass-silence hold keeps it
     connected (``fleet.link.liveness``), so nothing new is sent to a node that may be dead."""
     if node.state == CONNECTED and node.liveness_at(now) != CONNECTED:
-        return str(node.liveness_at(now))
+        return "unreachable"
     return DRAINING if node.draining and node.state == CONNECTED else node.state
 
 

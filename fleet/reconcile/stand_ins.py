@@ -77,9 +77,10 @@ def keep_stand_ins(
 
 def _state(node: Node, now: datetime) -> str:
     """The node's state as its silence makes it: a connected node unheard past the timer
-    is unreachable here, though the mass-silence hold keeps it connected in its row."""
-    if node.state == NodeState.CONNECTED:
-        return str(node.liveness_at(now))
+    is unreachable here, though the mass-silence hold keeps it connected in its row. It is
+    never lost before liveness says so: scale() counts its replicas until then."""
+    if node.state == NodeState.CONNECTED and node.liveness_at(now) != NodeState.CONNECTED:
+        return NodeState.UNREACHABLE
     return str(node.state)
 
 

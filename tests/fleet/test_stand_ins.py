@@ -136,6 +136,11 @@ def test_nodes_held_connected_by_the_mass_silence_hold_get_a_stand_in_elsewhere(
     [stand_in] = stand_ins()
     assert stand_in.state == "starting" and stand_in.shards.get().node_id == fleet.nodes[0]
     assert set(Node.objects.values_list("state", flat=True)) == {"connected"}
+    fleet.ready()
+    # Silent past the lost timer, still held connected: it stands in, it replaces no one.
+    report = fleet.run(seconds=120)
+    assert [r.id for r in stand_ins()] == [stand_in.id]
+    assert not report.stopping and not report.draining
 
 
 def test_no_stand_in_while_some_router_may_still_reach_a_replica(fleet):
