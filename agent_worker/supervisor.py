@@ -180,7 +180,7 @@ class Supervisor(ShardLoop):
     def kill_unidentified_gpu_processes(
         self, gpu_pids: Iterable[int], grace: float = 5.0
     ) -> GpuSweep:
-        """Kill this user's engines holding GPUs that no shard here accounts for; report the rest.
+        """Kill the engine user's engines holding GPUs no shard here accounts for; report the rest.
 
         A process holding GPUs that nothing can describe is worse than none: placement
         hands those GPUs out again. Call after ``adopt_all``. Who is killed and who is
@@ -188,7 +188,8 @@ class Supervisor(ShardLoop):
         """
         ours = [proc for run in self._live_runs() for proc in run.processes]
         pgids, leaders = {proc.pgid for proc in ours}, {proc.pid for proc in ours}
-        return sweep_gpu_holders(gpu_pids, pgids, leaders, grace)
+        user = self._engine_user
+        return sweep_gpu_holders(gpu_pids, pgids, leaders, grace, user.uid if user else None)
 
     # -- what is running --------------------------------------------------------------
 

@@ -27,7 +27,14 @@ from protocol.commands import (
 )
 from protocol.engines import WantedEngine
 from protocol.shard import ShardSpec
-from protocol.signing import ArrivedLate, BadSignature, refuse_at_sight, verify
+from protocol.signing import (
+    ArrivedLate,
+    BadSignature,
+    SealError,
+    open_sealed,
+    refuse_at_sight,
+    verify,
+)
 
 log = logging.getLogger("llmgw.agent.commands")
 
@@ -89,7 +96,25 @@ def _dropped_before_the_key(task: str) -> bool:
 def start_shard_task(spec_json: str, *, deadline=0.0, signature="", command_id="") -> str:
     if not _checked(START_SHARD, [spec_json], deadline, signature, command_id):
         return "refused"
-    return current().start_shard(ShardSpec.model_validate_json(spec_json))
+    try:
+        spec = _opened(ShardSpec.model_validate_json(spec_json))
+    except SealError as exc:
+        log.error("refusing a command %s: its replica's secret: %s", START_SHARD, exc)
+        current().commands.refused(START_SHARD, f"its replica's secret: {exc}")
+        return "refused"
+    return current().start_shard(spec)
+
+
+def _opened(spec: ShardSpec) -> ShardSpec:
+    """``spec`` with its replica's secret opened: it travels on the broker sealed for this
+    node, to its certificate or under its command key."""
+    if not spec.sealed_api_key:
+        return spec
+    link = current().link
+    private_key = link.identity.private_key if link.identity is not None else None
+    secret = open_sealed(spec.sealed_api_key, spec.shard_id, private_key=private_key,
+                         command_key=link.command_key)  # fmt: skip
+    return spec.model_copy(update={"api_key": secret, "sealed_api_key": ""})
 
 
 @shared_task(name=STOP_SHARD)

@@ -434,6 +434,12 @@ class NodeCertificate(models.Model):
     issued_at = models.DateTimeField(auto_now_add=True)
     not_after = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # The SHA-256 of the node's own broker password (its bundle holds the password): what
+    # its Redis user is made with again whenever Redis forgot it (fleet/pki/broker_users).
+    broker_password_sha256 = models.CharField(max_length=64, blank=True, default="")
+    # The certificate itself (PEM), from its issuance or the first link it proved: a
+    # replica's secret travels on the broker sealed to its public key.
+    certificate_pem = models.TextField(blank=True, default="")
 
     class Meta:
         ordering = ["node_id", "issued_at"]

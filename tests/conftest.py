@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+import pwd
+
 import pytest
 from hypothesis import HealthCheck, settings
 from rest_framework.test import APIClient
@@ -17,6 +20,12 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 settings.load_profile("llmgw-fuzz")
+
+# The agents tests start run engines as their own user: the stand-in engines are scripts of
+# this checkout's Python, which an unprivileged user may not reach (a pyenv under /root).
+# Tests of the engine user name it (tests/agent/test_engine_user.py); the simulated fleet's
+# agents, which run the real llama-server, use it as an installed node's do.
+os.environ.setdefault("LLMGW_AGENT_ENGINE_USER", pwd.getpwuid(os.geteuid()).pw_name)
 
 
 @pytest.fixture

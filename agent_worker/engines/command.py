@@ -7,6 +7,21 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class SecretFile:
+    """A secret a process reads from a file whose path its command line names.
+
+    A command line is world-readable (``ps``, ``/proc/<pid>/cmdline``); the file is not.
+    The supervisor writes ``content`` to ``name`` in the shard's own directory, mode 0600,
+    before the process starts, adds ``flag PATH`` to its argv, and removes the file when
+    the shard ends.
+    """
+
+    flag: str  # e.g. "--api-key-file"; "" puts the path alone
+    name: str  # a plain file name, e.g. "api-key"
+    content: str = field(repr=False)  # never in a log line or a traceback's repr
+
+
+@dataclass(frozen=True)
 class LaunchCommand:
     """One process of a shard.
 
@@ -15,6 +30,8 @@ class LaunchCommand:
     shard's. ``wait_for_port`` makes the supervisor wait until host:port accepts a
     connection after starting this command and before starting the next, bounded
     by ``wait_timeout`` seconds, so a head that never appears fails the shard.
+    ``secret_files`` and ``secret_env`` reach the process by file or environment (both
+    private to its user), never on its command line.
     """
 
     argv: tuple[str, ...]
@@ -22,6 +39,9 @@ class LaunchCommand:
     name: str = ""
     wait_for_port: tuple[str, int] | None = None
     wait_timeout: float = 60.0
+    secret_files: tuple[SecretFile, ...] = ()
+    # Added to the environment like ``env``, kept out of repr: VLLM_API_KEY, say.
+    secret_env: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from agent_worker.engines import prebuilt_launcher
 from agent_worker.engines.base import EngineAdapter, engine_env
-from agent_worker.engines.command import LaunchCommand
+from agent_worker.engines.command import LaunchCommand, SecretFile
 from core.gguf import GgufError, block_count
 from protocol.engine_args import COMMON_OWNED_FLAGS
 from protocol.engine_serves import serve_owned_env, serve_owned_flags
@@ -106,10 +106,14 @@ class LlamaCppAdapter(EngineAdapter):
         # CPU shards also say -ngl 0: CUDA_VISIBLE_DEVICES="" hides NVIDIA cards, not a
         # Vulkan or ROCm build's, and a CPU profile must stay on the CPU.
         argv += ["-ngl", _offloaded_layers(spec)]
-        if spec.api_key:
-            argv += ["--api-key", spec.api_key]
         argv += spec.args
-        return [LaunchCommand(argv=tuple(argv), env=engine_env(spec), name="llama-server")]
+        # By file: --api-key would show the replica's secret to anyone who runs ps.
+        secrets = (SecretFile("--api-key-file", "api-key", spec.api_key),) if spec.api_key else ()
+        return [
+            LaunchCommand(
+                argv=tuple(argv), env=engine_env(spec), name="llama-server", secret_files=secrets
+            )
+        ]
 
     def _rpc_worker(self, spec: ShardSpec, binary: str) -> LaunchCommand:
         # Only llmgw's flags: the profile's args are llama-server's, and none of them may

@@ -7,10 +7,11 @@ command with its own ``--node-rank``; only rank 0 serves HTTP.
 
 from __future__ import annotations
 
+import json
 from typing import ClassVar
 
 from agent_worker.engines.base import EngineAdapter, engine_env
-from agent_worker.engines.command import LaunchCommand
+from agent_worker.engines.command import LaunchCommand, SecretFile
 from agent_worker.engines.validation import nccl_node_problems
 from protocol.engine_args import COMMON_OWNED_FLAGS
 from protocol.engine_serves import serve_owned_flags
@@ -46,6 +47,8 @@ class SglangAdapter(EngineAdapter):
         "--nccl-init-addr": _MULTI_NODE,
         "--base-gpu-id": _GPUS,
         "--context-length": "llmgw sets from the profile's context; set context: there instead",
+        "--config": "llmgw passes the replica's secret in a config file of its own; "
+        "set the options in args instead",
         **serve_owned_flags(name),  # --is-embedding
     }
 
@@ -66,13 +69,23 @@ class SglangAdapter(EngineAdapter):
         if spec.world_size > 1:
             argv += ["--nnodes", str(spec.world_size), "--node-rank", str(spec.rank)]
             argv += ["--dist-init-addr", spec.rendezvous]
-        if spec.api_key:
-            argv += ["--api-key", spec.api_key]
         # Every rank: workers load the model as rank 0 does, an embedder or a generator.
         argv += self.serve_flags(spec.serves)
         argv += spec.args
         name = "sglang" if spec.rank == 0 else "sglang-worker"
-        return [LaunchCommand(argv=tuple(argv), env=engine_env(spec), name=name)]
+        # SGLang reads no key from its environment; its --config file (YAML, by suffix)
+        # takes any flag, so the secret goes there rather than on the command line.
+        secrets: tuple[SecretFile, ...] = ()
+        if spec.api_key:
+            secrets = (SecretFile("--config", "sglang-secret.yaml", _yaml_secret(spec.api_key)),)
+        return [
+            LaunchCommand(argv=tuple(argv), env=engine_env(spec), name=name, secret_files=secrets)
+        ]
 
     def version_command(self, binary: str) -> list[str]:
         return [binary, "-c", "import sglang; print(sglang.__version__)"]
+
+
+def _yaml_secret(api_key: str) -> str:
+    # A JSON string is a YAML scalar, whatever characters the secret holds.
+    return f"api-key: {json.dumps(api_key)}\n"

@@ -56,7 +56,10 @@ class VllmAdapter(EngineAdapter):
         "--max-model-len": _SET_CONTEXT,
         **serve_owned_flags(name),  # --runner, --convert, and the older --task
     }
-    owned_env = {"RAY_ADDRESS": "llmgw points it at the replica's own Ray head"}
+    owned_env = {
+        "RAY_ADDRESS": "llmgw points it at the replica's own Ray head",
+        "VLLM_API_KEY": "llmgw sets to the replica's own secret, which only the router sends",
+    }
 
     def engine_problems(self, spec: ShardSpec) -> list[str]:
         return nccl_node_problems(spec, "vLLM", "one tensor-parallel group")
@@ -111,9 +114,9 @@ class VllmAdapter(EngineAdapter):
         argv = [binary, "serve", _model(spec), "--served-model-name", spec.model]
         argv += ["--host", spec.host, "--port", str(spec.port), *_parallel(spec), *flags]
         argv += self.serve_flags(spec.serves)
-        if spec.api_key:
-            argv += ["--api-key", spec.api_key]
-        return LaunchCommand(argv=(*argv, *spec.args), env=env, name="vllm")
+        # In its environment (vLLM reads VLLM_API_KEY): --api-key would show it to ps.
+        secret = {"VLLM_API_KEY": spec.api_key} if spec.api_key else {}
+        return LaunchCommand(argv=(*argv, *spec.args), env=env, name="vllm", secret_env=secret)
 
     def version_command(self, binary: str) -> list[str]:
         return [binary, "--version"]

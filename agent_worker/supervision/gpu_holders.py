@@ -2,7 +2,8 @@
 
 A GPU held by a process no shard describes is worse than none: placement hands it out
 again. Only the agent's own leftovers are its to kill, though — an engine of a shard
-whose state file was lost, say, run by the agent's user. A desktop's graphics, another
+whose state file was lost, say, run by the user engines run as (the engine user under a
+root agent: never root's processes). A desktop's graphics, another
 user's job, or some other program of the agent's user keeps running and is reported as
 an unexpected GPU user, so an operator can see why the GPU is busy.
 """
@@ -74,9 +75,18 @@ def looks_like_engine(cmdline: Sequence[str]) -> bool:
 
 
 def sweep_gpu_holders(
-    gpu_pids: Iterable[int], known_pgids: set[int], leaders: set[int], grace: float
+    gpu_pids: Iterable[int],
+    known_pgids: set[int],
+    leaders: set[int],
+    grace: float,
+    engines_uid: int | None = None,
 ) -> GpuSweep:
-    """Kill this user's engines holding GPUs that no shard accounts for; report the others.
+    """Kill the engines of llmgw's engine user holding GPUs that no shard accounts for;
+    report the others.
+
+    ``engines_uid`` is the user engines run as: the engine user where the agent is root
+    (agent_worker/engine_user.py), so no process of root's, another container's say, is
+    ever killed; the agent's own user (the default) where engines run as that.
 
     ``known_pgids`` and ``leaders`` are the process groups and pids of the shards this
     agent runs; a holder in one of those groups, descended from one of those pids, or in
@@ -85,7 +95,8 @@ def sweep_gpu_holders(
     script that started it by hand is not taken along. An engine that survives SIGKILL
     still holds its GPUs and is reported as unexpected too.
     """
-    strays = _find_strays(gpu_pids, known_pgids, leaders)
+    owner = os.getuid() if engines_uid is None else engines_uid
+    strays = _find_strays(gpu_pids, known_pgids, leaders, owner)
     killed: list[int] = []
     unexpected = list(strays.unexpected)
     for pgid, pids in strays.groups.items():
@@ -112,7 +123,9 @@ def sweep_gpu_holders(
     return GpuSweep(killed=sorted(killed), unexpected=sorted(unexpected, key=lambda u: u.pid))
 
 
-def _find_strays(gpu_pids: Iterable[int], known_pgids: set[int], leaders: set[int]) -> _Strays:
+def _find_strays(
+    gpu_pids: Iterable[int], known_pgids: set[int], leaders: set[int], owner: int
+) -> _Strays:
     """Sort the GPU holders no shard accounts for into kill targets and unexpected users."""
     strays = _Strays()
     for pid in sorted(set(gpu_pids)):
@@ -125,7 +138,7 @@ def _find_strays(gpu_pids: Iterable[int], known_pgids: set[int], leaders: set[in
             continue  # gone since NVML listed it
         if pgid in known_pgids or pgid == os.getpgrp() or _descends_from(proc, leaders):
             continue
-        if not (_owned_by_agent_user(proc) and _is_engine(proc)):
+        if not (_owned_by(proc, owner) and _is_engine(proc)):
             if (found := describe_gpu_user(pid)) is not None:
                 strays.unexpected.append(found)
         elif _group_is_engines(pgid):
@@ -189,9 +202,9 @@ def _group_is_engines(pgid: int) -> bool:
         return False
 
 
-def _owned_by_agent_user(proc: psutil.Process) -> bool:
+def _owned_by(proc: psutil.Process, uid: int) -> bool:
     try:
-        return bool(proc.uids().real == os.getuid())
+        return bool(proc.uids().real == uid)
     except psutil.Error:
         return False
 

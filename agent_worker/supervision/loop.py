@@ -14,11 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent_worker.logbuffer import LogBuffer
+from agent_worker.supervision.engine_user import EngineUser
 from agent_worker.supervision.health import HealthProbe, port_open
 from agent_worker.supervision.logrotate import rotate_if_large
 from agent_worker.supervision.logtail import read_log_lines
 from agent_worker.supervision.process import ShardProcess
 from agent_worker.supervision.shard import PortWait, ShardRun, ShardTransition, StatusSequence
+from agent_worker.supervision.shard_files import SHARED_FILES, ShardFiles
 from agent_worker.supervision.statedir import StateDir, check_shard_id
 from protocol.shard import ShardSpec, ShardState
 
@@ -49,9 +51,18 @@ class ShardLoop:
         background: bool = True,
         clock: Callable[[], float] = time.monotonic,
         sequence: StatusSequence | None = None,
+        files_dir: Path | None = None,
+        engine_user: EngineUser | None = None,
     ) -> None:
         self.logs = logs if logs is not None else LogBuffer()
         self._state = StateDir(state_dir)
+        # Who engines run as (None: the agent's own user), and each shard's own directory,
+        # for the secrets it reads: beside the state files, or where the engine user reaches.
+        self._engine_user = engine_user
+        if files_dir is None:
+            shared = engine_user is not None
+            files_dir = SHARED_FILES if shared else Path(state_dir).parent / "shard-files"
+        self._files = ShardFiles(files_dir, shared=engine_user is not None)
         self._log_dir = Path(log_dir)
         self._log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._on_transition = on_transition
@@ -156,7 +167,10 @@ class ShardLoop:
                 return True
             command = run.commands[len(run.processes)]
             try:
-                proc = ShardProcess.launch(command, run.tail.path)
+                user = self._engine_user
+                group = user.shard_gid(run.spec.port) if user is not None else None
+                flags = self._files.write_secrets(run.shard_id, command.secret_files, group)
+                proc = ShardProcess.launch(command, run.tail.path, flags, user, group)
             except OSError as err:
                 name = command.name or (command.argv[0] if command.argv else "?")
                 self._finish(run, "failed", f"could not start {name}: {err}")
@@ -244,6 +258,7 @@ class ShardLoop:
         run.finished = True
         transition = run.transition(state, reason, output, exit_code, seq=self._sequence.next())
         self._state.remove(run.shard_id)
+        self._files.remove(run.shard_id)
         with self._lock:
             self._runs.pop(run.shard_id, None)
             self._remember(transition)

@@ -17,10 +17,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from agent_worker.engines.command import LaunchCommand
+from agent_worker.supervision.engine_user import EngineUser
 from agent_worker.supervision.statedir import ProcessRecord
 
 log = logging.getLogger(__name__)
@@ -105,13 +107,28 @@ class ShardProcess:
         return self._popen is None
 
     @classmethod
-    def launch(cls, command: LaunchCommand, log_path: Path) -> ShardProcess:
+    def launch(
+        cls,
+        command: LaunchCommand,
+        log_path: Path,
+        secret_flags: list[str] | None = None,
+        user: EngineUser | None = None,
+        group: int | None = None,
+    ) -> ShardProcess:
         """Start ``command`` in a new session with its output appended to ``log_path``.
 
-        Raises OSError when the executable cannot be run.
+        ``secret_flags`` (the flags naming its secret files) go after its argv; its secret
+        environment joins its environment. With ``user``, it runs as that user and as
+        ``group`` (the shard's own), with no other group. Raises OSError when the
+        executable cannot be run.
         """
-        argv = list(command.argv)
-        env = engine_environment(os.environ, command.env)
+        argv = [*command.argv, *(secret_flags or [])]
+        own = user.environment() if user is not None else {}
+        env = engine_environment(os.environ, {**command.env, **own, **command.secret_env})
+        who: dict[str, Any] = {}
+        if user is not None:
+            who = {"user": user.uid, "group": group if group is not None else user.gid}
+            who["extra_groups"] = []
         # The engine writes to the file itself: a pipe into the agent would die with the
         # agent and take the engine down with SIGPIPE.
         with open(log_path, "ab") as out:
@@ -123,6 +140,7 @@ class ShardProcess:
                 env=env,
                 start_new_session=True,
                 close_fds=True,
+                **who,
             )
         create_time, cmdline = 0.0, argv
         with contextlib.suppress(psutil.Error):

@@ -22,6 +22,7 @@ from audit.models import EventKind
 from core.humanize import format_bytes
 from fleet.models import Replica, ReplicaState, Shard, ShardState
 from fleet.pki.keys import replica_secret
+from fleet.pki.redaction import replica_secrets, without_secrets
 from fleet.transitions import transition
 from protocol import messages
 
@@ -30,7 +31,11 @@ log = logging.getLogger("llmgw.fleet")
 
 def record_shard_status(node_id: str, message: messages.ShardStatus, *, actor: Actor) -> bool:
     """Apply a shard's transition as its node reports it; False if refused, stale or unknown."""
-    shard = Shard.objects.filter(id=message.shard_id).only("node_id", "state", "status_seq").first()
+    shard = (
+        Shard.objects.filter(id=message.shard_id)
+        .only("node_id", "state", "status_seq", "replica_id")
+        .first()
+    )
     if shard is None:
         log.info("node %s reports unknown shard %s (%s)", node_id, message.shard_id, message.state)
         return False
@@ -57,7 +62,8 @@ def record_shard_status(node_id: str, message: messages.ShardStatus, *, actor: A
     if message.pid is not None:
         fields["pid"] = message.pid
     if message.output_tail:
-        fields["output_tail"] = message.output_tail
+        secrets = replica_secrets(replica_id=shard.replica_id)
+        fields["output_tail"] = without_secrets(message.output_tail, secrets)
     changed = (
         transition(Shard, message.shard_id, message.state, reason, actor=actor, **fields)
         is not None

@@ -15,9 +15,10 @@ No I/O here: the proxy (proxy.py) calls these when a stream breaks after its fir
 - ``Splice`` makes the continuation read as the rest of the first answer: its id, created
   and model, no second role delta, and the usage of the whole answer.
 
-Tokens the client received are counted one per event that carried text, as engines
-stream them; the whole answer's total is the last engine's (its prompt holds the text
-already sent), so the prompt is counted once.
+Tokens the client received are counted by the engine's tokenizer (forward/counting.py;
+one per event that carried text where it cannot say), so the budget left to a
+continuation is in tokens; the whole answer's total is the last engine's (its prompt
+holds the text already sent), so the prompt is counted once.
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ class Progress:
 
     def absorb(self, chunk: dict[str, Any]) -> None:
         """Take in one event of the answer, as the client received it."""
+        other_api = _text_of_other_api(chunk)
+        if other_api is not None:  # Messages or Responses: counted, never carried on
+            if other_api:
+                self.parts.append(other_api)
+                self.chunks += 1
+            return
         if self.id is None and isinstance(chunk.get("id"), str):
             self.id = chunk["id"]
             self.created, self.model = chunk.get("created"), chunk.get("model")
@@ -90,6 +97,21 @@ class Progress:
                 self.chunks += 1
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
+
+
+def _text_of_other_api(chunk: dict[str, Any]) -> str | None:
+    """The text an Anthropic Messages or OpenAI Responses stream event carries ("" for
+    another of their events), or None for a chat completion's or completion's event."""
+    kind = chunk.get("type")
+    if not isinstance(kind, str) or "choices" in chunk:
+        return None
+    delta = chunk.get("delta")
+    if kind == "content_block_delta" and isinstance(delta, dict):
+        text = delta.get("text") or delta.get("thinking") or delta.get("partial_json")
+        return text if isinstance(text, str) else ""
+    if kind.startswith("response.") and kind.endswith(".delta") and isinstance(delta, str):
+        return delta
+    return ""
 
 
 class Relayed:
@@ -180,19 +202,23 @@ def prompt_text(prompt: Any) -> str | None:
     return None
 
 
-def budget_spent(payload: dict[str, Any], progress: Progress) -> bool:
-    """Whether the client already received every token its ``max_tokens`` allowed."""
-    return any(
-        isinstance(payload.get(name), int) and progress.chunks >= payload[name] for name in BUDGETS
-    )
+def budget_spent(payload: dict[str, Any], progress: Progress, sent: int | None = None) -> bool:
+    """Whether the client already received every token its ``max_tokens`` allowed (``sent``:
+    the tokens it received, as the engine counts them; its text events if unknown)."""
+    sent = progress.chunks if sent is None else sent
+    return any(isinstance(payload.get(name), int) and sent >= payload[name] for name in BUDGETS)
 
 
-def continuation_body(path: str, payload: dict[str, Any], progress: Progress) -> bytes:
-    """The request that asks another engine to go on from what the client received."""
+def continuation_body(
+    path: str, payload: dict[str, Any], progress: Progress, sent: int | None = None
+) -> bytes:
+    """The request that asks another engine to go on from what the client received, with
+    what is left of its ``max_tokens`` after the ``sent`` tokens (text events if unknown)."""
     body = dict(payload)
+    sent = progress.chunks if sent is None else sent
     for name in BUDGETS:
         if isinstance(body.get(name), int):
-            body[name] -= progress.chunks
+            body[name] = max(1, body[name] - sent)
     text = progress.text
     if path == CHAT and text:
         body["messages"] = [*payload["messages"], {"role": "assistant", "content": text}]
@@ -222,12 +248,18 @@ def closing_events(path: str, progress: Progress) -> bytes:
 class Splice:
     """Rewrites a continuation's events to read as the rest of the answer ``progress`` began."""
 
-    def __init__(self, progress: Progress, *, drop_usage_only: bool) -> None:
+    def __init__(
+        self, progress: Progress, *, drop_usage_only: bool, sent: int | None = None
+    ) -> None:
         self.first = progress
-        self.sent_before = progress.chunks
+        self.sent_before = progress.chunks if sent is None else sent
         self.drop_usage_only = drop_usage_only
         self.tokens: Tokens | None = None  # of the whole answer, once the usage came
         self._partial = b""
+
+    def engine_usage(self) -> Tokens | None:
+        """The engine's count of the whole answer, once its usage came (``Served``'s)."""
+        return self.tokens
 
     def feed(self, data: bytes) -> bytes:
         """Take bytes as they came; return the whole events to pass on, rewritten."""

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -182,8 +183,13 @@ class RoutingTable:
             )  # fmt: skip
         return replace(self, routes=routes, by_name=_by_name(routes))
 
-    def known_names(self) -> list[str]:
-        return sorted(self.routes)
+    def engine_hosts(self) -> set[str]:
+        """The host of every engine this table routes to: nodes of the fleet."""
+        return {
+            urlsplit(endpoint.url).hostname or ""
+            for route in self.routes.values()
+            for endpoint in route.endpoints
+        } - {""}
 
 
 def _by_name(routes: dict[str, ModelRoute]) -> dict[str, ModelRoute]:

@@ -2,8 +2,8 @@
 """A stand-in engine for supervisor tests: serves /health like llama-server does.
 
     stub_engine.py --port P [--ready-after S] [--crash-after S] [--exit-code N]
-                   [--ignore-sigterm] [--fork-child] [--print-lines N] [--api-key K]
-                   [--hang]
+                   [--ignore-sigterm] [--fork-child] [--print-lines N] [--hang]
+                   [--api-key K | --api-key-file F]
 
 /health answers 503 "Loading model" until --ready-after seconds have passed, then 200;
 with --hang it accepts the connection and never answers, as a wedged engine does;
@@ -47,9 +47,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--child-session", action="store_true", help="the child calls setsid")
     parser.add_argument("--print-lines", type=int, default=0)
     parser.add_argument("--api-key", default="")
+    parser.add_argument("--api-key-file", default="", help="the key, read from this file")
     parser.add_argument("--hang", action="store_true", help="/health never answers")
     parser.add_argument("--tag", default="")
     args = parser.parse_args(argv)
+    if args.api_key_file:  # as llama-server's --api-key-file; vLLM's VLLM_API_KEY below
+        with open(args.api_key_file) as key_file:
+            args.api_key = key_file.read().strip()
+    args.api_key = args.api_key or os.environ.get("VLLM_API_KEY", "")
 
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -19,7 +19,8 @@ from agent_worker.engines import (
     VllmAdapter,
     get_adapter,
 )
-from agent_worker.engines.command import LaunchCommand
+from agent_worker.engines.command import LaunchCommand, SecretFile
+from agent_worker.supervision.shard_files import ShardFiles
 from protocol.shard import FabricAssignment, ShardSpec
 from tests.support.ports import free_port
 
@@ -84,10 +85,11 @@ def test_llama_cpp_on_the_cpu_hides_every_gpu():
         LaunchCommand(
             argv=words(
                 "/opt/llama/bin/llama-server -m /var/lib/llmgw-weights/q.gguf --alias qwen"
-                " --host 0.0.0.0 --port 8001 -c 4096 --metrics -ngl 0 --api-key k-1"
+                " --host 0.0.0.0 --port 8001 -c 4096 --metrics -ngl 0"
             ),
             env=CPU_ENV,
             name="llama-server",
+            secret_files=(SecretFile("--api-key-file", "api-key", "k-1"),),
         )
     ]
 
@@ -119,10 +121,10 @@ def test_vllm_on_one_node_with_four_gpus_is_tensor_parallel():
             argv=words(
                 "/opt/vllm/bin/vllm serve Qwen/Qwen2.5-7B-Instruct --served-model-name qwen"
                 " --host 0.0.0.0 --port 8001 --tensor-parallel-size 4 --max-model-len 32768"
-                " --api-key k-1"
             ),
             env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0,1,2,3"},
             name="vllm",
+            secret_env={"VLLM_API_KEY": "k-1"},
         )
     ]
 
@@ -164,10 +166,11 @@ def test_vllm_ray_rank_0_starts_a_head_waits_for_it_then_serves():
                 "/opt/vllm/bin/vllm serve Qwen/Qwen2.5-7B-Instruct --served-model-name qwen"
                 " --host 0.0.0.0 --port 8001 --tensor-parallel-size 4"
                 " --pipeline-parallel-size 2 --distributed-executor-backend ray"
-                " --api-key k-1 --dtype bfloat16"
+                " --dtype bfloat16"
             ),
             env={**IB_ENV, "RAY_ADDRESS": "10.0.0.1:6380"},
             name="vllm",
+            secret_env={"VLLM_API_KEY": "k-1"},
         ),
     ]
 
@@ -210,10 +213,11 @@ def test_vllm_multiprocessing_rank_0_serves_with_the_node_flags(launch_mode):
                 "vllm serve Qwen/Qwen2.5-7B-Instruct --served-model-name qwen --host 0.0.0.0"
                 " --port 8001 --tensor-parallel-size 4 --pipeline-parallel-size 2"
                 " --distributed-executor-backend mp --nnodes 2 --node-rank 0"
-                " --master-addr 10.0.0.1 --master-port 6380 --api-key k-1 --dtype bfloat16"
+                " --master-addr 10.0.0.1 --master-port 6380 --dtype bfloat16"
             ),
             env=IB_ENV,
             name="vllm",
+            secret_env={"VLLM_API_KEY": "k-1"},
         )
     ]
 
@@ -252,10 +256,11 @@ def test_sglang_on_one_node():
             argv=words(
                 "/opt/sglang/bin/python -m sglang.launch_server --model-path /weights/qwen"
                 " --served-model-name qwen --host 0.0.0.0 --port 8001 --tp-size 2"
-                " --context-length 8192 --api-key k-1 --mem-fraction-static 0.8"
+                " --context-length 8192 --mem-fraction-static 0.8"
             ),
             env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "4,5"},
             name="sglang",
+            secret_files=(SecretFile("--config", "sglang-secret.yaml", 'api-key: "k-1"\n'),),
         )
     ]
 
@@ -270,10 +275,11 @@ def test_sglang_across_two_nodes_counts_tensor_parallel_over_both(rank, name):
                 "python3 -m sglang.launch_server --model-path Qwen/Qwen2.5-7B-Instruct"
                 " --served-model-name qwen --host 0.0.0.0 --port 8001 --tp-size 8"
                 f" --nnodes 2 --node-rank {rank} --dist-init-addr 10.0.0.1:6380"
-                " --api-key k-1 --dtype bfloat16"
+                " --dtype bfloat16"
             ),
             env=IB_ENV,
             name=name,
+            secret_files=(SecretFile("--config", "sglang-secret.yaml", 'api-key: "k-1"\n'),),
         )
     ]
 
@@ -313,7 +319,28 @@ def test_profile_args_come_after_everything_llmgw_sets(engine, spec):
 
     (command,) = get_adapter(engine).commands(spec, "engine")
 
-    assert command.argv[-4:] == ("--api-key", "k-1", "--x-last", "1")
+    assert command.argv[-2:] == ("--x-last", "1")
+
+
+@pytest.mark.parametrize(
+    ("engine", "spec"),
+    [
+        ("llama.cpp", gguf()),
+        ("llama.cpp", gguf(rank=1, world_size=2, host="10.0.0.2")),
+        ("vllm", shard()),
+        ("vllm", multi_node(0, "ray")),
+        ("vllm", multi_node(1, "mp")),
+        ("sglang", shard(engine="sglang")),
+        ("sglang", multi_node(1, "native", "sglang")),
+    ],
+)
+def test_the_replica_secret_is_never_on_a_command_line_or_in_a_repr(engine, spec):
+    spec = spec.model_copy(update={"api_key": "s3cret-of-the-replica"})
+
+    for command in get_adapter(engine).commands(spec, "engine"):
+        assert not any("s3cret" in arg for arg in command.argv)
+        assert "s3cret" not in repr(command)
+        assert "--api-key" not in command.argv
 
 
 @pytest.mark.parametrize("engine", ["llama.cpp", "vllm", "sglang"])
@@ -356,14 +383,15 @@ def _real_llama_server_and_model() -> tuple[str, str]:
 
 
 @pytest.mark.process
-def test_a_real_llama_server_runs_the_cpu_command_line_and_guards_it_with_the_key():
+def test_a_real_llama_server_runs_the_cpu_command_line_and_guards_it_with_the_key(tmp_path):
     binary, model = _real_llama_server_and_model()
     spec = gguf(model_path=model, host="127.0.0.1", port=free_port(), context=512, api_key="k-1")
     assert LlamaCppAdapter().validate(spec) == []
     (command,) = LlamaCppAdapter().commands(spec, binary)
+    secret_flags = ShardFiles(tmp_path).write_secrets(spec.shard_id, command.secret_files)
 
     process = subprocess.Popen(
-        command.argv,
+        [*command.argv, *secret_flags],
         env={**os.environ, **command.env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,

@@ -100,7 +100,8 @@ def test_rank_0_names_every_worker_and_keeps_its_own_share_of_the_layers(tmp_pat
     # 30 blocks over 3 nodes: rank 0's CPU keeps the first 10, the workers take the other
     # 20 and the output layer.
     assert "-ngl 21" in argv
-    assert argv.endswith("--api-key k-1 -t 4 --no-warmup")
+    assert argv.endswith("-ngl 21 -t 4 --no-warmup")
+    assert [s.flag for s in command.secret_files] == ["--api-key-file"]
     assert command.name == "llama-server"
 
 

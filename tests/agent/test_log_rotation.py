@@ -198,6 +198,8 @@ def test_a_follower_past_the_end_of_a_file_truncated_by_someone_else_starts_over
 
 
 def agent(tmp_path, **fields) -> AgentRuntime:
+    # Stand-in engines in this checkout's Python: run as the agent's user (conftest).
+    fields.setdefault("engine_user", os.environ["LLMGW_AGENT_ENGINE_USER"])
     config = AgentConfig(
         servers=("ws://127.0.0.1:9",), broker="redis://127.0.0.1:9/0", node_id="node01",
         agent_dir=tmp_path / "agent", weights_dir=tmp_path / "weights", **fields,
@@ -216,7 +218,7 @@ def test_read_logs_answers_a_shard_from_its_files_across_the_rotation(tmp_path):
         assert runtime.read_logs("shard-1", 1) == ["new 1"]
         assert runtime.read_logs("../shard-1", 4) == []  # never a path outside the logs
         runtime.logs.append("agent", "the agent's own line")
-        assert runtime.read_logs("agent", 4) == ["the agent's own line"]
+        assert runtime.read_logs("agent", 1) == ["the agent's own line"]
     finally:
         runtime.stop()
 

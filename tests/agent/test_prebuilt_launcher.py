@@ -13,6 +13,7 @@ import pytest
 
 from agent_worker.engines import LlamaCppAdapter, prebuilt_launcher
 from agent_worker.engines.prebuilt_launcher import Refused, params_of, parse, refusals
+from agent_worker.supervision.shard_files import ShardFiles
 from protocol.shard import ShardSpec
 
 
@@ -23,9 +24,12 @@ def spec(**fields) -> ShardSpec:
     return ShardSpec(**{**values, **fields})
 
 
-def adapter_argv(shard: ShardSpec) -> list[str]:
-    """The command line the llama.cpp adapter writes, without the binary."""
-    return list(LlamaCppAdapter().commands(shard, "/venv/bin/llama-server")[0].argv[1:])
+def adapter_argv(shard: ShardSpec, secrets: Path | None = None) -> list[str]:
+    """The command line the llama.cpp adapter writes, without the binary; with the flags
+    naming its secret files, written under ``secrets``, when given."""
+    command = LlamaCppAdapter().commands(shard, "/venv/bin/llama-server")[0]
+    flags = ShardFiles(secrets).write_secrets("s", command.secret_files) if secrets else []
+    return [*command.argv[1:], *flags]
 
 
 class FakeParams(SimpleNamespace):
@@ -45,8 +49,8 @@ FAKE_XLLAMACPP = SimpleNamespace(
 )
 
 
-def test_the_chat_command_line_becomes_the_wheels_parameters():
-    params = params_of(parse(adapter_argv(spec()), environ={}), FAKE_XLLAMACPP)
+def test_the_chat_command_line_becomes_the_wheels_parameters(tmp_path):
+    params = params_of(parse(adapter_argv(spec(), tmp_path), environ={}), FAKE_XLLAMACPP)
 
     assert params.model.path == "/m.gguf"
     assert params.model_alias == {"smollm2"}

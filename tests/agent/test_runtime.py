@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import threading
 from pathlib import Path
@@ -25,6 +26,8 @@ from tests.support.polling import wait_until
 def runtime(tmp_path, **fields) -> AgentRuntime:
     fields.setdefault("servers", ("ws://127.0.0.1:9",))
     fields.setdefault("token", "token")  # FakeControlPlane's: it proves its answers with it
+    # Stand-in engines in this checkout's Python: run as the agent's user (conftest).
+    fields.setdefault("engine_user", os.environ["LLMGW_AGENT_ENGINE_USER"])
     config = AgentConfig(
         broker="redis://127.0.0.1:9/0", node_id="node01", agent_dir=tmp_path / "agent",
         weights_dir=tmp_path / "weights", **fields,

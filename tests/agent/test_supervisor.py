@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import socket
+import stat
+from pathlib import Path
 
 import pytest
 from stub_engine import gone
 
-from agent_worker.engines.command import LaunchCommand, Listener
+from agent_worker.engines.command import LaunchCommand, Listener, SecretFile
 from agent_worker.supervisor import Supervisor
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
@@ -32,6 +34,38 @@ def test_http_shard_is_ready_once_health_answers_200(harness):
     assert saved["spec"]["shard_id"] == spec.shard_id
     assert [p["pid"] for p in saved["processes"]] == [ready.pid]
     assert saved["processes"][0]["cmdline"][-5:] == list(command.argv[-5:])
+
+
+@pytest.mark.process
+def test_the_secret_reaches_the_engine_by_a_private_file_never_its_command_line(harness):
+    sup = harness.supervisor()
+    spec = harness.spec(api_key="s3cret-of-the-replica")
+    secret = SecretFile("--api-key-file", "api-key", spec.api_key)
+    command = harness.command(spec.port, "--ready-after", "0.5", secret_files=(secret,))
+
+    sup.start(spec, [command], serves_http=True, health_path="/health")
+
+    ready = harness.wait_for(spec.shard_id, "ready")  # the stub answers only with the key
+    cmdline = Path(f"/proc/{ready.pid}/cmdline").read_bytes().decode()
+    assert "s3cret" not in cmdline
+    key_file = Path(cmdline.split("\0")[cmdline.split("\0").index("--api-key-file") + 1])
+    assert key_file.read_text() == spec.api_key
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    sup.stop(spec.shard_id, grace=2.0)
+    assert not key_file.exists() and not key_file.parent.exists()
+
+
+@pytest.mark.process
+def test_a_secret_in_the_environment_stays_out_of_the_command_line(harness):
+    sup = harness.supervisor()
+    spec = harness.spec(api_key="s3cret-of-the-replica")
+    command = harness.command(spec.port, secret_env={"VLLM_API_KEY": spec.api_key})
+
+    sup.start(spec, [command], serves_http=True, health_path="/health")
+
+    ready = harness.wait_for(spec.shard_id, "ready")
+    assert b"s3cret" not in Path(f"/proc/{ready.pid}/cmdline").read_bytes()
+    assert b"VLLM_API_KEY=s3cret" in Path(f"/proc/{ready.pid}/environ").read_bytes()
 
 
 @pytest.mark.process

@@ -142,12 +142,12 @@ def agent(
     defaults = {
         "LLMGW_AGENT_CONFIG": str(home / "no-agent-file.yaml"),
         "LLMGW_ENGINES": local_engines(),  # as `llmgw up` names the wheel
+        "LLMGW_AGENT_BROKER": settings.REDIS_URL,
     }
     env = base_env(
         LLMGW_NODE_ID=node_id,
         LLMGW_AGENT_SERVERS=servers,
         LLMGW_AGENT_TOKEN=token,
-        LLMGW_AGENT_BROKER=settings.REDIS_URL,
         LLMGW_AGENT_DIR=str(home / "agent"),
         LLMGW_WEIGHTS_DIR=str(home / "weights"),
         LLMGW_HEARTBEAT_INTERVAL="1",
@@ -198,7 +198,7 @@ if master:
     rendezvous.bind(("127.0.0.1", int(master)))
     rendezvous.listen()
     rendezvous.set_inheritable(True)  # kept across the exec below
-stub = [{python!r}, {stub!r}, "--port", flag("--port"), "--api-key", flag("--api-key")]
+stub = [{python!r}, {stub!r}, "--port", flag("--port"), "--api-key-file", flag("--api-key-file")]
 os.execv(stub[0], stub)
 """
 

@@ -59,7 +59,7 @@ argv = sys.argv[1:]
 def flag(name, default=""):
     return argv[argv.index(name) + 1] if name in argv else default
 
-KEY, MODEL = flag("--api-key"), flag("--alias", "stub")
+KEY, MODEL = open(flag("--api-key-file")).read().strip(), flag("--alias", "stub")
 signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # streams still running are cut
 
 

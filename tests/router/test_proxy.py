@@ -200,6 +200,15 @@ def test_an_unknown_model_is_404_listing_the_known_ones(shared):
     assert "'gpt-5' does not exist; known models: pair, solo" in message
 
 
+def test_a_body_without_a_model_names_only_the_models_the_key_may_use(shared):
+    response = httpx.post(
+        f"{shared.url}/v1/chat/completions", content=b'{"messages": []}',
+        headers={"Authorization": f"Bearer {LIMITED_KEY}"}, timeout=30,
+    )  # fmt: skip
+    message = assert_error(response, 400, "missing_model")
+    assert "known models: solo." in message and "pair" not in message
+
+
 @pytest.mark.parametrize(
     ("content", "code", "words"),
     [
@@ -215,6 +224,32 @@ def test_a_malformed_body_is_400(shared, content, code, words):
         f"{shared.url}/v1/chat/completions", content=content, headers=AUTH, timeout=30
     )
     assert words in assert_error(response, 400, code)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/responses"])
+def test_an_image_url_inside_the_fleet_is_400_and_never_reaches_an_engine(shared, path):
+    image = "http://169.254.169.254/latest/meta-data/iam/"
+    part = {
+        "/v1/chat/completions": {"type": "image_url", "image_url": {"url": image}},
+        "/v1/messages": {"type": "image", "source": {"type": "url", "url": image}},
+        "/v1/responses": {"type": "input_image", "image_url": image},
+    }[path]
+    conversation = [{"role": "user", "content": [part]}]
+    body = {"model": "solo", "max_tokens": 8}
+    body["input" if path == "/v1/responses" else "messages"] = conversation
+
+    refused = post(f"{shared.url}{path}", body)
+
+    assert refused.status_code == 400, refused.text
+    message = refused.json()["error"]["message"]  # Anthropic's shape on /v1/messages
+
+    assert "169.254.169.254 is a link-local address" in message
+    assert "LLMGW_ROUTER_ALLOW_PRIVATE_URLS" in message
+    assert shared.engines["C"].requests() == []
+    inline = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    inline_chat = {"model": "solo", "messages": [{"role": "user", "content": [inline]}]}
+    answered = post(f"{shared.url}/v1/chat/completions", inline_chat)
+    assert answered.status_code == 200, answered.text
 
 
 def test_a_body_over_the_limit_is_413_whether_its_length_is_declared_or_not(shared):
