@@ -450,10 +450,14 @@ def p3_leader_cut_from_services(s: Scenario) -> None:
 
 
 def p4_two_of_three_nodes_powered_off(s: Scenario) -> None:
-    """Two of three nodes die; then, all alive, the control planes alone lose every node."""
+    """Two of three nodes die, the two the replicas are on (no router reaches either, and
+    the survivor has room: a stand-in serves until they are back or replaced); then, all
+    alive, the control planes alone lose every node."""
     t = s.timers
-    dead = [n.name for n in s.fleet.nodes[1:3]]
-    survivor = s.fleet.nodes[0].name
+    names = [n.name for n in s.fleet.nodes]
+    holding = sorted(set(s.see.ready_replicas().values()))
+    dead = (holding + [n for n in names if n not in holding])[:2]
+    [survivor] = [n for n in names if n not in dead]
     s.expected_lost.update(dead)
     for node in dead:
         s.expected_stopped.update(s.see.shards_on(node))

@@ -348,10 +348,10 @@ class Replica(models.Model):
 
 
 def with_shard_nodes(replicas: models.QuerySet[Replica]) -> models.QuerySet[Replica]:
-    """``replicas`` with their shards and each shard's node's state (not its reports, each
-    kilobytes of JSON): what ``serves_from_lost_node`` and ``finish_stops`` read, in three
-    queries however many replicas there are."""
-    nodes = Node.objects.only("id", "state")
+    """``replicas`` with their shards and each shard's node's state and when it was last
+    heard (not its reports, each kilobytes of JSON): what ``serves_from_lost_node``,
+    ``finish_stops`` and stand-ins read, in three queries however many replicas there are."""
+    nodes = Node.objects.only("id", "state", "last_heartbeat", "registered_at")
     return replicas.prefetch_related("shards", models.Prefetch("shards__node", queryset=nodes))
 
 

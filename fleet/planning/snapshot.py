@@ -24,7 +24,7 @@ from protocol.shard import ranks_of
 # (timestamps, the engines it was told) would only be decoded to be dropped.
 SNAPSHOT_READS = (
     "id", "state", "draining", "pool", "inventory", "usage", "usage_reported_at", "engines",
-    "weights",
+    "weights", "last_heartbeat", "registered_at",
 )  # fmt: skip
 
 
@@ -69,6 +69,15 @@ def node_snapshots(now: datetime) -> list[NodeSnapshot]:
     ]
 
 
+def _placeable_state(node: Node, now: datetime) -> str:
+    """The node's state as placement takes it: a connected node silent past the
+    unreachable timer reads as unreachable even while the mass-silence hold keeps it
+    connected (``fleet.link.liveness``), so nothing new is sent to a node that may be dead."""
+    if node.state == CONNECTED and node.liveness_at(now) != CONNECTED:
+        return "unreachable"
+    return DRAINING if node.draining and node.state == CONNECTED else node.state
+
+
 def snapshot_of(
     node: Node,
     held: set[int],
@@ -96,7 +105,7 @@ def snapshot_of(
     installs = node.engine_installs()
     return NodeSnapshot(
         id=node.id,
-        state=DRAINING if node.draining and node.state == CONNECTED else node.state,
+        state=_placeable_state(node, now),
         pool=node.pool,
         engines=None
         if installs is None

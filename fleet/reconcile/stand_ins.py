@@ -13,15 +13,18 @@ first of their replacements. Both pieces of evidence are needed: nodes silent to
 control plane alone (its own network is cut) and replicas one router cannot reach alone
 (that router's network) make no stand-in.
 
-Cost: one query for the nodes not connected each pass; replicas and the routers' reports
-are read only when some node is silent or a stand-in lives.
+Cost: one query a pass (the models with a replica on an unreachable node or a stand-in);
+those models' replicas, and the routers' reports, are read only when there are some.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Q
 
 from audit.actors import RECONCILER
 from fleet.actions.replicas import adopt_stand_in, create_replica, drain_replica, stop_replica
@@ -41,14 +44,20 @@ def keep_stand_ins(
 ) -> None:
     """Place a stand-in for each model no router reaches, and retire or adopt each stand-in
     whose reason is gone."""
-    silent = Node.objects.exclude(state=NodeState.CONNECTED)
-    stand_ins = Replica.objects.filter(
-        state__in=ReplicaState.COUNTED, stands_in_since__isnull=False
+    counted = Replica.objects.filter(state__in=ReplicaState.COUNTED, profile__isnull=False)
+    # One query in a steady fleet: the models with a replica on a silent node (unreachable,
+    # or connected but unheard past the timer: the mass-silence hold) or a stand-in.
+    quiet_since = now - timedelta(seconds=settings.NODE_UNREACHABLE_AFTER)
+    concerned = counted.filter(
+        Q(shards__node__state=NodeState.UNREACHABLE)
+        | Q(shards__node__state=NodeState.CONNECTED, shards__node__last_heartbeat__lt=quiet_since)
+        | Q(stands_in_since__isnull=False)
     )
-    if not silent.exists() and not stand_ins.exists():
+    models = set(concerned.values_list("model_name", flat=True).distinct())
+    if not models:
         return
     read = read or reports_once()
-    counted = Replica.objects.filter(state__in=ReplicaState.COUNTED, profile__isnull=False)
+    counted = counted.filter(model_name__in=models)
     by_model: dict[str, list[Replica]] = defaultdict(list)
     for replica in with_shard_nodes(
         counted.select_related("profile__model").order_by("created_at")
@@ -61,41 +70,55 @@ def keep_stand_ins(
             for stand_in in standing:
                 _settle(stand_in, originals, now, report, epoch, read)
             continue
-        unreachable = _unreachable(originals, read)
+        unreachable = _unreachable(originals, now, read)
         if unreachable:
             _stand_in(model, unreachable, now, report)
 
 
-def _heard(replica: Replica) -> bool:
-    """Every node of its shards is connected (a replica not yet placed has none)."""
+def _state(node: Node, now: datetime) -> str:
+    """The node's state as its silence makes it: a connected node unheard past the timer
+    is unreachable here, though the mass-silence hold keeps it connected in its row. It is
+    never lost before liveness says so: scale() counts its replicas until then."""
+    if node.state == NodeState.CONNECTED and node.liveness_at(now) != NodeState.CONNECTED:
+        return NodeState.UNREACHABLE
+    return str(node.state)
+
+
+def _heard(replica: Replica, now: datetime) -> bool:
+    """Every node of its shards is connected and heard (one not yet placed has none)."""
     shards = list(replica.shards.all())
     return bool(shards) and all(
-        shard.node is not None and shard.node.state == NodeState.CONNECTED for shard in shards
+        shard.node is not None and _state(shard.node, now) == NodeState.CONNECTED
+        for shard in shards
     )
 
 
-def _on(replica: Replica, state: str) -> list[str]:
-    """The nodes of its shards in ``state``."""
+def _on(replica: Replica, state: str, now: datetime) -> list[str]:
+    """The nodes of its shards in ``state`` (as their silence makes them)."""
     return [
         shard.node.id
         for shard in replica.shards.all()
-        if shard.node is not None and shard.node.state == state
+        if shard.node is not None and _state(shard.node, now) == state
     ]
 
 
-def _serving(replica: Replica) -> bool:
+def _serving(replica: Replica, now: datetime) -> bool:
     return (
-        replica.state == ReplicaState.READY and replica.draining_since is None and _heard(replica)
+        replica.state == ReplicaState.READY
+        and replica.draining_since is None
+        and _heard(replica, now)
     )
 
 
-def _unreachable(originals: list[Replica], read: Callable[[], Reports]) -> list[Replica]:
+def _unreachable(
+    originals: list[Replica], now: datetime, read: Callable[[], Reports]
+) -> list[Replica]:
     """The replicas of a model that serve or will, when every one of them is on a silent
     node and the routers' breakers took out each that is ready; [] otherwise."""
     coming = [r for r in originals if r.state in COMING and r.draining_since is None]
-    if not coming or any(_heard(r) for r in coming):
+    if not coming or any(_heard(r, now) for r in coming):
         return []
-    if any(_on(r, NodeState.LOST) for r in coming):
+    if any(_on(r, NodeState.LOST, now) for r in coming):
         return []  # lost nodes' replicas are replaced by scale(), which counts them out
     ready = [str(r.id) for r in coming if r.state == ReplicaState.READY]
     if ready:
@@ -113,7 +136,7 @@ def _stand_in(
 ) -> None:
     profile = unreachable[0].profile
     assert profile is not None  # counted only with a profile
-    silent = sorted({node for r in unreachable for node in _on(r, NodeState.UNREACHABLE)})
+    silent = sorted({node for r in unreachable for node in _on(r, NodeState.UNREACHABLE, now)})
     why = (f"stands in for the {len(unreachable)} replica(s) of {model} no router reaches, on "
            f"{', '.join(silent)} (not heard, not yet lost); retired once one of them answers "
            "again, counted as one of them once their nodes are lost")  # fmt: skip
@@ -136,7 +159,7 @@ def _settle(
             if stop_replica(stand_in, why, actor=RECONCILER, epoch=epoch):
                 report.stopping.append(str(stand_in.id))
         return
-    if any(_serving(r) for r in originals):
+    if any(_serving(r, now) for r in originals):
         because = "as a stand-in: its model's own replicas answer again"
         if stand_in.state == ReplicaState.READY:
             if drain_replica(stand_in, now, profile, because, actor=RECONCILER):
@@ -144,7 +167,7 @@ def _settle(
         elif stop_replica(stand_in, f"not needed {because}", actor=RECONCILER, epoch=epoch):
             report.stopping.append(str(stand_in.id))
         return
-    lost = sorted({node for r in originals for node in _on(r, NodeState.LOST)})
+    lost = sorted({node for r in originals for node in _on(r, NodeState.LOST, now)})
     if lost:
         why = (f"counts as one of {profile}'s replicas from now on: {', '.join(lost)} "
                "lost, it replaces one of theirs")  # fmt: skip

@@ -39,11 +39,20 @@ class Fleet:
         self.nodes = node_ids
         self.now = timezone.now()
         self.routers: list[str] = []
+        self.off: set[str] = set()  # nodes whose agents no longer heartbeat
 
     def run(self, seconds: float = 2):
         self.now += timedelta(seconds=seconds)
+        heard = Node.objects.exclude(id__in=self.off)
+        heard.update(last_heartbeat=self.now)  # the others heartbeat all along
         with self.capture(execute=True):
             return reconcile(now=self.now)
+
+    def power_off(self, node_id: str) -> None:
+        """Its agent falls silent; its row stays connected, as the mass-silence hold
+        keeps two of three nodes for five minutes."""
+        self.off.add(node_id)
+        Node.objects.filter(id=node_id).update(last_heartbeat=self.now - timedelta(seconds=20))
 
     def ready(self) -> None:
         """Every starting replica's engines answer; every stopping one's exit."""
@@ -58,6 +67,10 @@ class Fleet:
 
     def node(self, node_id: str, state: str) -> None:
         transition(Node, node_id, state, "as the test says", actor=SETUP)
+        if state == NodeState.CONNECTED:
+            self.off.discard(node_id)
+        else:
+            self.power_off(node_id)
 
     def router_says(self, failing=(), routed=()) -> None:
         key = INFLIGHT_KEY_PREFIX + f"test-{uuid.uuid4().hex[:8]}"
@@ -107,6 +120,27 @@ def test_a_model_no_router_reaches_gets_a_stand_in_on_a_heard_node_at_once(fleet
     fleet.run()
     assert len(stand_ins()) == 1  # one stand-in, not one a pass
     assert Replica.objects.filter(state="ready").count() == 2  # nothing of theirs stopped
+
+
+def test_nodes_held_connected_by_the_mass_silence_hold_get_a_stand_in_elsewhere(fleet):
+    # P4: two of three nodes powered off. Liveness marks neither unreachable (it suspects
+    # its own network), but they are not heard, and nothing new is placed on them.
+    connect(fleet.nodes[2])
+    first = originals()
+    fleet.power_off(fleet.nodes[1])
+    fleet.power_off(fleet.nodes[2])
+    fleet.router_says(failing=[r.id for r in first], routed=[r.id for r in first])
+
+    fleet.run()
+
+    [stand_in] = stand_ins()
+    assert stand_in.state == "starting" and stand_in.shards.get().node_id == fleet.nodes[0]
+    assert set(Node.objects.values_list("state", flat=True)) == {"connected"}
+    fleet.ready()
+    # Silent past the lost timer, still held connected: it stands in, it replaces no one.
+    report = fleet.run(seconds=120)
+    assert [r.id for r in stand_ins()] == [stand_in.id]
+    assert not report.stopping and not report.draining
 
 
 def test_no_stand_in_while_some_router_may_still_reach_a_replica(fleet):
