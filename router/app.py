@@ -44,6 +44,8 @@ from router.wire.upstream import Upstream
 
 # Every POST addressed to a model by the ``model`` of its body (or upload form).
 MODEL_PATHS = frozenset(KIND_OF_PATH) | frozenset(TOKENIZE_PATHS)
+# How long a stopping router waits for its background tasks to say their last words.
+STOP_WAIT_SECONDS = 5.0
 
 
 class Router:
@@ -217,8 +219,10 @@ class Router:
             task.cancel()
         # Awaited, not only cancelled: the in-flight report's last words (that this router
         # left, which walls it out of engines at once) are written in its ``finally``, and
-        # the server closes the loop soon after this returns.
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # the server closes the loop soon after this returns. Bounded: with Redis away
+        # those words are lost anyway, and a stop must not hang on them.
+        if tasks:
+            await asyncio.wait(tasks, timeout=STOP_WAIT_SECONDS)
         self.tables.stop()
         await self.accounting.flush(self.source.write_usage)
         self.accounting.close()
