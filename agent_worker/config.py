@@ -17,7 +17,9 @@ from typing import Any
 import yaml
 
 from agent_worker.discovery.infiniband import INFINIBAND
-from core.redis_urls import RedisURL, RedisURLError, parse_redis_url
+from core.addresses import plaintext_to_network
+from core.redis_urls import RedisURL, RedisURLError, mask_password, parse_redis_url
+from protocol.commands import unacked_keys
 from protocol.units import format_size, parse_size
 
 DEFAULT_CONFIG = Path("/etc/llmgw/agent.yaml")
@@ -60,7 +62,7 @@ class AgentConfig:
     pip_index_url: str = ""
     # Loader variables (LD_LIBRARY_PATH…) this node lets a profile's env set; none by default.
     allow_env: tuple[str, ...] = ()
-    # "nftables": wall every shard's ports (README, "Engine ports: who may reach them");
+    # "nftables": wall every shard's ports (docs/security.md, "Engine ports: who may reach them");
     # "off": the operator accepts them open to the network, and the node page says so.
     firewall: str = "nftables"
     # Who engines run as when the agent is root (agent_worker/engine_user.py): "" for
@@ -72,6 +74,15 @@ class AgentConfig:
     log_keep: int = DEFAULT_LOG_KEEP
     # Often enough that a log overshoots its limit by little, seldom enough to cost nothing.
     log_check_interval: float = 15.0
+    # ws://, http:// and redis:// to an address other than loopback: refused unless this
+    # is set (``insecure: true``), and then said on the node's page.
+    insecure: bool = False
+
+    @property
+    def plaintext(self) -> list[str]:
+        """The addresses this agent reaches across the network without TLS."""
+        return [mask_password(url) for url in (*self.servers, self.broker)
+                if plaintext_to_network(url)]  # fmt: skip
 
     @property
     def state_dir(self) -> Path:
@@ -133,9 +144,20 @@ def load_config(path: Path | None = None, environ: dict[str, str] | None = None)
         install_dirs = [d for d in install_dirs.split(os.pathsep) if d]
     agent_dir = Path(environ.get("LLMGW_AGENT_DIR") or data.get("agent_dir") or DEFAULT_AGENT_DIR)
     log_max_bytes, log_keep = log_rotation_from(environ, data, path)
+    broker = broker_url(environ, data)
+    insecure = insecure_from(environ, data, path)
+    clear = [url for url in (*servers, broker) if plaintext_to_network(url)]
+    if clear and not insecure:
+        raise AgentConfigError(
+            f"{', '.join(mask_password(url) for url in clear)}: in clear across the network "
+            "(the link's command key, the broker's password and every command could be read "
+            "or changed on the way); use wss:// and rediss:// (llmgw_ctl onboard writes them), "
+            f"or set insecure: true in {path} (or LLMGW_AGENT_INSECURE=1) to accept it"
+        )
     return AgentConfig(
         servers=servers,
-        broker=broker_url(environ, data),
+        broker=broker,
+        insecure=insecure,
         token=environ.get("LLMGW_AGENT_TOKEN") or data.get("token", ""),
         ca_file=environ.get("LLMGW_AGENT_CA") or tls.get("ca", ""),
         cert_file=environ.get("LLMGW_AGENT_CERT") or tls.get("cert", ""),
@@ -194,6 +216,23 @@ def allow_env_from(environ: Mapping[str, str], data: dict[str, Any], path: Path)
             f"{path}: allow_env: must be a list of names, e.g. [LD_LIBRARY_PATH]"
         )
     return tuple(name for name in listed if name)
+
+
+def insecure_from(environ: Mapping[str, str], data: dict[str, Any], path: Path) -> bool:
+    """``LLMGW_AGENT_INSECURE`` (1/true) or ``insecure: true`` in the agent file."""
+    named = environ.get("LLMGW_AGENT_INSECURE")
+    value = named if named is not None else data.get("insecure", False)
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("", "0", "false", "no", "off"):
+        return False
+    raise AgentConfigError(
+        f"insecure {value!r} (LLMGW_AGENT_INSECURE or insecure: in {path}): true accepts "
+        "plaintext to the network, false (the default) refuses it"
+    )
 
 
 FIREWALL_SETTINGS = {"nftables": "nftables", "on": "nftables", "off": "off"}
@@ -342,7 +381,14 @@ def broker_url(
 
 def celery_broker_config(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The agent's Celery broker and result backend, from the environment or the agent
-    file, with the TLS dicts kombu and the result backend need for rediss://."""
+    file, with the TLS dicts kombu and the result backend need for rediss://, and the
+    node's own keys for the messages it holds unacknowledged: its broker user may touch
+    its own keys only, never the ones kombu shares between consumers by default."""
     environ = os.environ if environ is None else environ
     path = Path(environ.get("LLMGW_AGENT_CONFIG", DEFAULT_CONFIG))
-    return broker_redis(environ, read_agent_file(path)).celery_config()
+    data = read_agent_file(path)
+    node_id = environ.get("LLMGW_NODE_ID") or data.get("node_id") or socket.gethostname()
+    return {
+        **broker_redis(environ, data).celery_config(),
+        "broker_transport_options": unacked_keys(str(node_id)),
+    }

@@ -5,12 +5,17 @@ control plane's own proof is checked against."""
 from __future__ import annotations
 
 import base64
+import ssl
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from protocol.signing import proof_payload
+
+if TYPE_CHECKING:
+    from agent_worker.config import AgentConfig
 
 
 class NodeIdentity:
@@ -23,6 +28,11 @@ class NodeIdentity:
             raise ValueError(f"{key_file} is not the EC key of an llmgw node certificate")
         self._key = key
 
+    @property
+    def private_key(self) -> ec.EllipticCurvePrivateKey:
+        """What secrets sealed to this node's certificate open with (protocol.signing)."""
+        return self._key
+
     def proof(self, nonce: str, node_id: str) -> dict[str, str]:
         signature = self._key.sign(proof_payload(nonce, node_id), ec.ECDSA(hashes.SHA256()))
         return {
@@ -31,3 +41,20 @@ class NodeIdentity:
             "certificate": self.cert_pem.decode(),
             "signature": base64.b64encode(signature).decode(),
         }
+
+
+def node_identity(config: AgentConfig) -> NodeIdentity | None:
+    """The node certificate, when the agent file names one: the link then proves the
+    node by it, answering the control plane's challenge."""
+    if not (config.cert_file and config.key_file):
+        return None
+    return NodeIdentity(config.cert_file, config.key_file, config.ca_file)
+
+
+def link_ssl_context(config: AgentConfig) -> ssl.SSLContext | None:
+    if not any(s.startswith(("wss://", "https://")) for s in config.servers):
+        return None
+    context = ssl.create_default_context(cafile=config.ca_file or None)
+    if config.cert_file:  # for a TLS front that asks for client certificates too
+        context.load_cert_chain(config.cert_file, config.key_file or None)
+    return context

@@ -22,12 +22,22 @@ class NodeEngines:
         self._lock = threading.Lock()
         self._said_lock = threading.Lock()  # taken before _lock and the installer's
         self._last_said: list[EngineInstall] | None = None
+        # Until the first probe the engines the agent file names are not known: a register
+        # sent before says so, and nothing is told, so no restart reads as "gained sglang".
+        self._probed = False
+
+    @property
+    def probed(self) -> bool:
+        """Whether the engines the agent file names have been looked at since start."""
+        with self._lock:
+            return self._probed
 
     def probe(self) -> None:
         """Look again at the engines the agent file names (none is run)."""
         named = [_named(found) for found in probe_engines(self.probe_config).values()]
         with self._lock:
             self._named = named
+            self._probed = True
 
     def want(self, engines: list[WantedEngine]) -> None:
         if self.installer is not None:
@@ -53,6 +63,8 @@ class NodeEngines:
         next change.
         """
         with self._said_lock:
+            if not self.probed:
+                return False  # half the list; the first after the probe says it whole
             statuses = self.statuses()
             if statuses == self._last_said:
                 return False
@@ -60,14 +72,19 @@ class NodeEngines:
             tell(statuses)
         return True
 
-    def said_in_register(self, forget_unsent: Callable[[], None]) -> list[EngineInstall]:
-        """The statuses for a register, which says them anew: one told earlier and not
-        yet sent is forgotten (``forget_unsent``), or it would follow and undo it."""
+    def said_in_register(
+        self, forget_unsent: Callable[[], None]
+    ) -> tuple[bool, list[EngineInstall]]:
+        """Whether the engines were probed, and the statuses for a register, which says
+        them anew: one told earlier and not yet sent is forgotten (``forget_unsent``), or
+        it would follow and undo it. Before the first probe the control plane keeps what
+        it knew, and the first list told after the probe is told whatever it says."""
         with self._said_lock:
+            probed = self.probed
             statuses = self.statuses()
-            self._last_said = statuses
+            self._last_said = statuses if probed else None
             forget_unsent()
-        return statuses
+        return probed, statuses
 
     def find(self, engine: str, version: str = "") -> str | None:
         """The executable for ``engine`` at ``version`` ("" any): llmgw's install first,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import subprocess
 import threading
 
@@ -31,7 +30,7 @@ from agent_worker.engines.install import (
 )
 from agent_worker.engines.install.python_env import PipSettings
 from agent_worker.engines.probe import ProbeConfig
-from agent_worker.identity import NodeIdentity
+from agent_worker.identity import link_ssl_context, node_identity
 from agent_worker.launcher import ShardLauncher
 from agent_worker.link import AgentLink, LinkCallbacks
 from agent_worker.logbuffer import AGENT_SOURCE, LogBuffer
@@ -129,8 +128,8 @@ class AgentRuntime:
                 epoch=self.learn_epoch,
             ),  # fmt: skip
             heartbeat_interval=config.heartbeat_interval,
-            ssl_context=self._ssl_context(),
-            identity=self._identity(),
+            ssl_context=link_ssl_context(config),
+            identity=node_identity(config),
         )
         # Ids of the commands obeyed, so that none is obeyed twice; refusals, counted.
         self.commands = CommandGuard(config.agent_dir / "commands-done.json", self.link.send)
@@ -292,7 +291,13 @@ class AgentRuntime:
             )
         inventory = discover(self.discovery_config, host=self.host_sources)
         firewall, problem = self.walls.status(inventory.address)
-        inventory = inventory.model_copy(update={"firewall": firewall, "firewall_problem": problem})
+        warnings = list(inventory.warnings)
+        if self.config.plaintext:  # only with insecure: true
+            warnings.append(f"plaintext to the network (insecure: true): "
+                            f"{', '.join(self.config.plaintext)}")  # fmt: skip
+        inventory = inventory.model_copy(
+            update={"firewall": firewall, "firewall_problem": problem, "warnings": warnings}
+        )
         shards = [
             messages.ReportedShard(
                 spec=shard.spec, state=shard.state, pid=shard.pid, reason=shard.detail,
@@ -304,11 +309,12 @@ class AgentRuntime:
             messages.ReportedShard(spec=download.spec, state="fetching", seq=download.seq)
             for download in self.launcher.downloading()
         ]
+        probed, engines = self.engines.said_in_register(lambda: self.link.forget("engines"))
         return messages.Register(
             agent_version=AGENT_VERSION,
             inventory=inventory,
-            engines_probed=True,
-            engines=self.engines.said_in_register(lambda: self.link.forget("engines")),
+            engines_probed=probed,
+            engines=engines,
             weights=self.held_weights.for_register(),
             shards=shards,
             problems=self.supervisor.problems,
@@ -429,18 +435,3 @@ class AgentRuntime:
             if found is not None:
                 return found
         return self.logs.read(source, lines)
-
-    def _identity(self) -> NodeIdentity | None:
-        """The node certificate, when the agent file names one: the link then proves the
-        node by it, answering the control plane's challenge."""
-        if not (self.config.cert_file and self.config.key_file):
-            return None
-        return NodeIdentity(self.config.cert_file, self.config.key_file, self.config.ca_file)
-
-    def _ssl_context(self) -> ssl.SSLContext | None:
-        if not any(s.startswith(("wss://", "https://")) for s in self.config.servers):
-            return None
-        context = ssl.create_default_context(cafile=self.config.ca_file or None)
-        if self.config.cert_file:  # for a TLS front that asks for client certificates too
-            context.load_cert_chain(self.config.cert_file, self.config.key_file or None)
-        return context

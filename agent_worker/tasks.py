@@ -27,7 +27,14 @@ from protocol.commands import (
 )
 from protocol.engines import WantedEngine
 from protocol.shard import ShardSpec
-from protocol.signing import BadSignature, refuse_at_sight, verify
+from protocol.signing import (
+    ArrivedLate,
+    BadSignature,
+    SealError,
+    open_sealed,
+    refuse_at_sight,
+    verify,
+)
 
 log = logging.getLogger("llmgw.agent.commands")
 
@@ -46,10 +53,20 @@ def _command_key() -> str:
 
 
 def _checked(task: str, args: list[Any], deadline: float, signature: str, command_id: str) -> bool:
-    guard = current().commands
+    runtime = current()
+    guard = runtime.commands
     try:
-        refuse_at_sight(task, deadline, signature, command_id)  # no key needed: no wait
-        verify(_command_key(), task, args, deadline, signature, command_id)
+        try:
+            refuse_at_sight(task, deadline, signature, command_id)  # no key needed: no wait
+        except ArrivedLate:
+            if not runtime.link.command_key:
+                return _dropped_before_the_key(task)
+            raise
+        key = _command_key()
+        if not key:
+            return _dropped_before_the_key(task)
+        guard.key_in_hand()
+        verify(key, task, args, deadline, signature, command_id)
         if not guard.first_time(command_id, deadline):
             raise BadSignature(f"{task} {command_id} was obeyed already: this is a replay")
     except BadSignature as exc:
@@ -61,6 +78,16 @@ def _checked(task: str, args: list[Any], deadline: float, signature: str, comman
     return True
 
 
+def _dropped_before_the_key(task: str) -> bool:
+    """A command this agent cannot check yet: it has not linked since it started (a
+    power-on, a restart while the control plane is away). Most are llmgw's own, queued
+    before the node went away, and the control plane sends what still stands again once
+    it links (the engines, the drain, the callers, stops, the epoch): dropped, not refused,
+    so no Event a command on the node page, and said once in the agent log."""
+    current().commands.dropped_before_key(task)
+    return False
+
+
 # After each command's own arguments, its signed envelope as keywords: the deadline, the
 # signature and the command's id.
 
@@ -69,7 +96,25 @@ def _checked(task: str, args: list[Any], deadline: float, signature: str, comman
 def start_shard_task(spec_json: str, *, deadline=0.0, signature="", command_id="") -> str:
     if not _checked(START_SHARD, [spec_json], deadline, signature, command_id):
         return "refused"
-    return current().start_shard(ShardSpec.model_validate_json(spec_json))
+    try:
+        spec = _opened(ShardSpec.model_validate_json(spec_json))
+    except SealError as exc:
+        log.error("refusing a command %s: its replica's secret: %s", START_SHARD, exc)
+        current().commands.refused(START_SHARD, f"its replica's secret: {exc}")
+        return "refused"
+    return current().start_shard(spec)
+
+
+def _opened(spec: ShardSpec) -> ShardSpec:
+    """``spec`` with its replica's secret opened: it travels on the broker sealed for this
+    node, to its certificate or under its command key."""
+    if not spec.sealed_api_key:
+        return spec
+    link = current().link
+    private_key = link.identity.private_key if link.identity is not None else None
+    secret = open_sealed(spec.sealed_api_key, spec.shard_id, private_key=private_key,
+                         command_key=link.command_key)  # fmt: skip
+    return spec.model_copy(update={"api_key": secret, "sealed_api_key": ""})
 
 
 @shared_task(name=STOP_SHARD)

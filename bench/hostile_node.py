@@ -35,6 +35,7 @@ from pathlib import Path
 from bench import hostile, sim
 from bench import multinode_support as support
 from bench.fault_load import Load
+from bench.hostile import broker
 from bench.hostile.rows import Row, allowed, table
 from bench.hostile.scene import Scene, read_scene
 from llmgw_cli.sim import hosts, network
@@ -69,6 +70,7 @@ def main() -> int:
           flush=True)  # fmt: skip
     with simulated_fleet(NODES, directory, demo=False) as fleet:
         print(f"fleet up after {time.monotonic() - started:.0f}s", flush=True)
+        broker.watch(fleet)  # what Redis is told, from before the first start on
         missing = serve_both(fleet, started + options.deadline)
         if missing:
             print(f"never answered: {', '.join(missing)}")

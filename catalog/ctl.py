@@ -11,7 +11,7 @@ from django.core.management.base import CommandError
 from audit.actors import shell_operator
 from catalog.actions.entries import apply_catalog, delete_entry
 from catalog.models import Fabric, Model, Pool
-from catalog.plan import across_nodes_lines, export_catalog, fit_lines
+from catalog.plan import across_nodes_lines, export_catalog, fit_lines, resolver_after
 from catalog.schema import CatalogError, parse_catalog
 from core.humanize import no_such
 
@@ -63,6 +63,13 @@ def apply_command(options, out) -> None:
             out.write(line)
     for line in across_nodes_lines(catalog):
         out.write(line)
+    # Wired by llmgw_ctl (the fleet's replicas are above the catalog): the running replicas
+    # an engine version change restarts, counted as the file will resolve each profile.
+    restarts = options.get("engine_restarts")
+    if restarts is not None:
+        resolve = resolver_after(catalog, prune=options["prune"])
+        for line in restarts(resolve, planned=options["dry_run"]):
+            out.write(line)
 
 
 def export_command(options, out) -> None:

@@ -12,7 +12,15 @@ from django.utils import timezone
 
 from audit.actors import shell_operator
 from catalog.actions.api_keys import UNCHANGED, create_key, revoke_key, update_key
-from catalog.keys import LIMIT_FIELDS, PRIORITIES, ApiKeyRefused, find_key, key_limits, key_usage
+from catalog.keys import (
+    LIMIT_FIELDS,
+    PRIORITIES,
+    ApiKeyRefused,
+    enforced_limits,
+    find_key,
+    key_limits,
+    key_usage,
+)
 from catalog.models import ApiKey
 from core.tables import render_json, render_table
 from protocol.units import parse_duration
@@ -156,7 +164,7 @@ def show_command(options, out) -> None:
         used = key_usage(row, time.time())
     except redis.RedisError as exc:
         raise CommandError(f"cannot read the routers' counters in Redis: {exc}") from None
-    limits = key_limits(row).as_dict()
+    limits = enforced_limits(row).as_dict()  # the default cap on requests in flight shown
     if options["json"]:
         usage = {f: {"limit": limits.get(f), "used": used[f]} for f in LIMIT_FIELDS}
         out.write(render_json({**_as_json(row), "usage": usage}))
@@ -168,6 +176,9 @@ def show_command(options, out) -> None:
         for _flag, field, counts in LIMIT_FLAGS
     ]  # fmt: skip
     out.write(render_table(["LIMIT", "AT MOST", "USED", "SHARE"], rows))
+    if row.concurrency is None and "concurrency" in limits:
+        out.write("requests in flight: the default cap (LLMGW_KEY_CONCURRENCY); "
+                  "`keys update --concurrency N` sets the key's own")  # fmt: skip
     out.write(f"priority: {row.priority}; {_expiry_text(row)}")
 
 

@@ -9,11 +9,16 @@ a key with one hash and a dictionary lookup on every request.
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
+from dataclasses import replace
+from datetime import datetime, timedelta
 from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
 
 from catalog.models import ApiKey, Model
 from protocol.rate_limits import Limits, counter_keys
+from protocol.routing import EXPIRED_KEYS_KEPT_SECONDS
 
 KEY_START = "llmgw-"
 # "llmgw-" and 8 random characters: enough to tell keys apart in a list, never to use one.
@@ -40,7 +45,19 @@ PRIORITIES = ("high", "normal", "low")
 
 
 def key_limits(key: ApiKey) -> Limits:
+    """The limits set on the key."""
     return Limits(**{name: getattr(key, name) for name in LIMIT_FIELDS})
+
+
+def enforced_limits(key: ApiKey) -> Limits:
+    """The limits routers hold the key to: its own, and the default cap on requests in
+    flight (``LLMGW_KEY_CONCURRENCY``) where it sets none."""
+    from django.conf import settings
+
+    limits = key_limits(key)
+    if limits.concurrency is None and settings.KEY_CONCURRENCY > 0:
+        limits = replace(limits, concurrency=settings.KEY_CONCURRENCY)
+    return limits
 
 
 def check_limits(limits: dict[str, Any]) -> dict[str, int | None]:
@@ -85,19 +102,27 @@ def find_key(identity: str) -> ApiKey:
     )
 
 
+EXPIRED_KEYS_KEPT = timedelta(seconds=EXPIRED_KEYS_KEPT_SECONDS)
+
+
 def active_keys() -> list[dict[str, Any]]:
-    """Every key that is not revoked, as the router caches it (hashes, never keys)."""
+    """Every key that is not revoked nor expired for over ``EXPIRED_KEYS_KEPT``, as the
+    router caches it (hashes, never keys)."""
+    recently = timezone.now() - EXPIRED_KEYS_KEPT
     return [
         {
             "name": key.name,
             "prefix": key.prefix,
             "sha256": key.hashed_key,
             "models": list(key.allowed_models),
-            "limits": key_limits(key).as_dict(),
+            "limits": enforced_limits(key).as_dict(),
             "expires_at": _timestamp(key.expires_at),
             "priority": key.priority,
+            "user": key.user_id,
         }
-        for key in ApiKey.objects.filter(revoked_at__isnull=True)
+        for key in ApiKey.objects.filter(revoked_at__isnull=True).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=recently)
+        )
     ]
 
 

@@ -330,6 +330,12 @@ class ApiKey(models.Model):
         default="normal",
         help_text="who is served first when a model's replicas are all busy",
     )
+    # The account a key was issued to: the playground's keys (one live key per account);
+    # what such a key makes (kept responses) is the account's, through every renewal.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+        related_name="playground_keys",
+    )  # fmt: skip
 
     class Meta:
         ordering = ["name"]
@@ -337,3 +343,24 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class ApiToken(models.Model):
+    """A token for the REST API (``Authorization: Token …``), issued to one account; only
+    its hash is stored, and it expires (``catalog.tokens``)."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    prefix = models.CharField(max_length=16, unique=True, help_text="shown to identify it")
+    hashed_token = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(help_text="refused from then on")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API token"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user})"

@@ -7,6 +7,7 @@ file leaves nothing half-applied. Nothing here writes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,6 +225,24 @@ def across_nodes_lines(catalog: CatalogFile) -> list[str]:
         if profile.engine == "llama.cpp" and profile.nodes > 1
     ]
     return [RPC_WARNING.format(profiles=", ".join(split))] if split else []
+
+
+def resolver_after(catalog: CatalogFile, *, prune: bool) -> Callable[[Profile], str | None]:
+    """The engine version each profile will resolve to once the file is applied (None for
+    one the file removes): the file's pin, else the newest the catalog will name."""
+    newest = _newest_after(catalog, prune=prune)
+    entries = {(m.name, p.name): p for m in catalog.models for p in m.profiles}
+    described = {m.name for m in catalog.models}
+
+    def resolve(profile: Profile) -> str | None:
+        entry = entries.get((profile.model.name, profile.name))
+        if entry is not None:
+            return entry.engine_version or newest.get(entry.engine, "")
+        if prune or profile.model.name in described:
+            return None  # a model's profiles are its whole description
+        return profile.engine_version or newest.get(profile.engine, "")
+
+    return resolve
 
 
 def _newest_after(catalog: CatalogFile, *, prune: bool) -> dict[str, str]:

@@ -1,11 +1,13 @@
 """The addresses this machine reaches others from: what a router or control plane tells
-the fleet, so that each node's walls admit it to the engines' HTTP ports."""
+the fleet, so that each node's walls admit it to the engines' HTTP ports; and whether a
+URL would cross the network in clear (agents and ``onboard`` refuse that by default)."""
 
 from __future__ import annotations
 
 import ipaddress
 import os
 import socket
+from urllib.parse import urlsplit
 
 import psutil
 
@@ -33,3 +35,23 @@ def own_addresses(environ: dict[str, str] | None = None) -> list[str]:
             if not (address.is_loopback or address.is_link_local or address.is_unspecified):
                 found.add(str(address))
     return sorted(found)
+
+
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+
+
+def plaintext_to_network(url: str) -> bool:
+    """Whether ``url`` is ws://, http:// or redis:// (a bare host:port being ws://) to an
+    address other than loopback; unix sockets and TLS are not."""
+    scheme, _, rest = url.partition("://")
+    if not rest:
+        scheme, rest = "ws", url
+    if scheme.lower() not in ("ws", "http", "redis"):
+        return False
+    host = urlsplit(f"//{rest}").hostname or ""
+    if host in LOOPBACK_NAMES:
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a name other than localhost: its address is the network's to say

@@ -23,7 +23,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 CERT_REQS = {
     "required": ssl.CERT_REQUIRED,
@@ -76,6 +76,15 @@ class RedisURL:
             config["broker_use_ssl"] = dict(self.celery_ssl)
             config["redis_backend_use_ssl"] = dict(self.celery_ssl)
         return config
+
+
+def with_credentials(url: str, username: str, password: str) -> str:
+    """``url`` signed in as ``username`` with ``password``, in place of any user or password
+    it named (``redis://:cp-secret@h:6379/0`` becomes ``redis://node:secret@h:6379/0``)."""
+    parts = urlsplit(url)
+    location = parts.netloc.rpartition("@")[2]
+    credentials = f"{quote(username, safe='')}:{quote(password, safe='')}@"
+    return urlunsplit(parts._replace(netloc=credentials + location))
 
 
 def mask_password(url: str) -> str:

@@ -19,7 +19,7 @@ from celery import current_app
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from fleet import leadership
-from fleet.models import Node
+from fleet.models import Node, NodeCertificate
 from fleet.pki.keys import command_key
 from fleet.pki.redaction import replica_secrets, without_secrets
 from protocol.commands import (
@@ -34,10 +34,12 @@ from protocol.commands import (
     ReadLogs,
     StartShard,
     StopShard,
+    command_task_id,
+    node_queue,
 )
 from protocol.engines import WantedEngine
 from protocol.shard import ShardSpec
-from protocol.signing import sign
+from protocol.signing import seal_to_certificate, seal_with_command_key, sign
 
 log = logging.getLogger("llmgw.fleet.commands")
 
@@ -52,10 +54,6 @@ REPLY_TIMEOUT = 10.0
 
 class AgentDidNotAnswer(Exception):
     """A request/reply command got no answer in time: the agent is too old or unreachable."""
-
-
-def node_queue(node_id: str) -> str:
-    return f"node-{node_id}"
 
 
 @contextmanager
@@ -73,7 +71,7 @@ def send(
     producer: Any = None,
     key_generation: str | None = None,
 ):
-    """Put a signed, expiring command on the node's queue, under an id of its own (also its
+    """Put a signed, expiring command on the node's queue, under an id of its own (in its
     Celery task id) that the agent obeys once.
 
     Signed with the key of the node's latest link (``key_generation``, read from its row
@@ -89,7 +87,8 @@ def send(
         command.task,
         args=args,
         kwargs={"deadline": deadline, "signature": signature, "command_id": command_id},
-        task_id=command_id,
+        # Its node's queue first: the node's broker user may write this result and no other.
+        task_id=command_task_id(node_id, command_id),
         queue=node_queue(node_id),
         expires=expires,
         producer=producer,
@@ -102,7 +101,29 @@ def _key_generation(node_id: str) -> str:
 
 
 def send_start_shard(node_id: str, spec: ShardSpec) -> None:
-    send(node_id, StartShard(spec=spec), START_EXPIRES)
+    """Start a shard, its replica's secret sealed for the node: never in clear on the broker."""
+    generation = _key_generation(node_id)
+    sealed = sealed_for_node(node_id, generation, spec)
+    send(node_id, StartShard(spec=sealed), START_EXPIRES, key_generation=generation)
+
+
+def sealed_for_node(node_id: str, generation: str, spec: ShardSpec) -> ShardSpec:
+    """``spec`` with its secret sealed to the certificate the node linked with (its link's
+    generation is that certificate's serial), else under the command key of that link."""
+    if not spec.api_key:
+        return spec
+    cert_pem = (
+        NodeCertificate.objects.filter(serial=generation)
+        .values_list("certificate_pem", flat=True)
+        .first()
+    )
+    if cert_pem:
+        sealed = seal_to_certificate(cert_pem.encode(), spec.api_key, spec.shard_id)
+    else:
+        sealed = seal_with_command_key(
+            command_key(node_id, generation), spec.api_key, spec.shard_id
+        )
+    return spec.model_copy(update={"api_key": "", "sealed_api_key": sealed})
 
 
 def send_stop_shard(node_id: str, shard_id: str, epoch: int | None = None) -> None:

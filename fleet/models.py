@@ -290,12 +290,20 @@ class Replica(models.Model):
         max_length=16, choices=ReplicaState.choices, default=ReplicaState.PLACING
     )
     reasons = models.JSONField(default=list, blank=True)
+    # When placement last worked out why it is refused (``reasons``): every 30 to 60 s, or
+    # at the next pass after an operator acts on a node or the catalog. None otherwise.
+    reasons_at = models.DateTimeField(null=True, blank=True)
     # The per-replica secret engines require; only the router sends it.
     secret = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)
     # When the replica began starting; a download in progress does not reset it.
     starting_since = models.DateTimeField(null=True, blank=True)
+    # Set on a stand-in: a replica placed at once, beyond the profile's count, when no
+    # router reaches any of its model's replicas and their nodes are silent (the nodes are
+    # not yet lost: the mass-silence hold). Retired once the originals answer again; it
+    # counts as one of them (this is cleared) once their nodes are lost.
+    stands_in_since = models.DateTimeField(null=True, blank=True)
     # When a rolling restart took it out of the routing table to finish its requests;
     # it stays ready (its engines still answer) until the drain is over and it is stopped.
     draining_since = models.DateTimeField(null=True, blank=True)
@@ -337,6 +345,14 @@ class Replica(models.Model):
         if self.engine_version or self.profile is None:
             return self.engine_version
         return self.profile.resolved_engine_version(newest)
+
+
+def with_shard_nodes(replicas: models.QuerySet[Replica]) -> models.QuerySet[Replica]:
+    """``replicas`` with their shards and each shard's node's state (not its reports, each
+    kilobytes of JSON): what ``serves_from_lost_node`` and ``finish_stops`` read, in three
+    queries however many replicas there are."""
+    nodes = Node.objects.only("id", "state")
+    return replicas.prefetch_related("shards", models.Prefetch("shards__node", queryset=nodes))
 
 
 def engine_label(engine: str, version: str) -> str:
@@ -418,6 +434,12 @@ class NodeCertificate(models.Model):
     issued_at = models.DateTimeField(auto_now_add=True)
     not_after = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # The SHA-256 of the node's own broker password (its bundle holds the password): what
+    # its Redis user is made with again whenever Redis forgot it (fleet/pki/broker_users).
+    broker_password_sha256 = models.CharField(max_length=64, blank=True, default="")
+    # The certificate itself (PEM), from its issuance or the first link it proved: a
+    # replica's secret travels on the broker sealed to its public key.
+    certificate_pem = models.TextField(blank=True, default="")
 
     class Meta:
         ordering = ["node_id", "issued_at"]

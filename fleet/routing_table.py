@@ -48,6 +48,8 @@ def read_inflight_reports() -> list[dict[str, Any]] | None:
                     "at": float(report["at"]),
                     "routed": [str(r) for r in report.get("routed", [])],
                     "inflight": {str(k): int(v) for k, v in report.get("inflight", {}).items()},
+                    # Its breakers' word that these do not answer; absent from older routers.
+                    "failing": [str(r) for r in report.get("failing", [])],
                     "models": {
                         str(name): {"inflight": int(c["inflight"]), "queued": int(c["queued"])}
                         for name, c in report.get("models", {}).items()

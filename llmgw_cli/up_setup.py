@@ -81,9 +81,11 @@ def ensure_local_certificate(home: Path) -> None:
     if not (Path(os.environ.get("LLMGW_CA_DIR") or home / "ca") / "ca.pem").exists():
         manage("llmgw_ctl", "ca", "init", quiet=True)
     # --reuse keeps a certificate this database knows, unrevoked, good for another month.
+    # The local agent's broker user too (its password renewed at each start: the embedded
+    # Redis keeps no users across restarts); `llmgw up` hands the agent the bundle's URL.
     manage("llmgw_ctl", "onboard", socket.gethostname(), "--servers",
            os.environ["LLMGW_AGENT_SERVERS"], "--out", str(home / "agent-tls"), "--reuse",
-           "--certificate-only", quiet=True)  # fmt: skip
+           "--broker", os.environ["REDIS_URL"], "--certificate-only", quiet=True)  # fmt: skip
 
 
 def apply_demo(home: Path) -> bool:

@@ -12,6 +12,7 @@ DJANGO_SETTINGS_MODULE its environment names.
 
 from __future__ import annotations
 
+from core.env import env_int
 from llmgw_site.services import database, logging_config, read_redis_url, required_url
 
 # The models the snapshot reads, and the apps their foreign keys reach.
@@ -32,6 +33,9 @@ REDIS_URL = required_url("REDIS_URL", "Redis")
 read_redis_url(REDIS_URL)  # a missing TLS file stops the router here, named
 
 USE_I18N = False
+# The default cap on a key's requests in flight, as the control plane's settings read it.
+KEY_CONCURRENCY = env_int("LLMGW_KEY_CONCURRENCY", 64)
+
 USE_TZ = True
 TIME_ZONE = "UTC"
 

@@ -1,4 +1,4 @@
-"""Django settings, all from the environment (see README for the knobs)."""
+"""Django settings, all from the environment (docs/settings.md lists them)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "django_htmx",
     "template_partials",
@@ -142,9 +141,15 @@ SIGN_IN_FAILURE_LIMIT = env_int("LLMGW_SIGN_IN_FAILURE_LIMIT", 5)
 # Seconds: the window the failures are counted in, and then how long the pair waits.
 SIGN_IN_WINDOW = env_int("LLMGW_SIGN_IN_WINDOW", 15 * 60)
 
+# Days a REST API token lasts unless `llmgw_ctl api-tokens create --expires` says otherwise:
+# a quarter, so a token copied into a script or a backup stops working on its own, while the
+# scripts that use one are renewed less often than people forget them.
+API_TOKEN_LIFETIME_DAYS = env_int("LLMGW_API_TOKEN_LIFETIME_DAYS", 90)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # DRF's own tokens, hashed and expiring (catalog/tokens/).
+        "catalog.tokens.stored.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["catalog.permissions.IsOperatorOrReadOnly"],
@@ -170,6 +175,9 @@ NODE_LOST_AFTER = env_int("LLMGW_NODE_LOST_AFTER", 60)
 # (fleet/link/liveness.py).
 NODE_MASS_SILENCE_HOLD = env_int("LLMGW_NODE_MASS_SILENCE_HOLD", 300)
 METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN")
+# Requests in flight a key may hold when it names no concurrency of its own, so no key can
+# hold the whole fleet (docs/budgets.md); 0: no cap.
+KEY_CONCURRENCY = env_int("LLMGW_KEY_CONCURRENCY", 64)
 # llmgw's own CA (``llmgw_ctl ca init``): its key, and node certificates' issuer.
 LLMGW_CA_DIR = env_str("LLMGW_CA_DIR") or str(LLMGW_HOME / "ca")
 # How nodes prove who they are on the link: their certificate from llmgw's CA, or, while
@@ -210,7 +218,7 @@ ENGINE_PORT_BASE = env_int("LLMGW_ENGINE_PORT_BASE", 20000)
 # runs only what its agent files name.
 DEFAULT_ENGINES = env_bool("LLMGW_DEFAULT_ENGINES", True)
 # Addresses or networks every engine's HTTP port admits beside the routers and control
-# planes the fleet hears of (README, "Engine ports"): a router in static mode, a scraper.
+# planes the fleet hears of (docs/security.md, "Engine ports"): a router in static mode, a scraper.
 ENGINE_CALLERS = env_list("LLMGW_ENGINE_CALLERS")
 # This control plane's name in the leader lease: the URL agents should dial to reach it.
 CONTROL_PLANE_ID = env_str(
@@ -238,6 +246,18 @@ ROUTER_URL = env_str("LLMGW_ROUTER_URL")
 # Seconds a playground key lives: long enough for a session of trying, short enough that
 # a key left in a browser soon stops working.
 PLAYGROUND_KEY_LIFETIME = max(60, env_int("LLMGW_PLAYGROUND_KEY_LIFETIME", 3600))
+# Who may use the playground: this group's members (and superusers); a key it issues can be
+# used from anywhere that reaches the routers, so it is not every reader's.
+PLAYGROUND_GROUP = env_str("LLMGW_PLAYGROUND_GROUP", "playground")
+# What each playground key may spend (0: no limit), at low priority: a person trying a model
+# sends a few requests a minute of a few thousand tokens; a script using the key as a free
+# API key hits these at once.
+PLAYGROUND_REQUESTS_PER_MINUTE = env_int("LLMGW_PLAYGROUND_RPM", 20)
+PLAYGROUND_TOKENS_PER_MINUTE = env_int("LLMGW_PLAYGROUND_TPM", 20_000)
+# Per account and UTC day, over all its playground keys (a renewal is no fresh budget).
+PLAYGROUND_TOKENS_PER_DAY = env_int("LLMGW_PLAYGROUND_TOKENS_PER_DAY", 200_000)
+# The models playground keys cover (comma-separated); unset: every model that serves chat.
+PLAYGROUND_MODELS = env_list("LLMGW_PLAYGROUND_MODELS")
 # Where a model given as a hub id (org/repo) has its config.json and file list read, to
 # estimate the memory it needs; Hugging Face's own names for them, so a mirror set for the
 # engines serves here too.

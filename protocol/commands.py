@@ -27,6 +27,56 @@ ENGINE_CALLERS = "agent.engine_callers"
 # The last lines an agent keeps of each log source, so the most a read may ask for.
 LOG_LINES_KEPT = 2000
 
+# Where a node's commands live on the broker, named here because both ends must agree and
+# a node's broker user (``fleet.pki.broker_users``) may touch these keys and no others.
+# kombu's Redis transport keeps a queue as a list of that name (and one per priority step,
+# the name, "\x06\x16" and the step), its bindings in ``_kombu.binding.<exchange>``, and
+# messages taken but not acknowledged in the unacked hash, index and mutex, which default
+# to keys every consumer shares; each node gets its own. Results (request/reply commands)
+# go to ``celery-task-meta-<task id>``, key and channel, so a command's task id starts
+# with its node's queue and a character no hostname holds.
+KOMBU_PRIORITY_SEPARATOR = "\x06\x16"
+RESULT_PREFIX = "celery-task-meta-"
+
+
+def node_queue(node_id: str) -> str:
+    return f"node-{node_id}"
+
+
+def command_task_id(node_id: str, command_id: str) -> str:
+    """The Celery task id of command ``command_id`` to ``node_id``."""
+    return f"{node_queue(node_id)}:{command_id}"
+
+
+def unacked_keys(node_id: str) -> dict[str, str]:
+    """kombu's transport options naming the node's own unacknowledged-message keys."""
+    queue = node_queue(node_id)
+    return {
+        "unacked_key": f"{queue}:unacked",
+        "unacked_index_key": f"{queue}:unacked_index",
+        "unacked_mutex_key": f"{queue}:unacked_mutex",
+    }
+
+
+def node_broker_keys(node_id: str) -> list[str]:
+    """Every key a node's agent uses on the broker: exact names, and glob patterns (``?``,
+    ``*``) that only its own keys match (a node id is a hostname: no glob character)."""
+    queue = node_queue(node_id)
+    return [
+        queue,
+        f"{queue}{KOMBU_PRIORITY_SEPARATOR}?",
+        f"_kombu.binding.{queue}",
+        f"_kombu.binding_permanent.{queue}",
+        *unacked_keys(node_id).values(),
+        f"{RESULT_PREFIX}{command_task_id(node_id, '*')}",
+    ]
+
+
+def node_result_channels(node_id: str) -> list[str]:
+    """The pub/sub channels a node's agent publishes its results on (Celery's Redis result
+    backend announces each stored result on a channel named as its key)."""
+    return [f"{RESULT_PREFIX}{command_task_id(node_id, '*')}"]
+
 
 class NodeCommand(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -65,7 +65,9 @@ class Register(_Message):
     protocol: int = PROTOCOL_VERSION
     agent_version: str = ""
     inventory: Inventory
-    # False only from an agent too old to probe: its empty list then means "did not say".
+    # False from an agent that has not yet looked at the engines its file names (it has
+    # just started), or one too old to probe: its list then means "did not say", and the
+    # control plane keeps what it knew.
     engines_probed: bool = False
     engines: EngineList = Field(default_factory=list)
     weights: list[WeightFile] = Field(default_factory=list)
@@ -113,7 +115,8 @@ class ShardProgress(_Message):
 
 
 class Engines(_Message):
-    """Sent when the installed engines change; ``probed`` makes an empty dict mean "none"."""
+    """Sent when the installed engines change; ``probed`` makes an empty list mean "none"
+    (without it the list says nothing, and the control plane keeps what it knew)."""
 
     type: Literal["engines"] = "engines"
     probed: bool = True

@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 
 COUNTER_PREFIX = "llmgw:limits:"
 MINUTE = 60
-# Requests in flight are held this long at most: a router that died holding some must
-# not block the key for ever.
+# Requests in flight (and the tokens reserved for them) are held this long at most: a
+# router that died holding some must not block the key for ever.
 INFLIGHT_HOLD_SECONDS = 15 * 60
 
 
@@ -50,6 +50,8 @@ class CounterKeys(NamedTuple):
     day: str  # tokens this UTC day
     month: str  # tokens this UTC month
     inflight: str  # sorted set: request id by the time its hold runs out (ms)
+    reserved: str  # hash: request id to the tokens reserved for it until it is settled
+    routers: str  # sorted set: the routers that admitted the key lately, by when (ms)
 
 
 def counter_keys(key_prefix: str, now: float) -> CounterKeys:
@@ -58,13 +60,24 @@ def counter_keys(key_prefix: str, now: float) -> CounterKeys:
     base = f"{COUNTER_PREFIX}{{{key_prefix}}}:"
     return CounterKeys(
         base + "requests", base + "tokens", f"{base}day:{day}", f"{base}month:{month}",
-        base + "inflight",
+        base + "inflight", base + "reserved", base + "routers",
     )  # fmt: skip
 
 
 def day_ends(now: float) -> float:
     """When the UTC day holding ``now`` ends, as a unix time."""
     return (int(now) // 86400 + 1) * 86400
+
+
+def day_starts(now: float) -> float:
+    """When the UTC day holding ``now`` began, as a unix time."""
+    return float(int(now) // 86400 * 86400)
+
+
+def month_starts(now: float) -> float:
+    """When the UTC month holding ``now`` began, as a unix time."""
+    year, month = time.gmtime(now)[:2]
+    return float(calendar.timegm((year, month, 1, 0, 0, 0)))
 
 
 def month_ends(now: float) -> float:

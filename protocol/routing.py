@@ -20,6 +20,12 @@ from protocol.serving import DEFAULT_SERVES
 
 ROUTING_CHANNEL = "llmgw:routing"
 
+# A key expired this long ago leaves what routers load (``catalog.keys.active_keys``, and
+# the router's own cache whatever table the key came in): until then a router still tells
+# its client that the key expired, rather than that it is unknown; after it, the expired
+# keys the playground leaves behind no longer grow every router's table.
+EXPIRED_KEYS_KEPT_SECONDS: Final = 3600
+
 # How a router spreads one model's requests over its replicas (a profile's ``routing:``):
 # to the one with the fewest in flight, or by the prompt's leading bytes, so requests that
 # share a prefix (a system prompt) meet the engine cache that already holds it.
@@ -31,7 +37,8 @@ ROUTING_POLICIES: tuple[RoutingPolicy, ...] = (LEAST_OUTSTANDING, PREFIX)
 # One key per router process: JSON {"at": unix time, "routed": [replica ids in its table],
 # "inflight": {replica id: requests in flight}}; it expires when the router stops writing.
 INFLIGHT_KEY_PREFIX = "llmgw:inflight:"
-# Also {"models": {name: {"inflight": n, "queued": n}}}: the demand autoscaling follows.
+# Also {"models": {name: {"inflight": n, "queued": n}}}: the demand autoscaling follows;
+# and "failing": [replica ids its breakers took out], which stand-ins follow.
 INFLIGHT_REPORT_SECONDS = 1.0
 # A few missed reports before a router counts as gone, so one slow write is not a stop.
 INFLIGHT_REPORT_TTL = 5

@@ -81,5 +81,10 @@ class ShardSpec(BaseModel):
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     api_key: str = Field(default="", description="per-replica secret that only the router sends")
+    sealed_api_key: str = Field(
+        default="",
+        description="api_key sealed for this node (protocol.signing.open_sealed), as it travels "
+        "on the broker; the agent opens it into api_key before anything uses the spec",
+    )
     startup_timeout: int = Field(default=600, ge=1, description="seconds")
     epoch: int = Field(default=0, ge=0, description="the leader's epoch that issued this spec")

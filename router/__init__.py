@@ -30,9 +30,11 @@ only rooms on the lines before its own, so none imports another back.
   (``balancer``), prefix and session affinity, the waiting rooms, which replica made a
   Responses answer, and the in-flight report to the control plane.
 - ``intake/``: a request before a replica is chosen: every check in order (``reception``),
-  read off the wire (``call``, ``uploads``), per-key limits, the body, CORS, request ids.
+  read off the wire (``call``, ``uploads``), per-key limits (``limits``, over the
+  ``counters`` in Redis or in memory), the body, CORS, request ids.
 - ``forward/``: sending a call to the replica and relaying its answer (``proxy``,
-  ``relay``), carrying a broken stream on elsewhere (``migration``), and a stored
+  ``relay``), carrying a broken stream on elsewhere (``migration``), counting what an
+  unfinished answer served (``counting``), and a stored
   response's GET or DELETE (``stored``: the router's own, else the engine's).
 - ``endpoints``: /v1/models, /health, /metrics and a browser's CORS preflight.
 - ``app``: the ``Router``: its parts, built once, and a request dispatched by its path.

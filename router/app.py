@@ -11,8 +11,12 @@ relayed back).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 import time
+from pathlib import Path
 
+from protocol.rate_limits import day_starts, month_starts
 from protocol.serving import KIND_OF_PATH, TOKENIZE_PATHS
 from router import endpoints, errors
 from router.balance.balancer import Balancer
@@ -35,6 +39,7 @@ from router.table.keeper import TableKeeper
 from router.table.routes import RoutingTable
 from router.table.sources import DatabaseSource, StaticSource
 from router.usage.accounting import Accounting
+from router.usage.journal import Journal
 from router.wire.upstream import Upstream
 
 # Every POST addressed to a model by the ``model`` of its body (or upload form).
@@ -69,12 +74,19 @@ class Router:
         def redis_url() -> str:  # the database source knows it once it has loaded
             return getattr(source, "redis_url", "")
 
-        self.limiter = RateLimiter(redis_url, self.metrics)
+        journal = None
+        if source.mode == "database" and config.journal_dir:
+            # One directory per database: a router adopts only the journals of its fleet.
+            database = hashlib.sha256(os.environ.get("DATABASE_URL", "").encode()).hexdigest()
+            journal = Journal(Path(config.journal_dir) / database[:12])
+        self.accounting = Accounting(journal=journal)
+        self.limiter = RateLimiter(
+            redis_url, self.metrics, ledger=self._ledger if source.mode == "database" else None
+        )
         self.response_ids = ResponseIds(redis_url=redis_url)
         self.conversations = ConversationStore(
             redis_url, max_bytes=config.conversation_bytes, seconds=config.conversation_seconds
         )
-        self.accounting = Accounting()
         self.cors = Cors(config.cors_origins)
         self.reception = Reception(config, self.tables, self.limiter, self.waiting,
                                    self.response_ids, self.metrics,
@@ -101,6 +113,15 @@ class Router:
     def rooms(self) -> dict[str, WaitingRoom]:
         """Each model's waiting room (the in-flight report counts who waits)."""
         return self.waiting.rooms
+
+    async def _ledger(self, key_prefix: str, now: float) -> tuple[int, int]:
+        """A key's tokens this UTC day and month: the usage rows every router wrote, and
+        what this one counted and has not written yet."""
+        day_start, month_start = day_starts(now), month_starts(now)
+        day, month = await self.source.ledger_totals(key_prefix, day_start, month_start)  # type: ignore[union-attr]
+        unwritten_day, unwritten_month = self.accounting.unwritten(key_prefix, day_start,
+                                                                   month_start)  # fmt: skip
+        return day + unwritten_day, month + unwritten_month
 
     def _table_changed(self, table: RoutingTable) -> None:
         self.waiting.table_changed()  # a replica may have become ready
@@ -198,6 +219,7 @@ class Router:
         await asyncio.gather(*tasks, return_exceptions=True)
         self.tables.stop()
         await self.accounting.flush(self.source.write_usage)
+        self.accounting.close()
         await self.upstream.close()
         await self.limiter.close()
         await self.response_ids.close()

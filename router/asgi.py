@@ -45,6 +45,7 @@ def build_router(config: RouterConfig | None = None) -> Router:
         if rows:
             with contextlib.suppress(Exception):
                 source.write_usage_now(rows)
+                router.accounting.close()
 
     atexit.register(flush_at_exit)
     return router

@@ -30,7 +30,7 @@ class RouterConfig:
     # The safety net behind pub/sub: a lost notification costs at most this long.
     refresh_seconds: float = 10.0
     # Accounting rows are written this often, never on a request's path.
-    accounting_seconds: float = 5.0
+    accounting_seconds: float = 1.0  # the ledger of record: written within a second
     # Consecutive failures that take a replica out, and for how long.
     breaker_failures: int = 3
     breaker_cooldown: float = 5.0
@@ -61,6 +61,10 @@ class RouterConfig:
     # rides out one dead engine and one more failure, and bounds what a request that
     # kills engines (a prompt that crashes them) can do to the rest of its model's replicas.
     migrations: int = 2
+    # Tokens reserved for an answer whose request names no max_tokens (issue 41).
+    reserve_tokens: int = 4096
+    # Where each router journals its usage before writing it ("" keeps none; journal.py).
+    journal_dir: str = ""
     # Browser origins that may call the router (CORS), or "*" for any; none: no CORS
     # headers at all, and a browser on another origin is refused by its own rules.
     cors_origins: tuple[str, ...] = ()
@@ -107,6 +111,10 @@ class RouterConfig:
             prefix_bytes=env_int("LLMGW_ROUTER_PREFIX_BYTES", cls.prefix_bytes),
             prefix_block=env_int("LLMGW_ROUTER_PREFIX_BLOCK", cls.prefix_block),
             migrations=env_int("LLMGW_ROUTER_MIGRATIONS", cls.migrations),
+            reserve_tokens=env_int("LLMGW_ROUTER_RESERVE_TOKENS", cls.reserve_tokens),
+            journal_dir=env_str(
+                "LLMGW_ROUTER_JOURNAL", str(llmgw_home() / "router" / "usage-journal")
+            ),
             cors_origins=tuple(
                 origin.strip().rstrip("/")
                 for origin in env_str("LLMGW_ROUTER_CORS_ORIGINS").split(",")

@@ -128,13 +128,18 @@ def not_found(path: str) -> RouterError:
 
 
 def not_served(
-    model: str, path: str, kind: str, serves: tuple[str, ...], serving: list[str]
-) -> RouterError:
-    """A request for what the model's profiles do not serve: said before any engine sees it."""
-    elsewhere = (
-        f"models that serve {kind}: {', '.join(serving)}" if serving
-        else f"no model serves {kind} yet; an operator adds `serves: [{kind}]` to a profile"
-    )  # fmt: skip
+    model: str, path: str, kind: str, serves: tuple[str, ...], serving: list[str],
+    *, restricted: bool = False,
+) -> RouterError:  # fmt: skip
+    """A request for what the model's profiles do not serve: said before any engine sees it.
+    ``serving`` names the models the key may use that serve ``kind``; ``restricted``: the
+    key may use only some models."""
+    if serving:
+        elsewhere = f"models that serve {kind}: {', '.join(serving)}"
+    elif restricted:
+        elsewhere = f"no model this key may use serves {kind}"
+    else:
+        elsewhere = f"no model serves {kind} yet; an operator adds `serves: [{kind}]` to a profile"
     return RouterError(
         400,
         f"The model {model!r} serves {', '.join(serves)}, not {kind} ({path}); {elsewhere}.",

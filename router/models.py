@@ -16,6 +16,8 @@ class Usage(models.Model):
     requests = models.BigIntegerField(default=0)
     prompt_tokens = models.BigIntegerField(default=0)
     completion_tokens = models.BigIntegerField(default=0)
+    # Of prompt_tokens (the whole prompt is charged), what the engine read from its cache.
+    cached_prompt_tokens = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         db_table = "router_usage"

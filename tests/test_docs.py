@@ -1,5 +1,5 @@
-"""The documents lead somewhere real: every relative link in README.md, ARCHITECTURE.md and
-bench/README.md reaches a file in the repository (and a ``#anchor`` a heading there),
+"""The documents lead somewhere real: every relative link in README.md, ARCHITECTURE.md,
+bench/README.md and docs/ reaches a file in the repository (and a ``#anchor`` a heading there),
 every module the README's behaviour map names exists, and every ``python -m bench.X`` the
 documents name is a bench. Modules move; this is what notices the map went stale.
 """
@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-DOCS = ("README.md", "ARCHITECTURE.md", "bench/README.md")
+DOCS = (
+    "README.md",
+    "ARCHITECTURE.md",
+    "bench/README.md",
+    *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")),
+)
 MAP_HEADING = "## Where each behaviour lives"
 
 FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.MULTILINE | re.DOTALL)

@@ -1,5 +1,5 @@
 """The node's firewall around its engines: each shard's ports admit only those who need
-them (README, "Engine ports: who may reach them")."""
+them (docs/security.md, "Engine ports: who may reach them")."""
 
 from agent_worker.walls.keeper import Walls, is_loopback
 from agent_worker.walls.rules import WallError

@@ -1,4 +1,4 @@
-"""Who may reach each port of a shard (README, "Engine ports: who may reach them").
+"""Who may reach each port of a shard (docs/security.md, "Engine ports: who may reach them").
 
 Every shard holds two ports, its own and the next (``allocate_port`` steps by 2):
 

@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import secrets
+import ssl
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,7 +38,8 @@ PROOF_TIMEOUT = 10.0
 def attempts(fleet: Fleet, scene: Any = None) -> Iterator[Row]:
     node = _field(scene, "attacker") or _field(scene, "node") or fleet.nodes[0].name
     leader = _field(scene, "leader") or hosts.CONTROL_PLANES[0]
-    url = f"ws://{fleet.host(leader).address}:{hosts.CONTROL_PORT}/agent/"
+    tls = fleet.env[hosts.SERVICES]["REDIS_URL"].startswith("rediss://")  # the sim's TLS
+    url = f"{'wss' if tls else 'ws'}://{fleet.host(leader).address}:{hosts.CONTROL_PORT}/agent/"
     yield _attempt("link with a revoked certificate", node,
                    lambda: revoked_certificate(fleet, node, leader, url))  # fmt: skip
     yield _attempt(f"open {FLOOD} unauthenticated /agent/ sockets", node,
@@ -79,7 +81,9 @@ def revoked_certificate(fleet: Fleet, node: str, leader: str, url: str) -> tuple
     nodes would cost the legitimate traffic measured beside), used from a node host."""
     name = f"hostile-{secrets.token_hex(3)}"
     bundle = fleet.directory / "hostile" / name
-    for argv in (["onboard", name, "--servers", url, "--certificate-only", "--out", str(bundle)],
+    plain = ["--insecure"] if url.startswith("ws://") else []
+    for argv in (["onboard", name, "--servers", url, "--certificate-only", "--out", str(bundle),
+                  *plain],
                  ["ca", "revoke", name]):  # fmt: skip
         done = fleet.run(leader, [sys.executable, MANAGE, "llmgw_ctl", *argv], timeout=120)
         if done.returncode != 0:
@@ -96,7 +100,8 @@ async def _link_once(url: str, node_id: str, bundle: Path) -> dict:
 
     identity = NodeIdentity(str(bundle / "node.pem"), str(bundle / "node-key.pem"))
     headers = {"X-Llmgw-Node": node_id, "X-Llmgw-Auth": "certificate"}
-    async with connect(url, additional_headers=headers, open_timeout=10) as ws:
+    async with connect(url, additional_headers=headers, open_timeout=10,
+                       ssl=_checked_by(url, bundle / "ca.pem")) as ws:  # fmt: skip
         challenge = json.loads(await asyncio.wait_for(ws.recv(), 10))
         await ws.send(json.dumps(identity.proof(challenge["nonce"], node_id)))
         await ws.send(json.dumps({"type": "register"}))
@@ -108,7 +113,8 @@ async def _link_once(url: str, node_id: str, bundle: Path) -> dict:
 
 def unproven_flood(fleet: Fleet, node: str, url: str) -> tuple[bool, str]:
     connected = _connected_nodes(fleet)
-    outcome = network.in_host(node, lambda: asyncio.run(_flood(url, node)))
+    ca = Path(fleet.env[node]["LLMGW_AGENT_CA"])
+    outcome = network.in_host(node, lambda: asyncio.run(_flood(url, node, ca)))
     still = _connected_nodes(fleet)
     lost = sorted(connected - still)
     challenged, refused, closed = outcome["challenged"], outcome["refused"], outcome["closed"]
@@ -120,16 +126,23 @@ def unproven_flood(fleet: Fleet, node: str, url: str) -> tuple[bool, str]:
     return blocked, detail
 
 
-async def _flood(url: str, node: str) -> dict[str, int]:
+def _checked_by(url: str, ca: Path) -> ssl.SSLContext | None:
+    """For a wss:// URL, TLS checked against llmgw's CA (the one every bundle carries)."""
+    return ssl.create_default_context(cafile=str(ca)) if url.startswith("wss://") else None
+
+
+async def _flood(url: str, node: str, ca: Path) -> dict[str, int]:
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
     headers = {"X-Llmgw-Node": node, "X-Llmgw-Auth": "certificate"}
     counts = {"challenged": 0, "refused": 0, "closed": 0, "held": 0}
+    context = _checked_by(url, ca)
 
     async def one() -> None:
         try:
-            async with connect(url, additional_headers=headers, open_timeout=30) as ws:
+            async with connect(url, additional_headers=headers, open_timeout=30,
+                               ssl=context) as ws:  # fmt: skip
                 first = json.loads(await asyncio.wait_for(ws.recv(), 30))
                 if first.get("type") != "challenge":
                     counts["refused"] += 1

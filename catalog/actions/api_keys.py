@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -36,6 +37,7 @@ def create_key(
     limits: dict[str, int | None] | None = None,
     expires_at: datetime | None = None,
     priority: str = "normal",
+    user: User | None = None,
     actor: Actor,
 ) -> tuple[ApiKey, str]:
     """Create a key for ``name``; return the row and the key, which is never shown again.
@@ -43,6 +45,7 @@ def create_key(
     ``allowed_models`` limits the key to those models (names or aliases); empty allows
     every model. Names the catalog does not know are refused, so a typo cannot leave a
     key that silently works for nothing. ``limits`` are enforced by the routers together.
+    ``user`` is the account the key is issued to (the playground's keys).
     """
     name = name.strip()
     if not name:
@@ -63,6 +66,7 @@ def create_key(
                     allowed_models=allowed,
                     expires_at=expires_at,
                     priority=priority,
+                    user=user,
                     **checked,
                 )
                 scope = ", ".join(allowed) or "every model"

@@ -1,8 +1,10 @@
 """Verbs on a profile's count and a model's rollout: scale a profile (an operator, or the
-autoscaler), note since when its demand has been low, pause and resume a rolling restart."""
+autoscaler), note since when its demand has been low, pause and resume a rolling restart,
+pin profiles to the engine versions their replicas run."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from django.db import transaction
@@ -11,7 +13,7 @@ from audit.actors import Actor
 from audit.events import record_event, record_news
 from audit.models import EventKind
 from catalog.actions.changes import catalog_changed
-from catalog.models import Model, Profile
+from catalog.models import Engine, Model, Profile, default_engines
 from protocol.units import format_duration
 
 
@@ -83,3 +85,38 @@ def _set_rollout_paused(model_name: str, paused: bool, why: str, actor: Actor) -
         if changed:
             record_event(EventKind.CATALOG, model_name, why, actor=actor)
     return bool(changed)
+
+
+def pin_engine_versions(pins: Mapping[int, str], *, actor: Actor) -> list[str]:
+    """Pin each profile of ``pins`` (id -> version) that is not pinned yet to that engine
+    version, the one its replicas run, so that neither a version added to the catalog nor
+    a control plane upgraded with a newer default build restarts them; return each pinned,
+    as "model/profile: engine version".
+
+    A default build the catalog does not name is declared in ``engines:`` as llmgw ships
+    it now, or an upgrade would stop telling nodes to keep it. One transaction, an Event a
+    change; ``llmgw_ctl export`` then writes the pins into the file.
+    """
+    pinned = []
+    with transaction.atomic():
+        profiles = Profile.objects.select_for_update().select_related("model")
+        for profile in profiles.filter(id__in=list(pins), engine_version="").order_by("id"):
+            version = pins[profile.id]
+            _declare_default(profile.engine, version, actor)
+            Profile.objects.filter(id=profile.id).update(engine_version=version)
+            said = f"{profile.engine} {version}"
+            catalog_changed(str(profile), f"engine_version pinned to {said}, the version its "
+                            "replicas run", actor=actor)  # fmt: skip
+            pinned.append(f"{profile}: {said}")
+    return pinned
+
+
+def _declare_default(engine: str, version: str, actor: Actor) -> None:
+    default = next((d for d in default_engines([]) if d.key == (engine, version)), None)
+    if default is None or Engine.objects.filter(name=engine, version=version).exists():
+        return
+    builds = [build.model_dump() for build in default.builds]
+    Engine.objects.create(name=engine, version=version, builds=builds)
+    why = (f"declared {engine} {version} in engines: as llmgw's default build, to keep it "
+           "once the default changes")  # fmt: skip
+    catalog_changed(f"{engine} {version}", why, actor=actor)

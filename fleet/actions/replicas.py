@@ -1,8 +1,8 @@
 """Verbs on replicas: create one for a profile, start it where placement chose, note why it
-cannot be placed, fail one that did not start in time, drain it out of the routing table,
-stop it, finish its stop, restart it (stop, and let the reconciler start a fresh one with
-the profile's current settings), and say why one on a lost node is kept or how a
-profile's rolling restart stands.
+cannot be placed (and have that worked out again), fail one that did not start in time,
+drain it out of the routing table, stop it, finish its stop, restart it (stop, and let the
+reconciler start a fresh one with the profile's current settings), and say why one on a
+lost node is kept or how a profile's rolling restart stands.
 
 Each says what it did (the replica, or whether it changed anything) and leaves counting
 to its caller: the reconciler's report is the reconciler's.
@@ -21,7 +21,8 @@ from audit import notices
 from audit.actors import Actor
 from audit.events import record_event, record_news
 from audit.models import EventKind
-from catalog.models import Profile, newest_engine_versions
+from catalog.models import Model, Profile, newest_engine_versions
+from core.humanize import no_such
 from fleet import commands
 from fleet.members import engine_callers
 from fleet.models import Node, Replica, ReplicaState, Shard, ShardState
@@ -31,8 +32,11 @@ from fleet.transitions import transition
 from placement import Decision
 
 
-def create_replica(profile: Profile, why: str, *, actor: Actor) -> Replica:
-    """A new replica of ``profile`` with its current settings, waiting to be placed.
+def create_replica(
+    profile: Profile, why: str, *, actor: Actor, stands_in_since: datetime | None = None
+) -> Replica:
+    """A new replica of ``profile`` with its current settings, waiting to be placed; a
+    stand-in (``stands_in_since``) for replicas no router reaches, beyond its count.
 
     Its engine version is the profile's resolved one; "" (no pin, none in the catalog)
     is settled when it is placed, from what the chosen node has.
@@ -49,6 +53,7 @@ def create_replica(profile: Profile, why: str, *, actor: Actor) -> Replica:
             engine=profile.engine,
             engine_version=profile.resolved_engine_version(newest),
             secret=replica_secret(replica_id),
+            stands_in_since=stands_in_since,
         )
         record_event(EventKind.REPLICA, str(replica.id), why, to_state=ReplicaState.PLACING,
                      actor=actor)  # fmt: skip
@@ -77,8 +82,8 @@ def start_replica(replica: Replica, decision: Decision, *, actor: Actor, epoch: 
         if not transition(
             Replica, replica.id, ReplicaState.STARTING,
             f"placed on {', '.join(rank.node for rank in decision.ranks)}, running {runs}",
-            actor=actor, reasons=[], starting_since=timezone.now(), engine=engine,
-            engine_version=version,
+            actor=actor, reasons=[], reasons_at=None, starting_since=timezone.now(),
+            engine=engine, engine_version=version,
         ):  # fmt: skip
             return False
         replica.engine, replica.engine_version = engine, version
@@ -103,20 +108,50 @@ def start_replica(replica: Replica, decision: Decision, *, actor: Actor, epoch: 
     return True
 
 
-def note_unplaceable(replica: Replica, decision: Decision, *, actor: Actor) -> bool:
-    """Say why no node can take ``replica`` now; True when it has just become unplaceable.
+def note_unplaceable(
+    replica: Replica, decision: Decision, *, actor: Actor, now: datetime | None = None
+) -> bool:
+    """Say why no node can take ``replica`` now, and when that was worked out (``now``);
+    True when it has just become unplaceable.
 
     One already unplaceable keeps its state; only its reasons follow what placement says.
     """
     if not decision.explained and replica.state != ReplicaState.PLACING:
         return False  # placement did not work out why again: what it said last still holds
     reasons = [decision.summary, *decision.reasons_in_brief]
+    at = (now or timezone.now()) if decision.explained else None
     if replica.state == ReplicaState.PLACING:
         return bool(transition(Replica, replica.id, ReplicaState.UNPLACEABLE, decision.summary,
-                               actor=actor, reasons=reasons))  # fmt: skip
-    if replica.reasons != reasons:
-        Replica.objects.filter(id=replica.id).update(reasons=reasons)
+                               actor=actor, reasons=reasons, reasons_at=at))  # fmt: skip
+    Replica.objects.filter(id=replica.id).update(reasons=reasons, reasons_at=at)
+    # Pages say how old the refusal is: they learn it was worked out again, whatever it says.
+    notices.pages_changed_on_commit(EventKind.REPLICA, str(replica.id))
     return False
+
+
+class ReplicaRefused(Exception):
+    """A replica verb that cannot be done as asked; ``str()`` names the thing and the fix."""
+
+
+def check_placement_again(model_name: str, *, actor: Actor) -> int:
+    """Have the next reconcile pass work out again why ``model_name``'s waiting replicas
+    are refused, rather than 30 to 60 s after it last did; return how many wait.
+
+    The Event is what the pass reads (``fleet.reconcile.passes``), as it reads a drain, a
+    pool or an apply: whatever an operator does there, the refusal shown is worked out anew.
+    """
+    waiting = Replica.objects.filter(model_name=model_name, state__in=ReplicaState.UNPLACED)
+    with transaction.atomic():
+        count = waiting.count()
+        if not count and not Model.objects.filter(name=model_name).exists():
+            models = list(Model.objects.order_by("name").values_list("name", flat=True))
+            raise ReplicaRefused(no_such("model", model_name, models))
+        if not count:
+            raise ReplicaRefused(f"no replica of {model_name} is waiting for a node: there "
+                                 "is no refusal to work out again")  # fmt: skip
+        asked = f"asked to work out again where {model_name}'s replicas fit"
+        record_event(EventKind.PLACEMENT, model_name, asked, actor=actor)
+    return count
 
 
 def fail_replica(replica_id, reason: str, *, actor: Actor) -> bool:
@@ -192,6 +227,18 @@ def restart_replica(replica_id, *, actor: Actor) -> bool:
         replica = Replica.objects.filter(id=replica_id).first()
         # Stopping tells the nodes to stop the engines; the reconciler replaces it.
         return replica is not None and stop_replica(replica, "restart requested", actor=actor)
+
+
+def adopt_stand_in(replica_id, why: str, *, actor: Actor) -> bool:
+    """Count a stand-in as one of its profile's replicas from now on (the ones it stood in
+    for are lost, and it serves as their replacement); False if it was not a stand-in."""
+    with transaction.atomic():
+        adopted = Replica.objects.filter(id=replica_id, stands_in_since__isnull=False).update(
+            stands_in_since=None
+        )
+        if adopted:
+            record_event(EventKind.REPLICA, str(replica_id), why, actor=actor)
+    return bool(adopted)
 
 
 def note_replica_kept(replica_id, why: str, *, actor: Actor) -> bool:

@@ -67,7 +67,6 @@ def register_node(
     """Create or refresh a node from its register message and mark it connected."""
     now = now or timezone.now()
     inventory = message.inventory.model_dump(mode="json")
-    engines = _engines_json(message.engines) if message.engines_probed else None
     # No savepoint inside link_node's transaction: a failure there undoes the whole register.
     with transaction.atomic(savepoint=False):
         node, created = Node.objects.select_for_update().get_or_create(
@@ -78,7 +77,12 @@ def register_node(
         node.address = message.inventory.address
         node.agent_version = message.agent_version
         node.inventory = inventory
-        node.take_engines(engines, now)
+        if message.engines_probed:
+            # An agent that has not yet probed (it has just started) says nothing of its
+            # engines: taken as "none", the node would lose SGLang for the seconds until the
+            # probe, and gain it again with a "now qualifies" Event and every crash-loop
+            # backoff on it forgiven (``engines_changed_at``).
+            node.take_engines(_engines_json(message.engines), now)
         node.weights = [weight.model_dump(mode="json") for weight in message.weights]
         known_users = {user.get("pid") for user in node.unexpected_gpu_users}
         node.unexpected_gpu_users = [
@@ -150,8 +154,10 @@ def update_engines(node_id: str, message: messages.Engines, *, actor: Actor) -> 
     node = Node.objects.filter(id=node_id).first()
     if node is None:
         return
+    if not message.probed:
+        return  # says nothing of what is installed (see register_node)
     before, before_installs = _qualifications(node), node.engine_installs() or []
-    node.take_engines(_engines_json(message.engines) if message.probed else None, timezone.now())
+    node.take_engines(_engines_json(message.engines), timezone.now())
     node.save(update_fields=["engines", "engines_changed_at"])
     _log_new_qualifications(node, before, actor)
     _record_install_outcomes(node_id, before_installs, node.engine_installs() or [], actor)

@@ -36,5 +36,5 @@ class ReplicaSerializer(serializers.ModelSerializer):
         model = Replica
         fields = [
             "id", "model_name", "profile_name", "fingerprint", "engine", "engine_version",
-            "state", "reasons", "created_at", "state_changed_at", "shards",
+            "state", "reasons", "reasons_at", "created_at", "state_changed_at", "shards",
         ]  # fmt: skip

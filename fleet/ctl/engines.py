@@ -1,16 +1,21 @@
 """``llmgw_ctl engines``: every engine version nodes are told to have or report having,
 where it came from (llmgw's default, the catalog's ``engines:``, or found on the node by
-its agent file), what it is built from, and how it stands on the nodes."""
+its agent file), what it is built from, and how it stands on the nodes; ``pin-engines``:
+pin profiles to the versions their replicas run."""
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
 
+from audit.actors import shell_operator
+from catalog.actions.profiles import pin_engine_versions
 from catalog.models import engine_origins
 from core.collector import collecting_less
 from core.tables import render_json, render_table
+from fleet.ctl.common import known_model
 from fleet.models import Node
+from fleet.planning.engine_restarts import running_engine_versions
 from fleet.reconcile.engines import wanted_engines
 from fleet.selectors import engine_origin
 from protocol.engines import PIP_ENGINES, WantedEngine, natural_key
@@ -22,6 +27,23 @@ def add_parsers(subparsers) -> None:
     )
     engines.add_argument("--json", action="store_true")
     engines.set_defaults(handler=engines_command)
+
+    pin = subparsers.add_parser(
+        "pin-engines",
+        help="pin unpinned profiles to the engine version their replicas run, so that a new "
+        "version in the catalog or an upgrade of llmgw's default build restarts none",
+    )
+    pin.add_argument("models", nargs="*", metavar="MODEL", help="these models only (default: all)")
+    pin.set_defaults(handler=pin_engines_command)
+
+
+def pin_engines_command(options, out) -> None:
+    models = [known_model(name) for name in options["models"]] or None
+    pinned = pin_engine_versions(running_engine_versions(models), actor=shell_operator())
+    for line in pinned:
+        out.write(f"pinned {line}")
+    if not pinned:
+        out.write("nothing to pin: every profile with running replicas is pinned already")
 
 
 def built_from(wanted: WantedEngine | None) -> str:

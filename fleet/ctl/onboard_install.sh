@@ -32,7 +32,8 @@ if [ "$installed" != "$VERSION" ]; then
     if [ -n "$WHEEL" ]; then
         echo "$WHEEL_SHA256  $HERE/$WHEEL" | sha256sum -c - >/dev/null \
             || { say "$WHEEL does not match its sha256 $WHEEL_SHA256; refusing it"; exit 1; }
-        "$VENV/bin/pip" install --quiet "$HERE/$WHEEL"
+        "$VENV/bin/pip" install --quiet --require-hashes -r "$HERE/requirements.lock"
+        "$VENV/bin/pip" install --quiet --no-deps "$HERE/$WHEEL"
     else
         # From the index, but only the wheel whose sha256 the bundle names: an index (or a
         # proxy in front of it) that serves anything else is refused.
@@ -42,7 +43,9 @@ if [ "$installed" != "$VERSION" ]; then
         [ -n "$got" ] || { say "the index has no wheel of llmgw $VERSION"; exit 1; }
         echo "$WHEEL_SHA256  $got" | sha256sum -c - >/dev/null \
             || { say "$(basename "$got") from the index does not match its sha256 $WHEEL_SHA256; refusing it"; exit 1; }
-        "$VENV/bin/pip" install --quiet "$got"
+        # llmgw's dependencies as reviewed: each pinned, each file checked by its sha256.
+        "$VENV/bin/pip" install --quiet --require-hashes -r "$HERE/requirements.lock"
+        "$VENV/bin/pip" install --quiet --no-deps "$got"
         rm -rf "$download"
     fi
     say "installed llmgw $VERSION"

@@ -7,16 +7,29 @@ import hashlib
 import importlib.metadata
 from pathlib import Path
 
+import redis
 import yaml
 from django.core.management.base import CommandError
 
 from audit.actors import shell_operator
+from audit.redis import redis_client
+from core.addresses import plaintext_to_network
+from core.redis_urls import mask_password, with_credentials
 from core.secret_files import write_secret_file
-from fleet.actions.certificates import issue_node_certificate, revoke_node_certificates
-from fleet.pki import authority
+from fleet.actions.certificates import (
+    issue_node_certificate,
+    renew_broker_password,
+    revoke_node_certificates,
+)
+from fleet.pki import authority, broker_users
 from fleet.pki.verify import still_good
 
 INSTALL_SH = Path(__file__).with_name("onboard_install.sh")
+# llmgw's dependencies, pinned with their sha256s (`make lock` writes it from pyproject.toml):
+# what install.sh installs on a node, and `make run` here.
+REQUIREMENTS_LOCK = Path(__file__).with_name("requirements.lock")
+# Without --broker: TLS, checked against llmgw's CA, which every bundle carries.
+DEFAULT_BROKER = "rediss://CHANGE-ME:6380/0?ssl_ca_certs=/etc/llmgw/ca.pem"
 
 
 def add_parsers(subparsers) -> None:
@@ -39,7 +52,17 @@ def add_parsers(subparsers) -> None:
     onboard.add_argument(
         "--servers", required=True, help="control plane addresses, comma separated: wss://a:8443,…"
     )
-    onboard.add_argument("--broker", default="", help="the Redis URL agents use")
+    onboard.add_argument(
+        "--broker",
+        default="",
+        help="the broker's Redis URL, as the node reaches it; the bundle's signs in as the "
+        "node's own user (any password in it is dropped)",
+    )
+    onboard.add_argument(
+        "--insecure",
+        action="store_true",
+        help="accept ws:// servers and a redis:// broker across the network (in clear)",
+    )
     onboard.add_argument("--out", default="", help="directory for the bundle (default: NODE/)")
     onboard.add_argument("--days", type=int, default=365)
     onboard.add_argument("--wheel", default="", help="a llmgw wheel to carry in the bundle")
@@ -100,13 +123,29 @@ def onboard_command(options, out) -> None:
         raise CommandError(
             f"--servers must be wss:// addresses, comma separated (got {options['servers']!r})"
         )
+    clear = [url for url in (*servers, options["broker"]) if url and plaintext_to_network(url)]
+    if clear and not options.get("insecure"):
+        raise CommandError(
+            f"{', '.join(mask_password(url) for url in clear)}: in clear across the network; "
+            "give wss:// servers and a rediss:// broker, or pass --insecure to accept it (the "
+            "agent file then says insecure: true, and the node's page shows it)"
+        )
     wheel_sha256 = _wheel_sha256(options)
     bundle = Path(options["out"] or node_id)
+    password, sha256 = broker_users.new_password()
     if options["reuse"] and still_good(bundle / "node.pem", node_id):
+        # The certificate stays; the broker password is renewed (Redis may have forgotten
+        # the node's user, and this bundle may be older than broker users).
+        if renew_broker_password(node_id, sha256, actor=shell_operator()):
+            broker = node_broker(options["broker"], node_id, password)
+            _replace_secret(bundle / "agent.yaml", agent_file(servers, broker, bool(clear)))
+            _make_broker_user(node_id, out)
         out.write(f"kept the certificate of {node_id} in {bundle}/")
         return
     try:
-        issued = issue_node_certificate(node_id, options["days"], actor=shell_operator())
+        issued = issue_node_certificate(
+            node_id, options["days"], actor=shell_operator(), broker_password_sha256=sha256
+        )
         ca = authority.ca_pem()
     except authority.PkiError as exc:
         raise CommandError(str(exc)) from None
@@ -114,26 +153,50 @@ def onboard_command(options, out) -> None:
     (bundle / "ca.pem").write_bytes(ca)
     (bundle / "node.pem").write_bytes(issued.cert_pem)
     _replace_secret(bundle / "node-key.pem", issued.key_pem)
-    (bundle / "agent.yaml").write_text(agent_file(servers, options["broker"]))
+    # 0600: it holds the node's broker password.
+    broker = node_broker(options["broker"], node_id, password)
+    _replace_secret(bundle / "agent.yaml", agent_file(servers, broker, bool(clear)))
+    _make_broker_user(node_id, out)
     if not options.get("certificate_only"):
         wheel = _carry_wheel(options["wheel"], bundle) or ("", wheel_sha256)
+        (bundle / "requirements.lock").write_text(REQUIREMENTS_LOCK.read_text())
         (bundle / "install.sh").write_text(install_script(wheel))
         (bundle / "install.sh").chmod(0o755)
     out.write(f"wrote the bundle for {node_id} to {bundle}/ (certificate valid until "
               f"{issued.not_after:%Y-%m-%d}); on the node, run: sudo ./install.sh")  # fmt: skip
 
 
-def agent_file(servers: list[str], broker: str) -> str:
-    """The agent file, the same on every node: the certificate files name the node."""
-    data = {
+def node_broker(broker: str, node_id: str, password: str) -> str:
+    """The node's broker URL: ``broker`` (the control plane's, with any password it held
+    dropped) signed in as the node's own user."""
+    user = broker_users.user_name(node_id, broker_users.database_of(redis_client()))
+    return with_credentials(broker or DEFAULT_BROKER, user, password)
+
+
+def _make_broker_user(node_id: str, out) -> None:
+    """Make the node's broker user now; if the broker cannot be reached from here, the
+    reconciler makes it within a minute (``sync_broker_users``)."""
+    try:
+        broker_users.ensure_node_user(node_id)
+    except (broker_users.BrokerUserError, redis.RedisError) as exc:
+        out.write(f"warning: {node_id}'s broker user is not made yet ({exc}); the reconciler "
+                  "makes it once it reaches the broker\n")  # fmt: skip
+
+
+def agent_file(servers: list[str], broker: str, insecure: bool = False) -> str:
+    """The agent file, the same on every node but for its broker user: the certificate files
+    name the node."""
+    data: dict = {
         "servers": servers,
-        "broker": broker or "redis://CHANGE-ME:6379/0",
+        "broker": broker,
         "tls": {
             "ca": "/etc/llmgw/ca.pem",
             "cert": "/etc/llmgw/node.pem",
             "key": "/etc/llmgw/node-key.pem",
         },  # fmt: skip
     }
+    if insecure:  # onboard --insecure: plaintext across the network, accepted
+        data["insecure"] = True
     text = yaml.safe_dump(data, sort_keys=False)
     return (
         text
@@ -179,6 +242,6 @@ def _carry_wheel(path: str, bundle: Path) -> tuple[str, str] | None:
     return source.name, hashlib.sha256(data).hexdigest()
 
 
-def _replace_secret(path: Path, data: bytes) -> None:
+def _replace_secret(path: Path, data: bytes | str) -> None:
     path.unlink(missing_ok=True)
-    write_secret_file(path, data.decode())
+    write_secret_file(path, data if isinstance(data, str) else data.decode())

@@ -1,11 +1,14 @@
-"""``llmgw_ctl models``, ``replicas``, ``status`` and ``rollout``: what runs for each model,
-why any cannot, and its rolling restarts."""
+"""``llmgw_ctl models``, ``replicas``, ``status``, ``check-placement`` and ``rollout``: what
+runs for each model, why any cannot (and how old that is), and its rolling restarts."""
 
 from __future__ import annotations
+
+from django.core.management.base import CommandError
 
 from audit.actors import shell_operator
 from catalog.actions.profiles import pause_rollout, resume_rollout
 from core.tables import render_json, render_table
+from fleet.actions.replicas import ReplicaRefused, check_placement_again
 from fleet.ctl.common import ago, known_model
 from fleet.models import ReplicaState, engine_label
 from fleet.reconcile.rollout import rollout_status
@@ -25,6 +28,12 @@ def add_parsers(subparsers) -> None:
     status = subparsers.add_parser("status", help="models, replicas and why any cannot run")
     status.add_argument("--json", action="store_true")
     status.set_defaults(handler=status_command)
+
+    check = subparsers.add_parser(
+        "check-placement", help="work out again now why a model's replicas wait for a node"
+    )
+    check.add_argument("model")
+    check.set_defaults(handler=check_placement_command)
 
     rollout = subparsers.add_parser("rollout", help="rolling restarts of stale profiles")
     actions = rollout.add_subparsers(dest="rollout_action", required=True, metavar="ACTION")
@@ -105,6 +114,8 @@ def _replica_dicts() -> list[dict]:
                 "engine": replica.engine,
                 "engine_version": replica.engine_version,
                 "reasons": replica.reasons,
+                # When placement worked them out: "never" while it works them out again.
+                "reasons_worked_out": ago(replica.reasons_at) if replica.reasons else "",
                 "backoff": backoffs.get(replica.id, ""),
                 "shards": [
                     {
@@ -131,6 +142,16 @@ def replicas_command(options, out) -> None:
     out.write(_replicas_text(replicas))
 
 
+def check_placement_command(options, out) -> None:
+    model = options["model"]
+    try:
+        waiting = check_placement_again(model, actor=shell_operator())
+    except ReplicaRefused as exc:
+        raise CommandError(str(exc)) from exc
+    out.write(f"{model}: {waiting} replica(s) waiting for a node; the next reconcile pass "
+              "works out again why")  # fmt: skip
+
+
 def _replicas_text(replicas: list[dict]) -> str:
     rows = []
     for r in replicas:
@@ -143,7 +164,12 @@ def _replicas_text(replicas: list[dict]) -> str:
             progress = progress_line(shard["progress"])
             if progress:
                 rows.append(["", "", "", "", "", "", "", f"downloading: {progress}"])
-        rows.extend(["", "", "", "", "", "", "", reason] for reason in r["reasons"])
+        reasons = list(r["reasons"])
+        if reasons and r["state"] == ReplicaState.UNPLACEABLE:
+            worked_out = r["reasons_worked_out"]
+            said = "being worked out again" if worked_out == "never" else f"worked out {worked_out}"
+            reasons[0] = f"{reasons[0]} ({said})"
+        rows.extend(["", "", "", "", "", "", "", reason] for reason in reasons)
         if r["backoff"]:
             rows.append(["", "", "", "", "", "", "", r["backoff"]])
     headers = ["MODEL", "PROFILE", "REPLICA", "STATE", "AGE", "NODE", "GPUS", "ENGINE / WHY"]

@@ -28,6 +28,7 @@ from django.conf import settings
 from audit.actors import AGENT_LINK
 from fleet import leadership
 from fleet.actions import reports, shard_reports
+from fleet.actions.certificates import link_proven
 from fleet.link.admission import peer_address, pending
 from fleet.link.heartbeats import batcher
 from fleet.link.node_address import address_problem
@@ -37,7 +38,6 @@ from fleet.pki.keys import command_key
 from fleet.pki.linked import prove_linked
 from fleet.pki.revocation import is_token_generation, token_generation
 from fleet.pki.tokens import verify_node_token
-from fleet.pki.verify import check_link_proof
 from protocol import messages
 
 log = logging.getLogger("llmgw.fleet.link")
@@ -171,8 +171,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
                                f"node {self.claimed} did not answer the challenge with a proof "
                                "(its certificate and a signature)")  # fmt: skip
         try:
-            serial = await database_sync_to_async(check_link_proof)(
-                certificate, self.claimed, nonce, signature
+            serial = await database_sync_to_async(link_proven)(
+                certificate, self.claimed, nonce, signature, actor=AGENT_LINK
             )
         except PkiError as exc:
             await self._refuse(messages.CLOSE_UNAUTHENTICATED,

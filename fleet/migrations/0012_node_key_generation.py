@@ -3,7 +3,7 @@
 Nodes learn their new command key when they next link (every agent relinks when the
 upgraded control plane restarts). Replicas not yet placed get a secret from the fleet key
 now; those already started keep theirs, which their engines were started with, until
-they are replaced (README, "Upgrading to the fleet key").
+they are replaced (docs/nodes.md, "Upgrading to the fleet key").
 """
 
 import hashlib

@@ -1,5 +1,5 @@
-"""The buttons on the pages: operators drain nodes, restart replicas, scale profiles and
-delete models.
+"""The buttons on the pages: operators drain nodes, restart replicas, scale profiles,
+delete models and have placement's refusals worked out again.
 
 Every action is a POST that calls a verb; read-only users get 403, whatever URL they
 try. An htmx request gets 204 and a message to show: the change itself reaches the
@@ -29,7 +29,7 @@ from catalog.actions.profiles import scale_profile
 from catalog.models import Model, Profile
 from catalog.permissions import is_operator
 from fleet.actions.nodes import drain_node, undrain_node
-from fleet.actions.replicas import restart_replica
+from fleet.actions.replicas import ReplicaRefused, check_placement_again, restart_replica
 from fleet.models import Node, Replica, ReplicaState
 from fleet.pages.views import HtmxRequest
 
@@ -123,3 +123,12 @@ def delete_model(request: HtmxRequest, model_id: int) -> HttpResponse:
     delete_entry("model", model.name, actor=request.user)
     stopping = f"; its {running} replica(s) stop" if running else ""
     return _done(request, f"deleted {model.name}{stopping}")
+
+
+@operator_action
+def check_placement(request: HtmxRequest, name: str) -> HttpResponse:
+    try:
+        waiting = check_placement_again(name, actor=request.user)
+    except ReplicaRefused as exc:
+        return HttpResponseBadRequest(f"{exc}\n", content_type="text/plain")
+    return _done(request, f"{name}: why {waiting} replica(s) wait is worked out again now")

@@ -13,6 +13,9 @@ urlpatterns = [
     path("replicas/<uuid:replica_id>/restart/", action_views.restart, name="replica-restart"),
     path("profiles/<int:profile_id>/scale/", action_views.scale, name="profile-scale"),
     path("weights/<path:name>/", views.weights, name="model-weights"),
+    path(
+        "placement/<path:name>/check/", action_views.check_placement, name="model-check-placement"
+    ),  # fmt: skip
     path("deploy/", deploy_views.new_model, name="model-new"),
     path("profiles/<int:profile_id>/edit/", deploy_views.edit_profile, name="profile-edit"),
     path("catalog/models/<int:model_id>/delete/", action_views.delete_model, name="model-delete"),

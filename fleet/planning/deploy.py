@@ -20,6 +20,7 @@ from catalog.models import Model, Profile, newest_engine_versions
 from catalog.plan import Change, profile_values
 from catalog.schema import ModelEntry
 from fleet.models import Replica, ReplicaState
+from fleet.planning.engine_restarts import EngineRestart, Resolve, engine_restarts
 from fleet.planning.snapshot import node_snapshots, placement_request
 from placement import Decision, PlacementRequest, place_batch
 
@@ -46,6 +47,9 @@ class ModelPlan:
     changes: tuple[Change, ...]
     profiles: tuple[ProfilePlan, ...]
     digest: str  # the entry planned: applying another one needs a plan of its own
+    # Running replicas whose engine version is not the one the entry resolves them to:
+    # a catalog's new version or an upgraded default build replaces them, edit or not.
+    engine_restarts: tuple[EngineRestart, ...] = ()
 
     @property
     def restarts(self) -> bool:
@@ -89,7 +93,21 @@ def plan_model(entry: ModelEntry, *, creating: bool, actor: Actor) -> ModelPlan:
         )
         for profile, replacing, requests in wanted
     )
-    return ModelPlan(tuple(changes), profiles, entry_digest(entry))
+    restarts = engine_restarts(_resolver(entry, newest), models=[entry.name])
+    return ModelPlan(tuple(changes), profiles, entry_digest(entry), tuple(restarts))
+
+
+def _resolver(entry: ModelEntry, newest: dict[str, str]) -> Resolve:
+    """The engine version each of the model's profiles resolves to once ``entry`` is saved."""
+    profiles = {profile.name: profile for profile in entry.profiles}
+
+    def resolve(profile: Profile) -> str | None:
+        planned = profiles.get(profile.name)
+        if planned is None:
+            return None  # the entry drops it: stopped, not restarted
+        return planned.engine_version or newest.get(planned.engine, "")
+
+    return resolve
 
 
 def _unsaved_model(entry: ModelEntry) -> Model:

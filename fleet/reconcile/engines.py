@@ -17,6 +17,8 @@ import json
 import logging
 from datetime import datetime
 
+from pydantic import ValidationError
+
 from audit.actors import RECONCILER
 from catalog.models import Engine, default_engines
 from fleet import commands
@@ -34,7 +36,16 @@ TOLD_PER_PASS = 50
 def wanted_engines() -> list[WantedEngine]:
     """Every engine version the catalog names, and the default build of each engine it
     names none of (rule R103): each node should have them all."""
-    named = [engine.wanted() for engine in Engine.objects.order_by("name", "version")]
+    named = []
+    for engine in Engine.objects.order_by("name", "version"):
+        try:
+            named.append(engine.wanted())
+        except ValidationError as exc:
+            # Saved before the catalog checked it (an older release, a hand-edited row):
+            # one bad row must not keep every node from its other engines.
+            reason = "; ".join(error["msg"] for error in exc.errors())
+            log.warning("engine %s %r is not told to any node: %s; correct or remove it with "
+                        "llmgw_ctl apply", engine.name, engine.version, reason)  # fmt: skip
     return named + default_engines(engine.name for engine in named)
 
 

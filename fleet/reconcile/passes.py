@@ -14,10 +14,11 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from audit.actors import RECONCILER
+from audit.models import Event, EventKind
 from catalog.models import Profile, newest_engine_versions
 from core.collector import collecting_less
 from fleet.actions.replicas import (
@@ -31,7 +32,15 @@ from fleet.actions.replicas import (
     stop_replica,
 )
 from fleet.actions.shard_reports import refresh_replica_state
-from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, ShardState
+from fleet.models import (
+    Node,
+    NodeState,
+    Replica,
+    ReplicaState,
+    Shard,
+    ShardState,
+    with_shard_nodes,
+)
 from fleet.planning.backoff import replacement_backoffs
 from fleet.planning.snapshot import node_snapshots, placement_request
 from fleet.reconcile.autoscale import autoscale_profiles
@@ -39,6 +48,7 @@ from fleet.reconcile.callers import tell_nodes_their_callers
 from fleet.reconcile.engines import tell_nodes_their_engines
 from fleet.reconcile.report import ReconcileReport
 from fleet.reconcile.rollout import drain_verdict, reports_once, roll_stale
+from fleet.reconcile.stand_ins import keep_stand_ins
 from fleet.routing_table import read_inflight_reports
 from placement import place_batch
 
@@ -47,11 +57,11 @@ log = logging.getLogger("llmgw.reconciler")
 # The key of the PostgreSQL advisory lock that makes a pass one at a time, cluster-wide.
 PASS_LOCK_KEY = 0x6C6C6D67  # "llmg"
 # Why an unplaceable replica is refused is worked out again after this (and up to as long
-# again, spread by replica).
+# again, spread by replica), or at the next pass after an operator's action.
 REEXPLAIN_AFTER = timedelta(seconds=30)
-# When this process last worked that out for each replica still waiting: a cache (a new
-# process works each out once again).
-_explained_at: dict[str, datetime] = {}
+# The operators' actions that may change where a replica fits: on a node (a drain, a
+# pool), on the catalog (an apply), or on placement itself (check again).
+REEXPLAINED_BY = (EventKind.NODE, EventKind.CATALOG, EventKind.PLACEMENT)
 
 
 def reconcile(
@@ -77,6 +87,7 @@ def reconcile(
             lambda: retire_from_bad_nodes(report, epoch, now),
             lambda: fail_slow_starts(now, report),
             lambda: retire_failed(now, report, epoch),
+            lambda: keep_stand_ins(now, report, epoch),
             lambda: roll_stale(now, report, epoch),
             lambda: report.scaled.extend(autoscale_profiles(now, read_inflight_reports)),
             lambda: scale(report, epoch),
@@ -112,14 +123,6 @@ def one_pass_at_a_time() -> Iterator[bool]:
         if taken:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_unlock(%s)", [PASS_LOCK_KEY])
-
-
-def with_shard_nodes(replicas: QuerySet[Replica]) -> QuerySet[Replica]:
-    """``replicas`` with their shards and each shard's node's state (not its reports, each
-    kilobytes of JSON): what ``serves_from_lost_node`` and ``finish_stops`` read, in three
-    queries however many replicas there are."""
-    nodes = Node.objects.only("id", "state")
-    return replicas.prefetch_related("shards", Prefetch("shards__node", queryset=nodes))
 
 
 def _stop(replica: Replica, reason: str, report: ReconcileReport, epoch: int | None) -> None:
@@ -259,7 +262,9 @@ def scale(report: ReconcileReport, epoch: int | None = None) -> None:
     newest = newest_engine_versions()
     # Every profile's counted replicas in one read, newest first, not a read per profile.
     counted: dict[int, list[Replica]] = defaultdict(list)
-    replicas = Replica.objects.filter(state__in=ReplicaState.COUNTED, profile__isnull=False)
+    replicas = Replica.objects.filter(
+        state__in=ReplicaState.COUNTED, profile__isnull=False, stands_in_since__isnull=True
+    )  # a stand-in is beyond the count (fleet.reconcile.stand_ins)
     for replica in with_shard_nodes(replicas.order_by("-created_at")):
         counted[replica.profile_id].append(replica)  # type: ignore[index]
     for profile in Profile.objects.select_related("model"):
@@ -290,21 +295,23 @@ def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:
 
     Each pass tries to place every one; why an unplaceable one is refused (every filter on
     every node: at 10,000 nodes, 25 such models took 3 s a pass) is worked out again only
-    30 to 60 s later (REEXPLAIN_AFTER), so its reasons lag the fleet by at most that.
+    30 to 60 s later (REEXPLAIN_AFTER), so its reasons lag the fleet by at most that, and
+    say when they were worked out (``Replica.reasons_at``). An operator's action on a node,
+    the catalog or placement since has it worked out at once (``REEXPLAINED_BY``).
     """
     waiting = list(
         Replica.objects.filter(state__in=ReplicaState.UNPLACED, profile__isnull=False)
         .select_related("profile__model")
         .order_by("created_at")
     )
-    _forget_explained_but(str(r.id) for r in waiting)
     if not waiting:
         return
     newest = newest_engine_versions()
     requests = [
         placement_request(str(r.id), _profile(r), r.version_to_run(newest)) for r in waiting
     ]
-    lately = {str(replica.id) for replica in waiting if _explained_lately(replica, now)}
+    acted_at = _operator_acted_since(r.reasons_at for r in waiting)
+    lately = {str(r.id) for r in waiting if _explained_lately(r, now, acted_at)}
     decisions = place_batch(requests, node_snapshots(now), unexplained=lately)
     for replica, decision in zip(waiting, decisions, strict=True):
         # Counted as decided, as before: a start that loses a race still counts as placed.
@@ -312,32 +319,31 @@ def place_waiting(now: datetime, epoch: int, report: ReconcileReport) -> None:
             start_replica(replica, decision, actor=RECONCILER, epoch=epoch)
             report.placed.append(str(replica.id))
             continue
-        if decision.explained:
-            _explained_at[str(replica.id)] = now
         if replica.state == ReplicaState.PLACING:
             report.unplaceable.append(str(replica.id))
-        note_unplaceable(replica, decision, actor=RECONCILER)
+        note_unplaceable(replica, decision, actor=RECONCILER, now=now)
 
 
-def _explained_lately(replica: Replica, now: datetime) -> bool:
-    at = _explained_at.get(str(replica.id))
+def _operator_acted_since(worked_out: Iterable[datetime | None]) -> datetime | None:
+    """When an operator last acted on a node, the catalog or placement, if that was after
+    the oldest of these refusals was worked out (one indexed read of the minute since)."""
+    known = [at for at in worked_out if at is not None]
+    if not known:
+        return None
+    acted = Event.objects.filter(at__gt=min(known), kind__in=REEXPLAINED_BY).exclude(actor_name="")
+    return acted.aggregate(latest=Max("at"))["latest"]
+
+
+def _explained_lately(replica: Replica, now: datetime, acted_at: datetime | None) -> bool:
+    at = replica.reasons_at
     if replica.state != ReplicaState.UNPLACEABLE or at is None:
         return False
+    if acted_at is not None and acted_at > at:
+        return False  # an operator acted since: what it said may no longer hold
     # Each replica waits up to as long again, by its id, so that many refused together
     # are not all worked out again in the same pass.
     spread = REEXPLAIN_AFTER * (replica.id.int % 100 / 100)
     return now - at < REEXPLAIN_AFTER + spread
-
-
-def forget_refusals() -> None:
-    """Have the next pass work out again why each unplaceable replica is refused."""
-    _explained_at.clear()
-
-
-def _forget_explained_but(waiting: Iterable[str]) -> None:
-    kept = set(waiting)
-    for replica_id in [key for key in _explained_at if key not in kept]:
-        del _explained_at[replica_id]
 
 
 def finish_stops(report: ReconcileReport) -> None:

@@ -83,7 +83,9 @@ class Rollout:
 def rollouts(model_name: str | None = None) -> list[Rollout]:
     """Every profile (of one model, if named) with its live replicas sorted for a rollout."""
     profiles = Profile.objects.select_related("model")
-    replicas = Replica.objects.filter(state__in=ReplicaState.COUNTED, profile__isnull=False)
+    replicas = Replica.objects.filter(
+        state__in=ReplicaState.COUNTED, profile__isnull=False, stands_in_since__isnull=True
+    )  # a stand-in is retired on its own terms (fleet.reconcile.stand_ins)
     if model_name is not None:
         profiles = profiles.filter(model__name=model_name)
         replicas = replicas.filter(model_name=model_name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ from llmgw_cli.local_engine import local_engines
 from llmgw_cli.sim import cleanup, fabric, hosts, impair, network, services
 from llmgw_cli.sim.hosts import Host
 from llmgw_cli.sim.probes import START_TIMEOUT, leads, listening, node_rows, wait_for
-from llmgw_cli.sim.state import Fleet, state_dir
+from llmgw_cli.sim.state import REPO, Fleet, state_dir
 
 NETWORK = "198.18.0.0"
 
@@ -146,11 +147,15 @@ def simulated_fleet(
 def start_services(fleet: Fleet, tuning: Tuning) -> None:
     host = fleet.host(hosts.SERVICES)
     home = fleet.directory / "services"
-    say(f"services: PostgreSQL and Redis on {host.address}")
+    tls = services.tls_redis_server() is not None
+    say(f"services: PostgreSQL and Redis{' (TLS)' if tls else ''} on {host.address}")
     password = services.prepare_postgres(home, NETWORK)
-    redis_argv, redis_password = services.redis_command(home, host.address)
+    ca_file = fleet.directory / "control" / "ca" / "ca.pem"
+    redis_tls = (home / "tls" / "server.pem", home / "tls" / "server-key.pem", ca_file)
+    redis_argv, redis_password = services.redis_command(home, host.address,
+                                                        redis_tls if tls else None)  # fmt: skip
     database = services.postgres_url(host.address, password)
-    redis_url = services.redis_url(host.address, redis_password)
+    redis_url = services.redis_url(host.address, redis_password, ca_file if tls else None)
     router_database = services.router_url(fleet.directory, host.address)
     for other in fleet.hosts:
         if other.role in ("services", "control-plane", "router"):
@@ -161,11 +166,38 @@ def start_services(fleet: Fleet, tuning: Tuning) -> None:
         else:
             fleet.env[other.name] = {**agent_env(fleet.directory, other), **tuning.agent_env}
     fleet.write()
+    if tls:
+        make_certificates(fleet, home / "tls")
     network.run(*fleet.command(host.name, services.postgres_command(home, host.address)))
     pid = int((home / "postgres" / "postmaster.pid").read_text().split("\n", 1)[0])
     fleet.record(host.name, "postgres", pid, home / "postgres" / "log")
     fleet.start(host.name, "redis", redis_argv)
     wait_for(lambda: listening(host, hosts.REDIS_PORT), "Redis on the services host")
+
+
+def tls_on(fleet: Fleet) -> bool:
+    """Whether this fleet's link and Redis are TLS (a redis-server with TLS was found)."""
+    return fleet.env[hosts.SERVICES]["REDIS_URL"].startswith("rediss://")
+
+
+def make_certificates(fleet: Fleet, redis_tls: Path) -> None:
+    """llmgw's CA and the serving certificates of the control planes and Redis, with cp1's
+    settings (its CA directory)."""
+    cp1 = hosts.CONTROL_PLANES[0]
+    planes = [h for h in fleet.hosts if h.role == "control-plane"]
+    names = ",".join([*(h.name for h in planes), *(h.address for h in planes)])
+    services_host = fleet.host(hosts.SERVICES)
+    argv = [sys.executable, "-m", "llmgw_cli.sim.certificates",
+            "--control", f"{fleet.directory / 'control' / 'tls'}={names}",
+            "--services", f"{redis_tls}={services_host.name},{services_host.address}"]  # fmt: skip
+    # Files only, no network: run where this process is, with cp1's environment (its
+    # REDIS_URL names the CA file this makes, which settings would look for first).
+    env = {**fleet.env[cp1], "REDIS_URL": "redis://127.0.0.1:1/0"}
+    result = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True,
+                            timeout=START_TIMEOUT, check=False)  # fmt: skip
+    if result.returncode != 0:
+        raise network.SimError(f"making the fleet's certificates for {cp1} failed:\n"
+                               f"{result.stderr[-3000:]}")  # fmt: skip
 
 
 def prepare_control(fleet: Fleet, demo: bool, replicas: int = 1) -> None:
@@ -183,11 +215,13 @@ def prepare_control(fleet: Fleet, demo: bool, replicas: int = 1) -> None:
     say(f"{cp1}: migrate, llmgw_ctl ca init, onboard {len(fleet.nodes)} nodes, apply the demo")
     argv = [sys.executable, "-m", "llmgw_cli.sim.operator",
             "--nodes", ",".join(n.name for n in fleet.nodes), "--servers",
-            hosts.servers(fleet.hosts), "--bundles", str(fleet.directory / "bundles"),
+            hosts.servers(fleet.hosts, tls_on(fleet)), "--bundles",
+            str(fleet.directory / "bundles"),
             "--router-password-file", str(fleet.directory / services.ROUTER_PASSWORD_FILE),
-            "--key-file",
-            str(fleet.directory / "api-key"), "--catalog",
-            str(catalog_file) if catalog else ""]  # fmt: skip
+            "--key-file", str(fleet.directory / "api-key"), "--catalog",
+            str(catalog_file) if catalog else "",
+            # Without a redis-server with TLS here: plaintext on the sim's own bridge.
+            *([] if tls_on(fleet) else ["--insecure"])]  # fmt: skip
     result = fleet.run(cp1, argv, timeout=START_TIMEOUT * 2)
     (fleet.directory / "logs" / f"{cp1}-operator.log").write_text(result.stdout + result.stderr)
     if result.returncode != 0:
@@ -199,10 +233,12 @@ def start_control_planes(fleet: Fleet) -> None:
     """cp1 first, and leading before cp2 starts: the standby is the standby."""
     for name in hosts.CONTROL_PLANES:
         host = fleet.host(name)
-        for process, argv in hosts.control_plane_commands(host, fleet.directory):
+        tls = fleet.directory / "control" / "tls" if tls_on(fleet) else None
+        for process, argv in hosts.control_plane_commands(host, fleet.directory, tls):
             (fleet.directory / name).mkdir(exist_ok=True)
             fleet.start(name, process, argv)
-        say(f"{name}: daphne on ws://{name}:{hosts.CONTROL_PORT}, reconciler")
+        scheme = "wss" if tls else "ws"
+        say(f"{name}: daphne on {scheme}://{name}:{hosts.CONTROL_PORT}, reconciler")
         wait_for(partial(listening, host, hosts.CONTROL_PORT), f"daphne on {name}")
         if name == hosts.CONTROL_PLANES[0]:
             wait_for(partial(leads, fleet, name), f"{name} to take the leader's lease")

@@ -51,17 +51,26 @@ def hosts_file(hosts: list[Host]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def servers(hosts: list[Host]) -> str:
+def servers(hosts: list[Host], tls: bool = True) -> str:
     """The agents' control plane addresses, leader first, as `llmgw_ctl onboard` takes them."""
-    return ",".join(f"ws://{h.name}:{CONTROL_PORT}" for h in hosts if h.role == "control-plane")
+    scheme = "wss" if tls else "ws"
+    return ",".join(f"{scheme}://{h.name}:{CONTROL_PORT}" for h in hosts
+                    if h.role == "control-plane")  # fmt: skip
 
 
-def control_plane_commands(host: Host, state_dir: Path) -> list[tuple[str, list[str]]]:
-    """daphne and the reconciler of one control-plane host, as `llmgw up` runs them."""
+def control_plane_commands(
+    host: Host, state_dir: Path, tls: Path | None = None
+) -> list[tuple[str, list[str]]]:
+    """daphne and the reconciler of one control-plane host, as `llmgw up` runs them; daphne
+    serves TLS with the certificate in ``tls`` (server.pem, server-key.pem) when given."""
     python = sys.executable
+    listen = ["-b", host.address, "-p", str(CONTROL_PORT)]
+    if tls is not None:
+        key, cert = tls / "server-key.pem", tls / "server.pem"
+        endpoint = f"ssl:{CONTROL_PORT}:interface={host.address}:privateKey={key}:certKey={cert}"
+        listen = ["-e", endpoint]
     return [
-        ("daphne", [python, "-m", "daphne", "-b", host.address, "-p", str(CONTROL_PORT),
-                    "llmgw_site.asgi:application"]),
+        ("daphne", [python, "-m", "daphne", *listen, "llmgw_site.asgi:application"]),
         ("reconciler", [python, "-m", "celery", "-A", "llmgw_cli", "worker", "-B", "-Q",
                         "control", "--pool", "threads", "--concurrency", "4", "--loglevel",
                         "INFO", "-n", f"control@{host.name}", "--schedule",

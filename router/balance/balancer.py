@@ -177,6 +177,11 @@ class Balancer:
     def inflight(self, replica: str) -> int:
         return self._load(replica)
 
+    def failing(self) -> list[str]:
+        """The replicas whose breaker has tripped and no request has answered since (open,
+        or half-open between trials): what the control plane reads as "unreachable"."""
+        return sorted(r for r, h in self.health.items() if h.failures >= self.failure_threshold)
+
     def is_open(self, replica: str) -> bool:
         """Whether the replica is taken out right now (for metrics and tests)."""
         health = self.health.get(replica)

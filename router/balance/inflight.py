@@ -47,9 +47,10 @@ class _Reporting(Protocol):
 def inflight_report(
     table: RoutingTable, balancer: Balancer, now: float, queued: Mapping[str, int] | None = None
 ) -> dict[str, Any]:
-    """What a router says: the replicas its table routes, those carrying requests, and per
-    model the requests in flight and waiting (``queued``, by model), which autoscaling
-    follows."""
+    """What a router says: the replicas its table routes, those carrying requests, those
+    its breakers took out (``failing``: a model none of whose replicas answers gets a
+    stand-in), and per model the requests in flight and waiting (``queued``, by model),
+    which autoscaling follows."""
     routed = sorted({e.replica for route in table.routes.values() for e in route.endpoints})
     inflight = {r: balancer.inflight(r) for r in list(balancer.health) if balancer.inflight(r)}
     queued = queued or {}
@@ -58,7 +59,9 @@ def inflight_report(
         carried = sum(balancer.inflight(e.replica) for e in route.endpoints)
         if carried or queued.get(name):
             models[name] = {"inflight": carried, "queued": queued.get(name, 0)}
-    return {"at": now, "routed": routed, "inflight": inflight, "models": models}
+    failing = [r for r in balancer.failing() if r in routed]
+    return {"at": now, "routed": routed, "inflight": inflight, "failing": failing,
+            "models": models}  # fmt: skip
 
 
 def router_id() -> str:

@@ -2,7 +2,8 @@
 
 An engine that serves ``/v1/responses`` natively may keep what it answered, and a request
 naming ``previous_response_id`` (or ``GET``/``DELETE /v1/responses/{id}``) means only on
-the replica that made it. The router notes the id of every such answer it relays: in
+the replica that made it, and only for the key that asked for it (``Caller.owner``: another
+key's is as unknown as one never made). The router notes the id of every such answer it relays: in
 memory, the most recent ``KEPT`` of them, and (with a database source) in Redis for a day,
 so a follow-up that reaches another router finds it too. A request for an id no router
 knows, or whose replica is gone, is refused with the reason rather than sent where it
@@ -29,6 +30,12 @@ _RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[^"\\]{1,200})"')
 class MadeBy(NamedTuple):
     replica: str
     model: str
+    owner: str = ""  # the key (or account) that asked for it (Caller.owner); only it may use it
+
+    def for_caller(self, owner: str) -> bool:
+        """Whether the caller whose ``Caller.owner`` this is may use the response: only its
+        maker (one noted before owners were, "", belongs to no one)."""
+        return bool(self.owner) and self.owner == owner
 
 
 class ResponseIds:
@@ -42,8 +49,8 @@ class ResponseIds:
         self._client = None
         self._sharing: set[asyncio.Task] = set()
 
-    def note(self, response_id: str, replica: str, model: str) -> None:
-        made_by = self._made_by[response_id] = MadeBy(replica, model)
+    def note(self, response_id: str, replica: str, model: str, owner: str) -> None:
+        made_by = self._made_by[response_id] = MadeBy(replica, model, owner)
         self._made_by.move_to_end(response_id)
         while len(self._made_by) > self.kept:
             self._made_by.popitem(last=False)
@@ -66,8 +73,10 @@ class ResponseIds:
             return None
         if value is None:
             return None
-        replica, _, model = value.decode().partition(" ")
-        return MadeBy(replica, model)
+        # "replica model owner": the owner last, since it may hold spaces (a key's name).
+        replica, _, rest = value.decode().partition(" ")
+        model, _, owner = rest.partition(" ")
+        return MadeBy(replica, model, owner)
 
     async def forget(self, response_id: str) -> None:
         self._made_by.pop(response_id, None)
@@ -96,17 +105,18 @@ class ResponseIds:
 
     async def _share(self, client, response_id: str, made_by: MadeBy) -> None:
         try:
-            await client.set(SHARED_PREFIX + response_id, f"{made_by.replica} {made_by.model}",
+            await client.set(SHARED_PREFIX + response_id,
+                             f"{made_by.replica} {made_by.model} {made_by.owner}",
                              ex=SHARED_SECONDS)  # fmt: skip
         except Exception as exc:
             logger.warning("could not tell the other routers who made %s: %s", response_id, exc)
 
-    def note_answer(self, data: bytes, replica: str, model: str) -> None:
+    def note_answer(self, data: bytes, replica: str, model: str, owner: str) -> None:
         """Note the id of a whole Responses answer (or of the first streamed event
-        carrying one: ``response.created`` holds the response)."""
+        carrying one: ``response.created`` holds the response), made for ``owner``."""
         found = _RESPONSE_ID.search(data)
         if found is not None:
-            self.note(found.group(1).decode(), replica, model)
+            self.note(found.group(1).decode(), replica, model, owner)
 
 
 def previous_response_id(payload: dict) -> str | None:

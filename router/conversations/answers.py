@@ -4,7 +4,6 @@ from its store (chains.py), and only to the key that made it."""
 from __future__ import annotations
 
 from router import errors
-from router.conversations.chains import owner_of
 from router.conversations.store import ConversationStore
 from router.errors import RouterError
 from router.responses import send_json
@@ -19,7 +18,7 @@ async def answer_kept(
     kept = await store.recall(response_id)
     if kept is None:
         return False
-    if kept.owner != owner_of(caller):
+    if kept.owner != caller.owner:
         raise errors.unknown_response(response_id)  # another key's is as unknown as none
     if under:
         raise RouterError(

@@ -29,11 +29,6 @@ KEPT_STATUSES = ("completed", "incomplete")
 STREAM_ENDS = (b"response.completed", b"response.incomplete")
 
 
-def owner_of(caller: Caller) -> str:
-    """Who a kept conversation belongs to: the key (its prefix is unique, its name said)."""
-    return f"{caller.prefix}:{caller.name}"
-
-
 @dataclass
 class Chain:
     """One request's place in a kept conversation, and where its answer is kept."""
@@ -126,7 +121,7 @@ async def continued(
 ) -> Continued:
     """``payload`` with the conversation its ``previous_response_id`` names (when this
     router keeps it) put before its input; 404 for another key's, 400 for one too long."""
-    owner = owner_of(caller)
+    owner = caller.owner
     wanted = payload.get("previous_response_id")
     history: list[Any] | None = [] if wanted is None else None
     if isinstance(wanted, str) and wanted:

@@ -39,7 +39,7 @@ class Kept:
     """One response the router made or relayed, and the conversation up to and with it."""
 
     response_id: str
-    owner: str  # the key that made it (conversations.chains.owner_of); only it may use it
+    owner: str  # the key (or account) that made it (Caller.owner); only it may use it
     model: str
     items: list[dict[str, Any]] = field(default_factory=list)  # input items, in order
     response: dict[str, Any] = field(default_factory=dict)  # as the client got it

@@ -15,9 +15,10 @@ No I/O here: the proxy (proxy.py) calls these when a stream breaks after its fir
 - ``Splice`` makes the continuation read as the rest of the first answer: its id, created
   and model, no second role delta, and the usage of the whole answer.
 
-Tokens the client received are counted one per event that carried text, as engines
-stream them; the whole answer's total is the last engine's (its prompt holds the text
-already sent), so the prompt is counted once.
+Tokens the client received are counted by the engine's tokenizer (forward/counting.py;
+one per event that carried text where it cannot say), so the budget left to a
+continuation is in tokens; the whole answer's total is the last engine's (its prompt
+holds the text already sent), so the prompt is counted once.
 """
 
 from __future__ import annotations
@@ -180,19 +181,23 @@ def prompt_text(prompt: Any) -> str | None:
     return None
 
 
-def budget_spent(payload: dict[str, Any], progress: Progress) -> bool:
-    """Whether the client already received every token its ``max_tokens`` allowed."""
-    return any(
-        isinstance(payload.get(name), int) and progress.chunks >= payload[name] for name in BUDGETS
-    )
+def budget_spent(payload: dict[str, Any], progress: Progress, sent: int | None = None) -> bool:
+    """Whether the client already received every token its ``max_tokens`` allowed (``sent``:
+    the tokens it received, as the engine counts them; its text events if unknown)."""
+    sent = progress.chunks if sent is None else sent
+    return any(isinstance(payload.get(name), int) and sent >= payload[name] for name in BUDGETS)
 
 
-def continuation_body(path: str, payload: dict[str, Any], progress: Progress) -> bytes:
-    """The request that asks another engine to go on from what the client received."""
+def continuation_body(
+    path: str, payload: dict[str, Any], progress: Progress, sent: int | None = None
+) -> bytes:
+    """The request that asks another engine to go on from what the client received, with
+    what is left of its ``max_tokens`` after the ``sent`` tokens (text events if unknown)."""
     body = dict(payload)
+    sent = progress.chunks if sent is None else sent
     for name in BUDGETS:
         if isinstance(body.get(name), int):
-            body[name] -= progress.chunks
+            body[name] = max(1, body[name] - sent)
     text = progress.text
     if path == CHAT and text:
         body["messages"] = [*payload["messages"], {"role": "assistant", "content": text}]
@@ -222,12 +227,18 @@ def closing_events(path: str, progress: Progress) -> bytes:
 class Splice:
     """Rewrites a continuation's events to read as the rest of the answer ``progress`` began."""
 
-    def __init__(self, progress: Progress, *, drop_usage_only: bool) -> None:
+    def __init__(
+        self, progress: Progress, *, drop_usage_only: bool, sent: int | None = None
+    ) -> None:
         self.first = progress
-        self.sent_before = progress.chunks
+        self.sent_before = progress.chunks if sent is None else sent
         self.drop_usage_only = drop_usage_only
         self.tokens: Tokens | None = None  # of the whole answer, once the usage came
         self._partial = b""
+
+    def engine_usage(self) -> Tokens | None:
+        """The engine's count of the whole answer, once its usage came (``Served``'s)."""
+        return self.tokens
 
     def feed(self, data: bytes) -> bytes:
         """Take bytes as they came; return the whole events to pass on, rewritten."""

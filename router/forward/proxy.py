@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from router import errors
 from router.balance.balancer import Balancer
 from router.balance.response_ids import ResponseIds
+from router.forward.counting import COUNT_SECONDS, Served, TokenCounter, estimate_prompt
 from router.forward.migration import (
     Progress,
     Splice,
@@ -83,6 +84,7 @@ class Proxy:
         self.metrics = metrics
         self.accounting = accounting  # None: tokens go to /metrics only (router-only mode)
         self.response_ids = response_ids or ResponseIds()
+        self.counter = TokenCounter(self._post)
 
     async def forward(self, call: Call) -> int:
         """Relay with retries; return the status the client got (499 if it left first)."""
@@ -95,8 +97,9 @@ class Proxy:
             WATCH_AFTER_SECONDS if call.upload is None else 1e9, start_watching, call, task
         )
         exchange = call.exchange
+        served = Served()
         try:
-            return await self._attempts(call)
+            return await self._attempts(call, served)
         except ClientLeft:
             return CLIENT_CLOSED
         except asyncio.CancelledError:
@@ -114,8 +117,12 @@ class Proxy:
             timer.cancel()
             if exchange.watcher is not None:
                 exchange.watcher.cancel()
+            if served.began and not served.accounted:
+                # Ended before its answer was counted (the client gone, a failure): charged
+                # the prompt and every token that reached the client all the same.
+                await self._account(call, served, None)
 
-    async def _attempts(self, call: Call) -> int:
+    async def _attempts(self, call: Call, served: Served) -> int:
         model = call.model
         tried: list[Endpoint] = []
         endpoint = self.balancer.pick(call.route.endpoints, session=call.session)
@@ -127,6 +134,7 @@ class Proxy:
             trial = self.balancer.started(replica)
             ok: bool | None = None
             path, body, translation = call.request_for(endpoint)
+            served.endpoint, served.path, served.body = endpoint, path, body
             try:
                 try:
                     response = await self._post(endpoint, path, body, call.headers, call.upload)
@@ -151,8 +159,11 @@ class Proxy:
                         if following is not None:
                             endpoint = following
                             continue
+                    self._began(call, served, response.status < 400, body)
                     if response.is_event_stream:
-                        broken = await self._relay_stream(call, response, replica, translation)
+                        broken = await self._relay_stream(
+                            call, response, replica, translation, served
+                        )
                         ok = broken is None and response.status < 500
                         if broken is None:
                             return response.status
@@ -171,14 +182,14 @@ class Proxy:
                         moves += 1
                         continue
                     ok = response.status < 500
-                    self._account(call, tokens)
+                    await self._account(call, served, tokens or Tokens())
                     return response.status
                 finally:
                     response.close()  # returns nothing half-read to the pool
             finally:
                 self.balancer.finished(replica, ok=ok, trial=trial)
         if broken is not None:
-            return await self._carry_on(call, broken, tried)
+            return await self._carry_on(call, broken, tried, served)
         outage = self.balancer.outage(self._endpoints_now(call))
         if outage is not None:  # not one failure but the model's state: say so, and since when
             raise errors.unavailable(
@@ -187,6 +198,16 @@ class Proxy:
         raise errors.bad_gateway(
             f"No replica of {model} answered ({len(tried)} tried): {last_problem}."
         )
+
+    def _began(self, call: Call, served: Served, began: bool, body: bytes) -> None:
+        """An engine took the request: from here on it is charged however it ends, and a
+        router killed before it is counted leaves its prompt charged (usage/journal.py)."""
+        served.began = began
+        if began and served.journalled is None and self.accounting is not None:
+            caller = call.caller
+            served.journalled = self.accounting.begin(
+                caller.prefix, caller.name, call.model, estimate_prompt(body)
+            )
 
     async def _post(
         self, endpoint: Endpoint, path: str, body: bytes, headers: list[tuple[bytes, bytes]],
@@ -217,12 +238,15 @@ class Proxy:
     # -- streams, and carrying a broken one on ---------------------------------------------
 
     async def _relay_stream(
-        self, call: Call, response: Response, replica: str, translation: Translation | None
-    ) -> BrokenStream | None:
+        self, call: Call, response: Response, replica: str, translation: Translation | None,
+        served: Served,
+    ) -> BrokenStream | None:  # fmt: skip
         """Relay a stream from its first engine; None once it ended whole and is counted."""
         stream = StreamRelay(call, self.metrics)
         await stream.begin(response)
         scanner = EventScanner(drop_usage_only=call.drop_usage_only and translation is None)
+        served.relayed = stream.relayed
+        served.engine_usage = lambda: scanner.tokens
         edit: Callable[[bytes], bytes] = scanner.feed
         flush: Callable[[], bytes] = scanner.flush
         error_event = stream_error_event_for(call.path)
@@ -238,11 +262,12 @@ class Proxy:
         if call.chain is not None:  # its conversation kept with the response it ends with
             edit, flush = call.chain.watching(edit, flush)
         elif call.path == RESPONSES_PATH and translation is None:  # the engine's to keep
-            edit = noting_response_id(scanner.feed, self.response_ids, replica, call.model)
+            edit = noting_response_id(scanner.feed, self.response_ids, replica, call.model,
+                                      call.caller.owner)  # fmt: skip
         broken = await stream.pipe(response, edit, flush)
         if broken is None:
             await stream.end()
-            self._account(call, scanner.tokens)
+            await self._account(call, served, scanner.tokens)
             return None
         self.metrics.upstream_error(call.model, replica, "broken_stream")
         if translation is not None or call.path not in MOVABLE_PATHS:
@@ -250,11 +275,13 @@ class Proxy:
             await stream.end_broken(
                 broken, "a stream in another API's events is not moved", error_event
             )
-            self._account(call, scanner.tokens)
+            await self._account(call, served, scanner.tokens)
             return None
         return BrokenStream(stream, broken, scanner.tokens)
 
-    async def _carry_on(self, call: Call, first: BrokenStream, tried: list[Endpoint]) -> int:
+    async def _carry_on(
+        self, call: Call, first: BrokenStream, tried: list[Endpoint], served: Served
+    ) -> int:
         """Carry a broken stream on, replica after replica, until it ends whole or cannot
         move; return the status the client got (the stream's, which began as 200)."""
         model = call.model
@@ -263,29 +290,46 @@ class Proxy:
         moves = 0
         while True:
             progress = stream.relayed.read()
-            if progress.finish_reason or budget_spent(payload, progress):
+            # Tokens, not events: what is left of max_tokens is the engine's to count.
+            sent = await self._tokens_of(tried[-1], model, progress)
+            if progress.finish_reason or budget_spent(payload, progress, sent):
                 # Nothing was left to generate: end the answer here.
                 await stream.end(closing_events(call.path, progress))
-                self._account(call, usage or Tokens(0, progress.chunks))
+                await self._account(call, served, usage)
                 return 200
             target, why_not = self._continuer(call, payload, progress, tried, moves)
             if target is None:
                 await stream.end_broken(broken, why_not)
-                self._account(call, usage)
+                await self._account(call, served, usage)
                 return 200
             moves += 1
             self._moved(model, broken, tried[-1].replica, target.replica,
-                        f"after {progress.chunks} tokens")  # fmt: skip
-            splice = Splice(progress, drop_usage_only=call.drop_usage_only)
-            body = continuation_body(call.path, payload, progress)
+                        f"after {sent} tokens")  # fmt: skip
+            splice = Splice(progress, drop_usage_only=call.drop_usage_only, sent=sent)
+            body = continuation_body(call.path, payload, progress, sent)
+            served.endpoint, served.path = target, call.path
+            served.engine_usage = splice.engine_usage
             outcome = await self._continue_on(call, target, body, stream, splice)
             tried.append(target)
             usage = splice.tokens
             if outcome is None:
                 await stream.end()
-                self._account(call, usage)
+                await self._account(call, served, usage)
                 return 200
             broken = outcome
+
+    async def _tokens_of(self, endpoint: Endpoint, model: str, progress: Progress) -> int:
+        """The tokens of the text a client received, by the engine's tokenizer; its text
+        events where the engine cannot say in time."""
+        if not progress.text:
+            return 0
+        try:
+            async with asyncio.timeout(COUNT_SECONDS):
+                counted = await self.counter.text(endpoint, model, progress.text)
+        except Exception as exc:  # noqa: BLE001  # any failure: count events instead
+            logger.info("tokens sent of %s counted as events: %s", model, exc or "timeout")
+            counted = None
+        return counted if counted is not None else progress.chunks
 
     def _continuer(
         self, call: Call, payload: dict[str, Any], progress: Progress, tried: list[Endpoint],
@@ -367,14 +411,22 @@ class Proxy:
             return tried[-1]
         return endpoint
 
-    def _account(self, call: Call, tokens: Tokens | None) -> None:
-        prompt = tokens.prompt if tokens else 0
-        completion = tokens.completion if tokens else 0
+    async def _account(self, call: Call, served: Served, tokens: Tokens | None) -> None:
+        """Charge and record what the request was served, once: ``tokens`` as the engine
+        counted them, or (None) counted here from what reached the client."""
+        if served.accounted:
+            return
+        served.accounted = True
+        if tokens is None:
+            tokens = await self.counter.served(served, call.model)
+        prompt, completion = tokens.prompt, tokens.completion
         call.tokens_spent = prompt + completion
         self.metrics.tokens(call.model, prompt, completion)
         if self.accounting is not None:
             caller = call.caller
-            self.accounting.record(caller.prefix, caller.name, call.model, prompt, completion)
+            self.accounting.record(caller.prefix, caller.name, call.model, prompt, completion,
+                                   served.journalled,
+                                   cached_prompt=tokens.cached if tokens else 0)  # fmt: skip
 
 
 def _sent_upload(call: Call) -> bool:

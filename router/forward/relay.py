@@ -132,7 +132,7 @@ def answer_editor(
         elif status >= 400:
             return normalized_error(status, data, call.path)
         elif call.path == RESPONSES_PATH and call.chain is None:
-            response_ids.note_answer(data, replica, call.model)  # the engine's to keep
+            response_ids.note_answer(data, replica, call.model, call.caller.owner)  # engine's
         if call.chain is not None and status == 200:
             call.chain.keep_answer(data)  # ours, kept before the client has it
         return status, data
@@ -141,16 +141,18 @@ def answer_editor(
 
 
 def noting_response_id(
-    edit: Callable[[bytes], bytes], response_ids: ResponseIds, replica: str, model: str
-) -> Callable[[bytes], bytes]:
-    """``edit``, noting the response's id from the first event that names one."""
+    edit: Callable[[bytes], bytes], response_ids: ResponseIds, replica: str, model: str,
+    owner: str,
+) -> Callable[[bytes], bytes]:  # fmt: skip
+    """``edit``, noting the response's id (made for ``owner``) from the first event that
+    names one."""
     noted = False
 
     def noting(data: bytes) -> bytes:
         nonlocal noted
         events = edit(data)
         if not noted and b"resp_" in events:
-            response_ids.note_answer(events, replica, model)
+            response_ids.note_answer(events, replica, model, owner)
             noted = True
         return events
 

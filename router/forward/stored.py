@@ -48,8 +48,10 @@ class StoredResponses:
             return
         made_by = await self.response_ids.made_by(response_id)
         route = self.tables.table.routes.get(made_by.model) if made_by else None
-        # A response of a model the key may not use is as unknown as one never made.
-        if made_by is None or route is None or not caller.may_use(route.names):
+        # Another key's response, or one of a model the key may not use, is as unknown as
+        # one never made.
+        if (made_by is None or not made_by.for_caller(caller.owner) or route is None
+                or not caller.may_use(route.names)):  # fmt: skip
             raise errors.unknown_response(response_id)
         endpoint = next((e for e in route.endpoints if e.replica == made_by.replica), None)
         if endpoint is None:

@@ -175,7 +175,7 @@ def resolve(table: RoutingTable, body: bytes, caller: Caller) -> tuple[ModelRout
     if not isinstance(model, str) or not model:
         raise errors.malformed(
             "The body has no `model`; known models: "
-            + (", ".join(table.known_names()) or "none yet")
+            + (", ".join(visible_models(table, caller)) or "none yet")
             + ".",
             "missing_model",
         )

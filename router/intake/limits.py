@@ -1,13 +1,25 @@
-"""Per-key limits, enforced by every router process together.
+"""Per-key limits, enforced by every router process together, against totals that last.
 
-Counters live in Redis (names in ``protocol.rate_limits``) and change only through two
-Lua scripts, one that admits a request and one that charges its tokens, so two routers
-can never both take the last request of a minute. Tokens are known only once an answer
-is whole, so a key is admitted while it is under its token limits and charged after:
-each router can overshoot by what it had in flight when the limit was reached.
+Counters live in Redis (names in ``protocol.rate_limits``) and change only through Lua
+scripts, one that admits a request and one that settles it, so two routers can never both
+take the last request of a minute. Admission reserves the request's worst case (its
+``max_tokens``, or the router's default, plus its prompt's size) against the key's
+tokens per minute, day and month; settling replaces the reservation with what the answer
+used. So routers together overshoot a budget by at most the last reservation admitted.
+A reservation whose router died is released with its place in flight, after
+``INFLIGHT_HOLD_SECONDS``.
+
+The day's and month's totals of record are the usage rows in PostgreSQL (the ledger,
+router/usage/accounting.py, written within a second of each answer); Redis holds them as a
+cache. A key with a day or month budget whose counter is missing (a Redis restart without
+its append-only file, a new day) has it rebuilt from the ledger before it is admitted.
 
 When Redis does not answer, each process counts alone by the same rules, says so in
-/metrics (``llmgw_router_rate_limits_shared`` 0), and tries Redis again shortly after.
+/metrics (``llmgw_router_rate_limits_shared`` 0), and tries Redis again shortly after. A
+day or month budget is then not a fresh one: each router may spend its share of what was
+left when Redis was last heard (the routers that admitted the key lately share it), and
+when Redis answers again the counters are raised to the ledger, which holds what every
+router spent meanwhile.
 """
 
 from __future__ import annotations
@@ -16,9 +28,9 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from protocol.rate_limits import (
     INFLIGHT_HOLD_SECONDS,
@@ -29,6 +41,7 @@ from protocol.rate_limits import (
     month_ends,
 )  # fmt: skip
 from router.errors import RouterError
+from router.intake.counters import ADMIT, RAISE, SETTLE, LocalCounters, Tally
 from router.metrics import RouterMetrics
 from router.table.keys import Caller
 
@@ -38,94 +51,12 @@ logger = logging.getLogger(__name__)
 REDIS_RETRY_SECONDS = 5.0
 # A limit check must not slow a request down much when Redis is slow: give up on it fast.
 REDIS_TIMEOUT = 0.5
+# A router counts among those sharing a key's budget for this long after it admitted it.
+ROUTER_SHARE_SECONDS = 600
 
-ADMIT = """
-local now, id, hold_until = tonumber(ARGV[1]), ARGV[7], tonumber(ARGV[8])
-local rpm, tpm = tonumber(ARGV[2]), tonumber(ARGV[3])
-local per_day, per_month, concurrency = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local second = math.floor(now / 1000)
-
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 60000)
-local requests = redis.call('ZCARD', KEYS[1])
-local requests_reset = 0
-if requests > 0 then
-  local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  requests_reset = tonumber(oldest[2]) + 60000 - now
-end
-
-local tokens, buckets = 0, {}
-local flat = redis.call('HGETALL', KEYS[2])
-for i = 1, #flat, 2 do
-  local s, n = tonumber(flat[i]), tonumber(flat[i + 1])
-  if s <= second - 60 then
-    redis.call('HDEL', KEYS[2], flat[i])
-  else
-    tokens = tokens + n
-    buckets[#buckets + 1] = {s, n}
-  end
-end
-table.sort(buckets, function(a, b) return a[1] < b[1] end)
--- When enough tokens have left the minute for the key to be under its limit again.
-local tokens_reset, left = 0, tokens
-for _, bucket in ipairs(buckets) do
-  left = left - bucket[2]
-  tokens_reset = (bucket[1] + 60 - second) * 1000
-  if tpm <= 0 or left < tpm then break end
-end
-
-local day = tonumber(redis.call('GET', KEYS[3]) or '0')
-local month = tonumber(redis.call('GET', KEYS[4]) or '0')
-redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
-local inflight = redis.call('ZCARD', KEYS[5])
-
-local refused = ''
-if rpm > 0 and requests >= rpm then refused = 'requests'
-elseif tpm > 0 and tokens >= tpm then refused = 'tokens'
-elseif per_day > 0 and day >= per_day then refused = 'day'
-elseif per_month > 0 and month >= per_month then refused = 'month'
-elseif concurrency > 0 and inflight >= concurrency then refused = 'concurrency'
-end
-if refused == '' then
-  redis.call('ZADD', KEYS[1], now, id)
-  redis.call('PEXPIRE', KEYS[1], 61000)
-  requests = requests + 1
-  if requests == 1 then requests_reset = 60000 end
-  if concurrency > 0 then
-    redis.call('ZADD', KEYS[5], hold_until, id)
-    redis.call('PEXPIRE', KEYS[5], hold_until - now + 60000)  -- Redis's clock may differ
-    inflight = inflight + 1
-  end
-end
-return {refused, requests, tokens, day, month, inflight,
-        math.floor(requests_reset), math.floor(tokens_reset)}
-"""
-
-CHARGE = """
-local tokens = tonumber(ARGV[2])
-if tokens > 0 then
-  redis.call('HINCRBY', KEYS[1], ARGV[1], tokens)
-  redis.call('EXPIRE', KEYS[1], 61)
-  redis.call('INCRBY', KEYS[2], tokens)
-  redis.call('EXPIRE', KEYS[2], ARGV[4])
-  redis.call('INCRBY', KEYS[3], tokens)
-  redis.call('EXPIRE', KEYS[3], ARGV[5])
-end
-redis.call('ZREM', KEYS[4], ARGV[3])
-return 1
-"""
-
-
-class Tally(NamedTuple):
-    """A key's counters as one admission found them (after counting it, if admitted)."""
-
-    refused: str  # "" admitted; else the limit reached: requests, tokens, day, month, concurrency
-    requests: int  # in the last minute
-    tokens: int  # in the last minute
-    day: int  # tokens this UTC day
-    month: int  # tokens this UTC month
-    inflight: int
-    requests_reset_ms: int  # until the oldest request of the minute leaves it
-    tokens_reset_ms: int  # until the tokens of the minute are under the limit again
+# The ledger: a key's tokens this UTC day and month, from the usage rows (and what this
+# router counted and has not written yet). None: no ledger (a router on a static file).
+Ledger = Callable[[str, float], Awaitable[tuple[int, int]]]
 
 
 @dataclass
@@ -136,112 +67,69 @@ class Admission:
     keys: CounterKeys
     headers: list[tuple[bytes, bytes]]
     shared: bool  # counted in Redis, not only in this process
+    limits: Limits = field(default_factory=Limits)
+    reserved: int = 0  # tokens reserved for it until it is settled
 
 
-class LocalCounters:
-    """The scripts' rules in one process's memory, for while Redis does not answer."""
-
-    def __init__(self) -> None:
-        self.requests: dict[str, dict[str, float]] = {}
-        self.tokens: dict[str, dict[int, int]] = {}
-        self.totals: dict[str, int] = {}
-        self.inflight: dict[str, dict[str, float]] = {}
-
-    def admit(self, keys: CounterKeys, limits: Limits, now: float, request_id: str) -> Tally:
-        requests = self.requests.setdefault(keys.requests, {})
-        for old in [r for r, at in requests.items() if at <= now - 60]:
-            del requests[old]
-        second = int(now)
-        buckets = self.tokens.setdefault(keys.tokens, {})
-        for past in [s for s in buckets if s <= second - 60]:
-            del buckets[past]
-        tokens = sum(buckets.values())
-        inflight = self.inflight.setdefault(keys.inflight, {})
-        for old in [r for r, until in inflight.items() if until <= now]:
-            del inflight[old]
-        day, month = self.totals.get(keys.day, 0), self.totals.get(keys.month, 0)
-        refused = _refused(limits, len(requests), tokens, day, month, len(inflight))
-        if not refused:
-            requests[request_id] = now
-            if limits.concurrency:
-                inflight[request_id] = now + INFLIGHT_HOLD_SECONDS
-        oldest = min(requests.values(), default=now)
-        tokens_reset, left = 0, tokens
-        for bucket_second, count in sorted(buckets.items()):
-            left -= count
-            tokens_reset = (bucket_second + 60 - second) * 1000
-            if not limits.tokens_per_minute or left < limits.tokens_per_minute:
-                break
-        return Tally(
-            refused, len(requests), tokens, day, month, len(inflight),
-            int((oldest + 60 - now) * 1000), tokens_reset,
-        )  # fmt: skip
-
-    def charge(self, keys: CounterKeys, now: float, request_id: str, tokens: int) -> None:
-        if tokens > 0:
-            buckets = self.tokens.setdefault(keys.tokens, {})
-            buckets[int(now)] = buckets.get(int(now), 0) + tokens
-            for total in (keys.day, keys.month):
-                self.totals[total] = self.totals.get(total, 0) + tokens
-        self.inflight.get(keys.inflight, {}).pop(request_id, None)
-
-
-def _refused(
-    limits: Limits, requests: int, tokens: int, day: int, month: int, inflight: int
-) -> str:
-    """The first limit reached, in the scripts' order; "" when none is."""
-    checks = (
-        ("requests", limits.requests_per_minute, requests),
-        ("tokens", limits.tokens_per_minute, tokens),
-        ("day", limits.tokens_per_day, day),
-        ("month", limits.tokens_per_month, month),
-        ("concurrency", limits.concurrency, inflight),
-    )
-    return next((name for name, limit, used in checks if limit and used >= limit), "")
+def _has_budget(limits: Limits) -> bool:
+    return bool(limits.tokens_per_day or limits.tokens_per_month)
 
 
 @dataclass
 class RateLimiter:
-    """Admits and charges the requests of keys that carry limits."""
+    """Admits and settles the requests of keys that carry limits."""
 
     redis_url: Callable[[], str]  # "" while unknown (router-only mode has none)
     metrics: RouterMetrics
     clock: Callable[[], float] = time.time
     local: LocalCounters = field(default_factory=LocalCounters)
+    ledger: Ledger | None = None
+    router_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     _client: Any = None
-    _scripts: tuple[Any, Any] | None = None
+    _scripts: tuple[Any, Any, Any] | None = None
     _redis_down_until: float = 0.0
+    _outage: bool = False  # Redis failed since it last answered: merge back when it does
 
-    async def admit(self, caller: Caller) -> Admission | None:
-        """Count the request against its key, or raise the 429 to answer; None: no limits."""
+    async def admit(self, caller: Caller, reserve: int = 0) -> Admission | None:
+        """Count the request against its key, reserving ``reserve`` tokens (its worst case)
+        for it, or raise the 429 to answer; None: the key has no limits."""
         limits = caller.limits
         if not limits:
             return None
+        if not (limits.tokens_per_minute or _has_budget(limits)):
+            reserve = 0  # nothing to reserve against
         now = self.clock()
         request_id = uuid.uuid4().hex
         keys = counter_keys(caller.prefix, now)
-        tally, shared = await self._admit(keys, limits, now, request_id)
+        tally, shared = await self._admit(caller.prefix, keys, limits, now, request_id, reserve)
         headers = limit_headers(limits, tally)
         if tally.refused:
             self.metrics.rate_limited.labels(tally.refused).inc()
             raise refusal(caller, tally, now, headers)
-        return Admission(request_id, keys, headers, shared)
+        return Admission(request_id, keys, headers, shared, limits, reserve)
 
     async def charge(self, admission: Admission, tokens: int) -> None:
-        """Add the answer's tokens to its key and let its place in flight go."""
+        """Settle a request: its reservation becomes the tokens its answer used, and its
+        place in flight goes."""
         now = self.clock()
+        limits = admission.limits
         args = (int(now), tokens, admission.request_id,
-                int(day_ends(now) - now) + 3600, int(month_ends(now) - now) + 3600)  # fmt: skip
+                int(day_ends(now) - now) + 3600, int(month_ends(now) - now) + 3600,
+                1 if limits.tokens_per_day and self.ledger else 0,
+                1 if limits.tokens_per_month and self.ledger else 0)  # fmt: skip
         keys = admission.keys
+        prefix = _prefix_of(keys)
         if admission.shared and self._use_redis(now):
             try:
+                await self._merge_back(now)
                 await self._scripts[1](  # type: ignore[index]
-                    keys=[keys.tokens, keys.day, keys.month, keys.inflight], args=args
+                    keys=[keys.tokens, keys.day, keys.month, keys.inflight, keys.reserved],
+                    args=args,
                 )
                 return
             except Exception as exc:  # any failure of Redis: count here rather than lose it
                 self._redis_failed(now, exc)
-        self.local.charge(keys, now, admission.request_id, tokens)
+        self.local.charge(keys, now, admission.request_id, tokens, prefix)
 
     async def close(self) -> None:
         if self._client is not None:
@@ -249,21 +137,84 @@ class RateLimiter:
             self._client = None
 
     async def _admit(
-        self, keys: CounterKeys, limits: Limits, now: float, request_id: str
-    ) -> tuple[Tally, bool]:
+        self, prefix: str, keys: CounterKeys, limits: Limits, now: float, request_id: str,
+        reserve: int,
+    ) -> tuple[Tally, bool]:  # fmt: skip
         if self._use_redis(now):
-            args = (
-                int(now * 1000), limits.requests_per_minute or 0, limits.tokens_per_minute or 0,
-                limits.tokens_per_day or 0, limits.tokens_per_month or 0,
-                limits.concurrency or 0, request_id, int((now + INFLIGHT_HOLD_SECONDS) * 1000),
-            )  # fmt: skip
             try:
-                reply = await self._scripts[0](keys=list(keys), args=args)  # type: ignore[index]
-                refused = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
-                return Tally(refused, *(int(n) for n in reply[1:])), True
+                await self._merge_back(now)
+                reply = await self._run_admit(keys, limits, now, request_id, reserve)
+                if _text(reply[0]) == "ledger":  # a budget's total is missing: rebuild it
+                    await self._rebuild(prefix, keys, now)
+                    reply = await self._run_admit(keys, limits, now, request_id, reserve)
+                tally = Tally(_text(reply[0]), *(int(n) for n in reply[1:]))
+                if _has_budget(limits):
+                    self.local.learn(prefix, keys, tally.day, tally.month, tally.routers)
+                return tally, True
             except Exception as exc:  # any failure of Redis: the local count keeps serving
                 self._redis_failed(now, exc)
-        return self.local.admit(keys, limits, now, request_id), False
+        if _has_budget(limits) and self.ledger is not None and not self.local.known(keys):
+            # Not a fresh budget: what the ledger says was spent (else what Redis said last).
+            day = self.local.base.get(keys.day, 0)
+            month = self.local.base.get(keys.month, 0)
+            try:
+                day, month = await self.ledger(prefix, now)
+            except Exception as exc:  # noqa: BLE001  # no ledger either
+                logger.warning("no ledger for key %s while Redis is away: %s", prefix, exc)
+            self.local.learn(prefix, keys, day, month, self.local.sharers.get(prefix, 1))
+        return self.local.admit(keys, limits, now, request_id, reserve, prefix), False
+
+    async def _run_admit(
+        self, keys: CounterKeys, limits: Limits, now: float, request_id: str, reserve: int
+    ) -> Any:
+        args = (
+            int(now * 1000), limits.requests_per_minute or 0, limits.tokens_per_minute or 0,
+            limits.tokens_per_day or 0, limits.tokens_per_month or 0,
+            limits.concurrency or 0, request_id, int((now + INFLIGHT_HOLD_SECONDS) * 1000),
+            reserve, self.router_id, 1 if self.ledger is not None else 0, ROUTER_SHARE_SECONDS,
+        )  # fmt: skip
+        return await self._scripts[0](keys=list(keys), args=args)  # type: ignore[index]
+
+    async def _rebuild(self, prefix: str, keys: CounterKeys, now: float) -> None:
+        """A key's day and month totals, missing from Redis, put back from the ledger (from
+        what Redis said last, where the ledger cannot answer)."""
+        assert self.ledger is not None
+        try:
+            day, month = await self.ledger(prefix, now)
+        except Exception as exc:  # noqa: BLE001  # the database is away too
+            logger.warning("key %s's totals are not in Redis and the ledger does not answer "
+                           "(%s): counting from what Redis said last", prefix, exc)  # fmt: skip
+            day, month = self.local.base.get(keys.day, 0), self.local.base.get(keys.month, 0)
+        await self._raise_to(keys, day, month, now)
+
+    async def _raise_to(self, keys: CounterKeys, day: int, month: int, now: float) -> None:
+        await self._scripts[2](  # type: ignore[index]
+            keys=[keys.day, keys.month],
+            args=[day, month, int(day_ends(now) - now) + 3600, int(month_ends(now) - now) + 3600],
+        )
+
+    async def _merge_back(self, now: float) -> None:
+        """Once Redis answers after an outage: the totals of the keys with budgets raised
+        to the ledger's, which holds what every router spent."""
+        if not self._outage:
+            return
+        self._outage = False
+        # The keys charged here meanwhile, and every key with a budget this router counted:
+        # a Redis that restarted from its append-only file may have lost its last second.
+        charged, self.local.charged = set(self.local.charged), set()
+        charged |= set(self.local.sharers)
+        if self.ledger is not None:
+            for prefix in charged:
+                try:
+                    day, month = await self.ledger(prefix, now)
+                except Exception as exc:  # noqa: BLE001  # the next miss rebuilds it
+                    logger.warning("key %s's totals not merged from the ledger: %s", prefix, exc)
+                    continue
+                await self._raise_to(counter_keys(prefix, now), day, month, now)
+        self.local.forget_spent()
+        if charged:
+            logger.info("Redis answers again: %d keys' totals merged from the ledger",
+                        len(charged))  # fmt: skip
 
     def _use_redis(self, now: float) -> bool:
         if now < self._redis_down_until:
@@ -274,12 +225,18 @@ class RateLimiter:
                 self.metrics.limits_shared.set(0)
                 return False
             import redis.asyncio as aioredis
+            from redis.asyncio.retry import Retry
+            from redis.backoff import NoBackoff
+            from redis.exceptions import ConnectionError as RedisConnectionError
 
             self._client = aioredis.Redis.from_url(
-                url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT
-            )
+                url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT,
+                # A connection a restarted Redis closed is made again at once, once.
+                retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError],
+            )  # fmt: skip
             self._scripts = (
-                self._client.register_script(ADMIT), self._client.register_script(CHARGE)
+                self._client.register_script(ADMIT), self._client.register_script(SETTLE),
+                self._client.register_script(RAISE),
             )  # fmt: skip
         self.metrics.limits_shared.set(1)
         return True
@@ -291,7 +248,41 @@ class RateLimiter:
                 "answer (%s)", REDIS_RETRY_SECONDS, exc,
             )  # fmt: skip
         self._redis_down_until = now + REDIS_RETRY_SECONDS
+        if not self._outage:
+            self.local.outage_began()
+        self._outage = True
         self.metrics.limits_shared.set(0)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _prefix_of(keys: CounterKeys) -> str:
+    """The key's prefix, from the braces its counters carry."""
+    return keys.requests[keys.requests.index("{") + 1 : keys.requests.index("}")]
+
+
+# What a request may generate at most, by the field its API names it with.
+BUDGET_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+GENERATING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses",
+                              "/v1/messages"})  # fmt: skip
+
+
+def worst_case(path: str, payload: dict[str, Any], body: bytes, default: int) -> int:
+    """The tokens a request may cost at most, reserved when it is admitted: its prompt's
+    size (a token per four bytes of body, which tokenizers beat) and its ``max_tokens``
+    (``default`` where it names none), times its choices."""
+    prompt = math.ceil(len(body) / 4)
+    if path not in GENERATING_PATHS:
+        return prompt
+    budget: int = next((payload[f] for f in BUDGET_FIELDS if _is_count(payload.get(f))), default)
+    choices: int = payload["n"] if _is_count(payload.get("n")) else 1
+    return prompt + budget * max(1, choices)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def limit_headers(limits: Limits, tally: Tally) -> list[tuple[bytes, bytes]]:

@@ -32,7 +32,7 @@ from router.conversations.store import ConversationStore
 from router.errors import RouterError
 from router.intake.body_checks import check_body
 from router.intake.call import Call, Receive, Send, Upload, read_body, resolve, rewrite_body
-from router.intake.limits import Admission, RateLimiter
+from router.intake.limits import Admission, RateLimiter, worst_case
 from router.intake.media_urls import MediaUrlPolicy
 from router.intake.request_ids import log_request
 from router.intake.uploads import read_upload, resolve_upload
@@ -144,7 +144,8 @@ class Reception:
         kind = KIND_OF_PATH.get(path)  # None: /tokenize, which every kind serves
         if kind is not None and kind not in route.serves:
             raise errors.not_served(route.name, path, kind, route.serves,
-                                    self.tables.serving(kind))  # fmt: skip
+                                    self.tables.serving(kind, caller),
+                                    restricted=bool(caller.models))  # fmt: skip
         chain = None
         if path == RESPONSES_PATH:  # its conversation so far, where the router keeps it
             body, payload, chain = await self._continued(body, payload, caller, route.name)
@@ -155,20 +156,22 @@ class Reception:
             translation = Translation.of(
                 path, payload, route.name, always=self.config.translate == "always"
             )
-        route = await self._pinned(route.serving(kind), payload, path)
+        route = await self._pinned(route.serving(kind), payload, path, caller)
         if translation is not None and all(translation.applies_to(e) for e in route.endpoints):
             translation.check()  # refused now, if it must be translated and cannot be
         if not route.endpoints and not route.autoscaled:
             message, retry_after = route.unavailable()
             raise errors.unavailable(message, retry_after)
         # Within the key's limits, a replica that can take it, now or after a wait.
-        arrival.admission = admission = await self.limiter.admit(caller)
+        arrival.admission = admission = await self.limiter.admit(
+            caller, worst_case(path, payload, body, self.config.reserve_tokens)
+        )
         # An upload's rest is still to be read: nothing else may read the client meanwhile.
         waited = await self.waiting.wait_for_replica(route, caller, None if upload else receive)
         if waited is None:
             return None
         if waited is not route:  # the table's route as it is now
-            route = await self._pinned(waited.serving(kind), payload, path)
+            route = await self._pinned(waited.serving(kind), payload, path, caller)
         # The call, as the proxy forwards it.
         session = affinity_for(route, payload, path, head.session, self.config)
         body, drop_usage_only = _body_for_engine(path, body, payload, route)
@@ -223,17 +226,20 @@ class Reception:
             body = json.dumps(found.payload, ensure_ascii=False, separators=(",", ":")).encode()
         return body, found.payload, found.chain
 
-    async def _pinned(self, route: ModelRoute, payload: dict, path: str) -> ModelRoute:
+    async def _pinned(
+        self, route: ModelRoute, payload: dict, path: str, caller: Caller
+    ) -> ModelRoute:
         """The route, narrowed to the replica that made the response a Responses request
-        continues (``previous_response_id``); 404 when that replica is unknown or gone."""
+        continues (``previous_response_id``); 404 when that replica is unknown or gone, or
+        the response is another key's."""
         if path != "/v1/responses":
             return route
         wanted = previous_response_id(payload)
         if wanted is None:
             return route
         made_by = await self.response_ids.made_by(wanted)
-        if made_by is None:
-            raise errors.unknown_response(wanted)
+        if made_by is None or not made_by.for_caller(caller.owner):
+            raise errors.unknown_response(wanted)  # another key's is as unknown as none
         endpoint = next((e for e in route.endpoints if e.replica == made_by.replica), None)
         if endpoint is None:
             raise errors.response_replica_gone(wanted, route.name, made_by.replica)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from router import errors
 from router.config import RouterConfig
 from router.metrics import RouterMetrics
-from router.table.keys import KeyCache
+from router.table.keys import Caller, KeyCache
 from router.table.probe import SavedTableProbe
 from router.table.routes import RoutingTable
 from router.table.sources import DatabaseSource, Loaded, Refresher, StaticSource
@@ -116,6 +116,10 @@ class TableKeeper:
                 "routing_table_unavailable",
             )
 
-    def serving(self, kind: str) -> list[str]:
-        """The models that serve ``kind``, for a refusal that says where to go instead."""
-        return sorted(name for name, route in self.table.routes.items() if kind in route.serves)
+    def serving(self, kind: str, caller: Caller) -> list[str]:
+        """The models ``caller`` may use that serve ``kind``, for a refusal that says where
+        to go instead (never another key's model)."""
+        return sorted(
+            name for name, route in self.table.routes.items()
+            if kind in route.serves and caller.may_use(route.names)
+        )  # fmt: skip

@@ -1,7 +1,10 @@
 """API keys as the router checks them: one SHA-256 and a dictionary lookup, no database.
 
 The cache holds every key that is not revoked and is replaced whole on each reload
-(a pub/sub message when a key is created or revoked, and the periodic refresh).
+(a pub/sub message when a key is created or revoked, any other table push, and the
+periodic refresh). A key expired for over ``EXPIRED_KEYS_KEPT_SECONDS`` is left out,
+whatever table it came in (the database leaves it out too, ``catalog.keys.active_keys``;
+a table saved before, or a static file, may not).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.rate_limits import Limits
+from protocol.routing import EXPIRED_KEYS_KEPT_SECONDS
 from router import errors
 
 
@@ -26,6 +30,15 @@ class Caller:
     limits: Limits = field(default_factory=Limits)
     expires_at: float | None = None  # unix time; None: never
     priority: str = "normal"
+    # The account a key was issued to (the playground's keys), "" for a key of its own:
+    # what the key makes (kept responses) belongs to the account, through every renewal.
+    user: str = ""
+
+    @property
+    def owner(self) -> str:
+        """Who what this key makes belongs to: its account, else the key itself (its prefix
+        is unique, its name said)."""
+        return f"user:{self.user}" if self.user else f"{self.prefix}:{self.name}"
 
     def may_use(self, names: frozenset[str]) -> bool:
         """Whether the key covers a model known by any of ``names`` (its name and aliases)."""
@@ -47,6 +60,7 @@ class KeyCache:
             self._by_hash = None
             return
         # A table saved by an older router has no limits, expiry or priority: none then.
+        gone_before = time.time() - EXPIRED_KEYS_KEPT_SECONDS
         self._by_hash = {
             k["sha256"]: Caller(
                 name=k["name"],
@@ -55,8 +69,10 @@ class KeyCache:
                 limits=Limits.from_dict(k.get("limits")),
                 expires_at=k.get("expires_at"),
                 priority=k.get("priority") or "normal",
+                user=str(k.get("user") or ""),
             )
             for k in keys
+            if k.get("expires_at") is None or k["expires_at"] > gone_before
         }
 
     def __len__(self) -> int:

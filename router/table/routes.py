@@ -183,9 +183,6 @@ class RoutingTable:
             )  # fmt: skip
         return replace(self, routes=routes, by_name=_by_name(routes))
 
-    def known_names(self) -> list[str]:
-        return sorted(self.routes)
-
     def engine_hosts(self) -> set[str]:
         """The host of every engine this table routes to: nodes of the fleet."""
         return {

@@ -120,6 +120,21 @@ class DatabaseSource:
     async def write_usage(self, rows: list[PendingUsage]) -> None:
         await self._run(self._write, rows)
 
+    def _ledger(self, key_prefix: str, day_start: float, month_start: float) -> tuple[int, int]:
+        self._setup()
+        from django.db import close_old_connections
+
+        from router.usage.accounting import ledger_totals
+
+        close_old_connections()
+        return ledger_totals(key_prefix, day_start, month_start)
+
+    async def ledger_totals(
+        self, key_prefix: str, day_start: float, month_start: float
+    ) -> tuple[int, int]:
+        """A key's tokens this day and month, as the usage rows hold them (the ledger)."""
+        return await self._run(self._ledger, key_prefix, day_start, month_start)
+
     def write_usage_now(self, rows: list[PendingUsage]) -> None:
         """Write from the calling thread, which runs no event loop (at process exit, when
         the executor already refuses work)."""

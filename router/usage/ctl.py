@@ -28,7 +28,8 @@ def usage_command(options, out) -> None:
         out.write(render_json([
             {"day": r.day.isoformat(), "key": r.key_name, "prefix": r.key_prefix,
              "model": r.model, "requests": r.requests, "prompt_tokens": r.prompt_tokens,
-             "completion_tokens": r.completion_tokens}
+             "completion_tokens": r.completion_tokens,
+             "cached_prompt_tokens": r.cached_prompt_tokens}
             for r in rows
         ]))  # fmt: skip
         return
@@ -38,9 +39,11 @@ def usage_command(options, out) -> None:
         return
     table = [
         [r.day.isoformat(), r.key_name or "anonymous", r.key_prefix, r.model, str(r.requests),
-         str(r.prompt_tokens), str(r.completion_tokens), str(r.tokens)]
+         str(r.prompt_tokens), str(r.cached_prompt_tokens), str(r.completion_tokens),
+         str(r.tokens)]
         for r in rows
     ]  # fmt: skip
     out.write(render_table(
-        ["DAY", "KEY", "PREFIX", "MODEL", "REQUESTS", "PROMPT", "COMPLETION", "TOKENS"], table
+        ["DAY", "KEY", "PREFIX", "MODEL", "REQUESTS", "PROMPT", "OF IT CACHED", "COMPLETION",
+         "TOKENS"], table
     ))  # fmt: skip

@@ -18,8 +18,9 @@ class DailyUsage:
     key_prefix: str
     model: str
     requests: int
-    prompt_tokens: int
+    prompt_tokens: int  # the whole prompt, its cached part included
     completion_tokens: int
+    cached_prompt_tokens: int  # of prompt_tokens, read from the engine's prompt cache
 
     @property
     def tokens(self) -> int:
@@ -39,6 +40,7 @@ def daily_usage(since: datetime, key: str = "") -> list[DailyUsage]:
             requests=Sum("requests"),
             prompt_tokens=Sum("prompt_tokens"),
             completion_tokens=Sum("completion_tokens"),
+            cached_prompt_tokens=Sum("cached_prompt_tokens"),
         )
         .order_by("-day", "key_name", "model")
     )

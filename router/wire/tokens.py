@@ -20,22 +20,40 @@ _DECODER = json.JSONDecoder()
 
 @dataclass
 class Tokens:
-    prompt: int = 0
+    prompt: int = 0  # the whole prompt, the part the engine found in its cache included
     completion: int = 0
+    cached: int = 0  # of ``prompt``, read from the engine's prompt cache
+
+
+# Anthropic's Messages API counts the prompt in three parts: ``input_tokens`` is only what
+# was neither read from the prompt cache nor written to it (llama-server's "Say hi" after a
+# 31-token cached system prompt says input_tokens 1, cache_read_input_tokens 31).
+CACHE_READ, CACHE_WRITE = "cache_read_input_tokens", "cache_creation_input_tokens"
 
 
 def tokens_of(usage: object) -> Tokens | None:
     """The tokens of a ``usage`` object in OpenAI's words (prompt/completion tokens) or in
-    Anthropic's and the Responses API's (input/output tokens)."""
+    Anthropic's and the Responses API's (input/output tokens): the whole prompt, however
+    the engine split it, and its cached part."""
     if not isinstance(usage, dict):
         return None
     prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
     completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
-    if prompt is None and "output_tokens" in usage:
-        prompt = 0  # Anthropic's message_delta: the output so far, the input said before
+    if prompt is None and _is_count(completion) and "output_tokens" in usage:
+        return Tokens(0, completion)  # message_delta: the output; the input said before
     if not _is_count(prompt) or not _is_count(completion):
         return None
-    return Tokens(prompt, completion)
+    read, written = _count_or_0(usage.get(CACHE_READ)), _count_or_0(usage.get(CACHE_WRITE))
+    if read or written:  # Anthropic's parts, each apart from input_tokens
+        return Tokens(prompt + read + written, completion, read)
+    # OpenAI's (chat) and the Responses API's cached tokens are part of the prompt's count.
+    details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
+    cached = _count_or_0(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    return Tokens(prompt, completion, min(cached, prompt))
+
+
+def _count_or_0(value: object) -> int:
+    return value if _is_count(value) and value > 0 else 0
 
 
 def _is_count(value: object) -> TypeGuard[int]:
@@ -158,6 +176,7 @@ class EventScanner:
         # Anthropic's stream says the input in message_start and the output in
         # message_delta: an event that leaves a count out does not undo an earlier one.
         self.tokens = tokens if seen is None else Tokens(
-            tokens.prompt or seen.prompt, tokens.completion or seen.completion
+            tokens.prompt or seen.prompt, tokens.completion or seen.completion,
+            tokens.cached if tokens.prompt else seen.cached,
         )  # fmt: skip
         return not (self.drop_usage_only and chunk.get("choices") == [])

@@ -35,7 +35,8 @@
     return ms >= 1000 ? (ms / 1000).toFixed(2) + " s" : Math.round(ms) + " ms";
   }
 
-  // The key is reused while it stays good for a minute more; the server renews it sooner.
+  // The key lives here, in memory, and is reused while it stays good for a minute more; the
+  // server keeps only its hash, so each ask is a new key (the user's previous one revoked).
   async function playgroundKey() {
     if (key && Date.parse(key.expires_at) - Date.now() > 60000) return key.key;
     var response = await fetch(keyUrl, {
@@ -43,7 +44,11 @@
       headers: { "X-CSRFToken": csrfToken() },
       credentials: "same-origin",
     });
-    if (!response.ok) throw new Error("could not get a playground key: HTTP " + response.status);
+    if (!response.ok) {
+      var why = "HTTP " + response.status;
+      try { why = (await response.json()).error || why; } catch (e) { /* not JSON: 403's text */ }
+      throw new Error("could not get a playground key: " + why);
+    }
     key = await response.json();
     key.receivedAt = Date.now();
     return key.key;
@@ -51,7 +56,8 @@
 
   // Routers hear of a new key within a second or so: one drawn a moment ago may be refused
   // until then, so it is tried again for a few seconds. A key refused later was revoked
-  // (or expired) behind the page's back: a new one is asked for, once.
+  // (renewed in another tab: one live key per user) or expired behind the page's back: a
+  // new one is asked for, once.
   var NEW_KEY_MS = 10000;
   async function ask(body, signal, sent) {
     var renewed = false;

@@ -126,3 +126,31 @@ def test_the_firewall_walls_engines_unless_the_operator_turns_it_off(tmp_path):
     with pytest.raises(AgentConfigError, match="LLMGW_AGENT_FIREWALL or firewall: in .*: use "
                        "nftables to wall every engine's ports, or off"):  # fmt: skip
         config(tmp_path, LLMGW_AGENT_FIREWALL="iptables")
+
+
+@pytest.mark.parametrize(
+    ("servers", "broker"),
+    [
+        ("ws://10.0.0.1:8000", "redis://127.0.0.1:6379/0"),
+        ("http://cp.example:8000", "redis://127.0.0.1:6379/0"),
+        ("cp.example:8000", "redis://127.0.0.1:6379/0"),  # a bare host is ws://
+        ("wss://cp.example:8443", "redis://:secret@10.0.0.2:6379/0"),
+    ],
+)
+def test_plaintext_across_the_network_is_refused_unless_insecure(tmp_path, servers, broker):
+    environ = {"LLMGW_AGENT_SERVERS": servers, "LLMGW_AGENT_BROKER": broker}
+    with pytest.raises(AgentConfigError, match="in clear across the network") as refused:
+        config(tmp_path, **environ)
+    assert "secret" not in str(refused.value) and "insecure: true" in str(refused.value)
+
+    accepted = config(tmp_path, "insecure: true\n", **environ)
+    assert accepted.insecure and accepted.plaintext
+    assert config(tmp_path, **environ, LLMGW_AGENT_INSECURE="1").insecure
+
+
+def test_loopback_unix_sockets_and_tls_need_no_insecure(tmp_path):
+    for servers, broker in (("ws://127.0.0.1:8000", "redis://localhost:6379/0"),
+                            ("ws://[::1]:8000", "unix:///run/redis.sock?db=0"),
+                            ("wss://cp.example:8443", "rediss://r.example:6380/0")):  # fmt: skip
+        found = config(tmp_path, LLMGW_AGENT_SERVERS=servers, LLMGW_AGENT_BROKER=broker)
+        assert (found.insecure, found.plaintext) == (False, [])

@@ -14,7 +14,7 @@ from agent_worker import tasks
 from agent_worker.command_guard import CommandGuard
 from protocol.commands import START_SHARD
 from protocol.shard import ShardSpec
-from protocol.signing import sign
+from protocol.signing import seal_with_command_key, sign
 
 KEY = "node01.abc123"
 SPEC = ShardSpec(shard_id="s1", replica_id="r1", model="m", source="/m.gguf",
@@ -41,7 +41,7 @@ def agent(monkeypatch, tmp_path):
     """An agent whose runtime starts nothing and whose link keeps what it would send."""
     sent: list = []
     started: list = []
-    link = SimpleNamespace(command_key=KEY, send=sent.append)
+    link = SimpleNamespace(command_key=KEY, send=sent.append, identity=None)
     scheduled = Scheduled()
 
     def start_shard(spec: ShardSpec) -> str:
@@ -118,4 +118,28 @@ def test_a_thousand_forged_commands_are_told_as_a_count_not_one_by_one(agent):
     agent.scheduled.run()
     assert len(agent.sent) <= 3
     assert sum(message.count for message in agent.sent) == 1000
+    assert agent.started == []
+
+
+def sealed_start(key: str = KEY) -> tuple[str, dict]:
+    """A start whose replica secret is sealed under ``key``, signed for this node."""
+    spec = ShardSpec.model_validate_json(SPEC).model_copy(
+        update={"sealed_api_key": seal_with_command_key(key, "the-secret", "s1")}
+    )
+    spec_json = spec.model_dump_json()
+    deadline, command_id = time.time() + 120, uuid.uuid4().hex
+    signature = sign(KEY, START_SHARD, [spec_json], deadline, command_id)
+    return spec_json, {"deadline": deadline, "command_id": command_id, "signature": signature}
+
+
+def test_a_sealed_secret_is_opened_before_the_shard_starts(agent):
+    spec_json, command = sealed_start()
+    assert tasks.start_shard_task(spec_json, **command) == "starting"
+    [started] = agent.started
+    assert (started.api_key, started.sealed_api_key) == ("the-secret", "")
+
+
+def test_a_secret_sealed_for_another_node_refuses_the_start(agent):
+    spec_json, command = sealed_start(key="another node's key")
+    assert tasks.start_shard_task(spec_json, **command) == "refused"
     assert agent.started == []

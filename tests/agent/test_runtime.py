@@ -170,6 +170,7 @@ def test_engine_statuses_reach_the_link_in_the_order_they_were_read(tmp_path):
     # A late "installing: checking" sent after "installed" would keep placement away from
     # the node until it reconnects: nothing sends the statuses again unless they change.
     agent = runtime(tmp_path)
+    agent.engines.probe()  # the engines it was started with are known
     told = Told(agent, hold=messages.Engines)
     one = wanted("http://127.0.0.1:9/llama.tar.gz", "0" * 64, version="b6000")
     two = wanted("http://127.0.0.1:9/llama.tar.gz", "0" * 64, version="b6001")
@@ -279,6 +280,44 @@ def test_engines_named_in_the_agent_file_are_reported_as_not_managed(tmp_path):
     )  # fmt: skip
     assert agent.engines.find("llama.cpp") == str(binary)
     assert agent.engines.find("llama.cpp", "b6000") is None
+
+
+def test_a_register_before_the_first_probe_says_the_engines_are_not_yet_probed(tmp_path):
+    # An agent restarted on a node whose file names SGLang registers before SGLang's import
+    # has answered: the register must not read as "this node has no SGLang any more".
+    binary = tmp_path / "opt" / "llama-server"
+    binary.parent.mkdir()
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    agent = runtime(tmp_path, engines={"llama.cpp": str(binary)})
+    told = Told(agent)
+
+    early = agent.register_message()
+    agent._engines_changed()  # an install's news before the probe: half the list, not told
+    nothing_told = told.of(messages.Engines) == []
+    asyncio.run(agent._probe_once())
+    agent.stop()
+
+    assert (early.engines_probed, early.engines) == (False, [])
+    assert nothing_told
+    [engines] = told.of(messages.Engines)
+    assert engines.probed and [(e.engine, e.path) for e in engines.engines] == [
+        ("llama.cpp", str(binary))
+    ]
+
+
+def test_the_first_probe_after_an_early_register_is_told_even_when_it_finds_nothing(tmp_path):
+    # The control plane kept the list from before the restart; an engine removed meanwhile
+    # must not stay on it until something else changes.
+    agent = runtime(tmp_path)
+    told = Told(agent)
+
+    assert not agent.register_message().engines_probed
+    asyncio.run(agent._probe_once())
+    asyncio.run(agent._probe_once())
+    agent.stop()
+
+    assert [m.engines for m in told.of(messages.Engines)] == [[]]
 
 
 def leave_running(agent: AgentRuntime, harness: Harness, shard_id: str, *flags: str) -> ShardSpec:

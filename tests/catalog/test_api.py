@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from rest_framework.authtoken.models import Token
 
 from audit.models import Event
 from catalog.models import Model
-from tests.factories import make_model, make_node, make_profile
+from tests.factories import api_token_of, make_model, make_node, make_profile
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +32,7 @@ def test_anonymous_requests_are_refused(api_client, url):
 
 @pytest.mark.parametrize("url", READ_ENDPOINTS)
 def test_a_token_reads_every_endpoint(api_client, reader, url):
-    api_client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=reader).key}")
+    api_client.credentials(HTTP_AUTHORIZATION=f"Token {api_token_of(reader)}")
     assert api_client.get(url).status_code == 200
 
 
@@ -41,7 +40,7 @@ def test_a_bad_token_is_refused(api_client):
     api_client.credentials(HTTP_AUTHORIZATION="Token not-a-token")
     response = api_client.get("/api/v1/models/")
     assert response.status_code == 401
-    assert response.json()["detail"] == "Invalid token."
+    assert "Unknown token" in response.json()["detail"]
 
 
 def test_a_reader_cannot_change_the_catalog(api_client, reader):

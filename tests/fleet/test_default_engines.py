@@ -196,3 +196,17 @@ def test_llmgw_ctl_engines_lists_them_with_their_builds(node_ids):
 def test_a_build_is_an_archive_or_a_pinned_prebuilt_wheel(fields, says):
     with pytest.raises(ValidationError, match=re.escape(says)):
         EngineBuild(name="b", sha256=SHA, **fields)
+
+
+def test_an_engine_row_saved_before_the_checks_is_left_out_with_its_reason(caplog):
+    """A version saved before versions had to be one path component (an older release, a
+    hand-edited row): nodes are told every other engine, and the log names the row and the
+    fix; the pass does not fail for it."""
+    from catalog.models import Engine
+
+    apply_catalog(catalog(engines=OWN_ENGINE), actor=SETUP)
+    Engine.objects.create(name="llama.cpp", version="b1/../../x", builds=[])
+
+    assert [engine.key for engine in wanted_engines()] == [("llama.cpp", "b6000")]
+    [said] = [r.getMessage() for r in caplog.records if "b1/../../x" in r.getMessage()]
+    assert "not told to any node" in said and "llmgw_ctl apply" in said

@@ -19,8 +19,9 @@ from django.utils import timezone
 
 from agent_worker.config import load_config
 from audit.models import Event
+from audit.redis import redis_client
 from fleet.actions.certificates import issue_node_certificate, revoke_node_certificates
-from fleet.pki import authority, verify
+from fleet.pki import authority, broker_users, verify
 from tests.ctl import ctl
 from tests.factories import SETUP
 
@@ -65,28 +66,60 @@ def test_onboarding_writes_a_bundle_the_agent_reads(ca, tmp_path):
     bundle = tmp_path / "bundle"
 
     said = ctl("onboard", "gpu07", "--servers", "wss://a:8443,wss://b:8443",
-               "--broker", "redis://r:6379/0", "--out", str(bundle),
+               "--broker", "rediss://r:6380/0", "--out", str(bundle),
                "--wheel-sha256", "ab" * 32)  # fmt: skip
 
     assert "wrote the bundle for gpu07" in said
     assert sorted(p.name for p in bundle.iterdir()) == [
-        "agent.yaml", "ca.pem", "install.sh", "node-key.pem", "node.pem",
+        "agent.yaml", "ca.pem", "install.sh", "node-key.pem", "node.pem", "requirements.lock",
     ]  # fmt: skip
     assert mode(bundle / "node-key.pem") == 0o600 and os.access(bundle / "install.sh", os.X_OK)
     config = load_config(bundle / "agent.yaml", environ={})
     assert config.servers == ("wss://a:8443", "wss://b:8443")
-    assert (config.broker, config.cert_file) == ("redis://r:6379/0", "/etc/llmgw/node.pem")
+    assert config.cert_file == "/etc/llmgw/node.pem"
+    assert config.broker.startswith("rediss://llmgw-node-") and config.broker.endswith("@r:6380/0")
+    assert not config.insecure
     cert = x509.load_pem_x509_certificate((bundle / "node.pem").read_bytes())
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "gpu07"
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert names.get_values_for_type(x509.DNSName) == ["gpu07"]
     valid = cert.not_valid_after_utc - cert.not_valid_before_utc
     assert dt.timedelta(days=365) <= valid <= dt.timedelta(days=366)
-    # The agent file is the same on every node: only the certificate names the node.
+    # The agent file is the same on every node but for its broker user: the certificate
+    # names the node.
     ctl("onboard", "gpu08", "--servers", "wss://a:8443,wss://b:8443", "--broker",
-        "redis://r:6379/0", "--out", str(tmp_path / "other"),
+        "rediss://r:6380/0", "--out", str(tmp_path / "other"),
         "--wheel-sha256", "ab" * 32)  # fmt: skip
-    assert (tmp_path / "other" / "agent.yaml").read_text() == (bundle / "agent.yaml").read_text()
+
+    def apart_from_broker(path: Path) -> list[str]:
+        return [line for line in path.read_text().splitlines() if not line.startswith("broker:")]
+
+    assert apart_from_broker(tmp_path / "other" / "agent.yaml") == apart_from_broker(
+        bundle / "agent.yaml"
+    )
+    for node in ("gpu07", "gpu08"):
+        broker_users.delete_user(redis_client(), node)
+
+
+def test_onboarding_refuses_plaintext_across_the_network_unless_told(ca, tmp_path):
+    for servers, broker in (("ws://cp:8000", "rediss://r:6380/0"),
+                            ("wss://cp:8443", "redis://:pw@10.0.0.2:6379/0")):  # fmt: skip
+        with pytest.raises(CommandError, match="in clear across the network") as refused:
+            ctl("onboard", "gpu09", "--servers", servers, "--broker", broker,
+                "--certificate-only", "--out", str(tmp_path / "b"))  # fmt: skip
+        assert "pw" not in str(refused.value)
+    assert not (tmp_path / "b").exists()
+
+    ctl("onboard", "gpu09", "--servers", "ws://cp:8000", "--broker", "redis://10.0.0.2:6379/0",
+        "--certificate-only", "--insecure", "--out", str(tmp_path / "b"))  # fmt: skip
+    config = load_config(tmp_path / "b" / "agent.yaml", environ={})
+    assert config.insecure and config.plaintext[0] == "ws://cp:8000"
+    # Loopback is no network, and a bundle without --broker says rediss://, checked by the CA.
+    ctl("onboard", "gpu10", "--servers", "ws://127.0.0.1:8000", "--certificate-only",
+        "--out", str(tmp_path / "c"))  # fmt: skip
+    assert "rediss://llmgw-node-" in (tmp_path / "c" / "agent.yaml").read_text()
+    for node in ("gpu09", "gpu10"):
+        broker_users.delete_user(redis_client(), node)
 
 
 def issue(node_id: str, **kwargs) -> bytes:
@@ -235,8 +268,10 @@ def test_install_sh_installs_once_and_a_second_run_changes_nothing(ca, tmp_path)
     calls = (venv_bin / "pip-calls").read_text().splitlines()
     assert calls[0].startswith("download --quiet --no-deps --only-binary=:all: -d ")
     assert calls[0].endswith(" llmgw==0.1.0")
-    assert calls[1].startswith("install --quiet ") and calls[1].endswith(".whl")
-    assert len(calls) == 2  # the second run installed nothing
+    # The dependencies as locked, each file checked by its hash; then llmgw alone.
+    assert calls[1] == f"install --quiet --require-hashes -r {bundle / 'requirements.lock'}"
+    assert calls[2].startswith("install --quiet --no-deps ") and calls[2].endswith(".whl")
+    assert len(calls) == 3  # the second run installed nothing
     assert "Restart=always" in unit.read_text()
     assert "worker -Q node-$$(hostname)" in unit.read_text()
     assert mode(root / "etc" / "llmgw" / "node-key.pem") == 0o600

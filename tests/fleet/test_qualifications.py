@@ -11,6 +11,7 @@ from audit.actors import AGENT_LINK
 from audit.models import Event
 from fleet.actions.reports import register_node, update_engines
 from fleet.link.heartbeats import write_heartbeats
+from fleet.models import Node
 from protocol import messages
 from protocol.engines import EngineInstall
 from protocol.inventory import NodeUsage
@@ -95,3 +96,28 @@ def test_a_heartbeat_with_less_ram_records_nothing():
     heartbeat("node01", 32 * GiB)
 
     assert qualified() == []
+
+
+def test_an_agent_restart_before_its_engines_are_probed_changes_nothing():
+    # The register goes out before the agent has looked at the engines its file names
+    # (SGLang's import takes seconds); the probe's list follows. Neither is a change: no
+    # "now qualifies" Event, and the crash-loop backoffs on the node keep counting.
+    register(engines=["sglang"])
+    changed_at = Node.objects.get(id="node01").engines_changed_at
+    assert changed_at is not None
+
+    register_node(
+        "node01",
+        messages.Register(inventory=inventory("node01"), engines_probed=False, engines=[]),
+        actor=AGENT_LINK,
+    )
+    node = Node.objects.get(id="node01")
+    assert node.installed_engines() == {"sglang": {"b6000"}}
+    update_engines(
+        "node01",
+        messages.Engines(engines=[EngineInstall(engine="sglang", version="b6000")]),
+        actor=AGENT_LINK,
+    )
+
+    assert qualified() == []
+    assert Node.objects.get(id="node01").engines_changed_at == changed_at

@@ -27,7 +27,7 @@ from fleet.transitions import transition
 from protocol import messages
 from protocol.engines import EngineInstall
 from protocol.shard import ShardSpec
-from protocol.signing import BadSignature, verify
+from protocol.signing import BadSignature, open_sealed, verify
 from tests.factories import SETUP, make_profile, make_replica
 from tests.fleet.cluster import catalog, connect, run
 from tests.fleet.inventories import inventory
@@ -78,7 +78,11 @@ def test_a_model_added_is_placed_and_start_shard_reaches_the_nodes_queue(
         "llama.cpp",
         7,
     )
-    assert spec.api_key == replica.secret and spec.fingerprint == replica.fingerprint
+    assert spec.fingerprint == replica.fingerprint
+    # Its secret sealed for the node (here linked by token: under its command key).
+    assert spec.api_key == "" and replica.secret not in args[0]
+    opened = open_sealed(spec.sealed_api_key, shard.id, command_key=node_command_key(node_ids[0]))
+    assert opened == replica.secret
     # Signed with the node's own command key: only that node will obey it.
     [signed] = queued_signatures(node_ids[0])
     verify(node_command_key(node_ids[0]), task, args, **signed)

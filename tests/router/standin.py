@@ -91,6 +91,16 @@ class StandIn:
         length = next(int(v) for k, _, v in (x.partition(":") for x in lines[1:])
                       if k.lower() == "content-length")  # fmt: skip
         body = json.loads(await reader.readexactly(length))
+        if path in ("/tokenize", "/apply-template"):
+            # /tokenize as llama-server's (a word of the stand-ins' is a token); no templates.
+            count = len(_WORD.findall(body.get("content") or ""))
+            answer = json.dumps({"tokens": list(range(count))}).encode()
+            status = b"200 OK" if path == "/tokenize" else b"404 Not Found"
+            head = b"HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n" % (status, len(answer))
+            writer.write(head + answer)
+            await writer.drain()
+            await self._serve(reader, writer)  # the connection is kept alive
+            return
         self.script.seen.append(Seen(self.name, path, body))
         turn = self.script.next_turn()
         with contextlib.suppress(ConnectionError):

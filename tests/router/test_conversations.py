@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 
 from router import conversations
-from router.conversations.chains import Chain, continued, owner_of
+from router.conversations.chains import Chain, continued
 from router.conversations.store import KEY_PREFIX, ConversationStore, Kept
 from router.errors import RouterError
 from router.table.keys import Caller
@@ -96,7 +96,7 @@ async def test_a_conversation_over_its_bound_is_refused_saying_why():
 async def test_a_kept_conversation_expires():
     clock = Clock()
     store = ConversationStore(seconds=60, clock=clock)
-    store.keep(Kept("resp_1", owner_of(ALICE), "m"))
+    store.keep(Kept("resp_1", ALICE.owner, "m"))
     clock.now += 59
     assert await store.recall("resp_1") is not None
     clock.now += 2
@@ -114,7 +114,7 @@ async def test_memory_drops_the_least_recently_used_past_its_bound(monkeypatch):
 
 async def test_a_stream_is_kept_from_the_event_that_ends_it_before_it_goes_out():
     store = ConversationStore()
-    chain = Chain(store, owner_of(ALICE), "m", [{"type": "message", "role": "user",
+    chain = Chain(store, ALICE.owner, "m", [{"type": "message", "role": "user",
                                                  "content": "hi"}])  # fmt: skip
     response = answer("hello")
     done = json.dumps({"type": "response.completed", "response": response}).encode()

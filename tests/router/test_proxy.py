@@ -200,6 +200,15 @@ def test_an_unknown_model_is_404_listing_the_known_ones(shared):
     assert "'gpt-5' does not exist; known models: pair, solo" in message
 
 
+def test_a_body_without_a_model_names_only_the_models_the_key_may_use(shared):
+    response = httpx.post(
+        f"{shared.url}/v1/chat/completions", content=b'{"messages": []}',
+        headers={"Authorization": f"Bearer {LIMITED_KEY}"}, timeout=30,
+    )  # fmt: skip
+    message = assert_error(response, 400, "missing_model")
+    assert "known models: solo." in message and "pair" not in message
+
+
 @pytest.mark.parametrize(
     ("content", "code", "words"),
     [

@@ -12,6 +12,9 @@ from router.balance.response_ids import MadeBy, ResponseIds
 
 pytestmark = pytest.mark.asyncio
 
+# Its owner (the key that asked) holds spaces, as a key's name may.
+MADE = MadeBy("replica-a", "gemma", "llmgw-abc:playground: ann")
+
 
 @pytest.fixture
 def response_id():
@@ -21,11 +24,11 @@ def response_id():
 async def test_a_response_noted_by_one_router_is_found_by_another(response_id):
     first, second = (ResponseIds(redis_url=lambda: settings.REDIS_URL) for _ in range(2))
     try:
-        first.note(response_id, "replica-a", "gemma")
+        first.note(response_id, "replica-a", "gemma", "llmgw-abc:playground: ann")
         await asyncio_idle(first)
-        assert await second.made_by(response_id) == MadeBy("replica-a", "gemma")
+        assert await second.made_by(response_id) == MADE
         await second.forget(response_id)
-        assert await first.made_by(response_id) == MadeBy("replica-a", "gemma")  # its memory
+        assert await first.made_by(response_id) == MADE  # its memory
         assert await ResponseIds(redis_url=lambda: settings.REDIS_URL).made_by(response_id) is None
     finally:
         await first.close()
@@ -34,17 +37,23 @@ async def test_a_response_noted_by_one_router_is_found_by_another(response_id):
 
 async def test_without_redis_a_router_knows_only_its_own(response_id):
     alone = ResponseIds()
-    alone.note(response_id, "replica-a", "gemma")
-    assert await alone.made_by(response_id) == MadeBy("replica-a", "gemma")
+    alone.note(response_id, "replica-a", "gemma", "llmgw-abc:playground: ann")
+    assert await alone.made_by(response_id) == MADE
     assert await ResponseIds().made_by(response_id) is None
 
 
 async def test_memory_keeps_the_most_recent(response_id):
     small = ResponseIds(kept=2)
     for n in range(3):
-        small.note(f"{response_id}-{n}", "r", "m")
+        small.note(f"{response_id}-{n}", "r", "m", "o")
     assert await small.made_by(f"{response_id}-0") is None
-    assert await small.made_by(f"{response_id}-2") == MadeBy("r", "m")
+    assert await small.made_by(f"{response_id}-2") == MadeBy("r", "m", "o")
+
+
+async def test_a_response_is_only_for_its_owner():
+    assert MADE.for_caller("llmgw-abc:playground: ann")
+    assert not MADE.for_caller("llmgw-xyz:other")
+    assert not MadeBy("r", "m").for_caller("")  # noted before owners were: no one's
 
 
 async def asyncio_idle(ids: ResponseIds) -> None:

@@ -22,7 +22,7 @@ def test_a_router_reports_its_addresses_and_says_it_left_as_it_stops():
     before = set(client.scan_iter(INFLIGHT_KEY_PREFIX + "*"))
     stub = SimpleNamespace(
         table=SimpleNamespace(routes={}),
-        balancer=SimpleNamespace(health={}, inflight=lambda _replica: 0),
+        balancer=SimpleNamespace(health={}, inflight=lambda _replica: 0, failing=lambda: []),
         rooms={},
         source=SimpleNamespace(redis_url=settings.REDIS_URL),
         metrics=SimpleNamespace(traffic=Traffic()),

@@ -270,7 +270,7 @@ def test_a_streamed_answer_reads_whole_in_the_sdk():
     assert response.output_text == "Hello there!"
     assert (response.usage.input_tokens, response.usage.output_tokens) == (9, 3)
     assert response.usage.input_tokens_details.cached_tokens == 4
-    assert translated.translators[0].usage == Tokens(9, 3)
+    assert translated.translators[0].usage == Tokens(9, 3, cached=4)
 
 
 def test_a_streamed_function_call_reads_whole_in_the_sdk():

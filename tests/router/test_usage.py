@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from router.wire.tokens import EventScanner, Tokens, usage_of_body
+from router.wire.tokens import EventScanner, Tokens, tokens_of, usage_of_body
 
 
 def event(payload) -> bytes:
@@ -85,3 +85,54 @@ def test_an_unterminated_last_event_is_passed_on_at_the_end():
     scanner = EventScanner(drop_usage_only=True)
     assert scanner.feed(b"data: [DONE]") == b""
     assert scanner.flush() == b"data: [DONE]"
+
+
+# -- every prompt token (issue 41 item 5) ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        # llama-server's Messages API: input_tokens leaves out what its cache held.
+        {"input_tokens": 1, "cache_read_input_tokens": 31, "output_tokens": 5},
+        # Anthropic's, with a cache write too: every part is prompt.
+        {"input_tokens": 1, "cache_read_input_tokens": 31, "cache_creation_input_tokens": 0,
+         "output_tokens": 5},
+        # OpenAI's chat completions: the cached part is inside prompt_tokens.
+        {"prompt_tokens": 32, "completion_tokens": 5,
+         "prompt_tokens_details": {"cached_tokens": 31}},
+        # The Responses API: likewise, inside input_tokens.
+        {"input_tokens": 32, "output_tokens": 5, "input_tokens_details": {"cached_tokens": 31}},
+    ],
+    ids=["llama-messages", "anthropic-parts", "chat", "responses"],
+)  # fmt: skip
+def test_the_whole_prompt_is_counted_with_its_cached_part_apart(usage):
+    assert tokens_of(usage) == Tokens(prompt=32, completion=5, cached=31)
+
+
+def test_a_cache_write_is_prompt_too():
+    usage = {"input_tokens": 2, "cache_creation_input_tokens": 40, "output_tokens": 1}
+    assert tokens_of(usage) == Tokens(prompt=42, completion=1, cached=0)
+
+
+def test_a_messages_stream_counts_the_cached_prompt_its_start_names():
+    start = {"type": "message_start", "message": {"usage": {
+        "input_tokens": 1, "cache_read_input_tokens": 31, "output_tokens": 0}}}  # fmt: skip
+    delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+             "usage": {"output_tokens": 5}}  # fmt: skip
+    scanner = EventScanner(drop_usage_only=False)
+    scanner.feed(event(start) + event(delta))
+    assert scanner.tokens == Tokens(prompt=32, completion=5, cached=31)
+
+
+@pytest.mark.django_db
+def test_a_usage_row_keeps_the_cached_part_of_the_prompt_apart():
+    from router.models import Usage
+    from router.usage.accounting import Accounting, write_usage
+
+    accounting = Accounting()
+    accounting.record("llmgw-abcd", "team", "gemma", 32, 5, cached_prompt=31)
+    accounting.record("llmgw-abcd", "team", "gemma", 10, 2)
+    write_usage(accounting.take())
+    row = Usage.objects.get()
+    assert (row.prompt_tokens, row.cached_prompt_tokens, row.completion_tokens) == (42, 31, 7)

@@ -1,0 +1,67 @@
+"""The usage journal (router/usage/journal.py): a router killed with SIGKILL leaves what it
+counted and had not written, and the requests it was still answering; another router
+adopts them, so no request answered goes without its usage row."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from router.usage.accounting import Accounting
+from router.usage.journal import Journal
+
+KILLED = textwrap.dedent(
+    """
+    import os, signal, sys
+    from pathlib import Path
+    from router.usage.accounting import Accounting
+    from router.usage.journal import Journal
+
+    accounting = Accounting(journal=Journal(Path(sys.argv[1])))
+    done = accounting.begin("llmgw-k1", "team", "gemma", 40)
+    accounting.record("llmgw-k1", "team", "gemma", 12, 30, done)
+    accounting.begin("llmgw-k1", "team", "gemma", 40)  # still answering when killed
+    accounting.record("llmgw-k2", "other", "gemma", 5, 6)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_a_killed_routers_usage_is_adopted_by_another(tmp_path):
+    killed = subprocess.run([sys.executable, "-c", KILLED, str(tmp_path)], check=False)
+    assert killed.returncode == -9
+    accounting = Accounting(journal=Journal(tmp_path))
+    accounting.adopt()
+    rows = {row.key_prefix: row for row in accounting.take()}
+    assert (rows["llmgw-k1"].requests, rows["llmgw-k1"].prompt_tokens,
+            rows["llmgw-k1"].completion_tokens) == (2, 12 + 40, 30)  # fmt: skip
+    assert (rows["llmgw-k2"].requests, rows["llmgw-k2"].completion_tokens) == (1, 6)
+    again = Accounting(journal=Journal(tmp_path))
+    again.adopt()
+    assert again.take() == []  # adopted once
+
+
+@pytest.mark.asyncio
+async def test_a_written_journal_is_removed_and_a_clean_stop_leaves_nothing(tmp_path):
+    accounting = Accounting(journal=Journal(tmp_path))
+    running = accounting.begin("llmgw-k1", "team", "gemma", 40)
+    accounting.record(
+        "llmgw-k1", "team", "gemma", 12, 30, accounting.begin("llmgw-k1", "team", "gemma", 40)
+    )
+    written = []
+
+    async def write(rows):
+        written.extend(rows)
+
+    await accounting.flush(write)
+    assert [(r.requests, r.prompt_tokens) for r in written] == [(1, 12)]
+    # Only the running request is left in the journal, carried over to the new file.
+    (left,) = tmp_path.glob("*.jsonl")
+    assert f'"begun":{running}' in left.read_text()
+    accounting.record("llmgw-k1", "team", "gemma", 1, 2, running)
+    await accounting.flush(write)
+    accounting.close()
+    assert list(tmp_path.iterdir()) == []
