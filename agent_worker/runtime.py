@@ -94,8 +94,7 @@ class AgentRuntime:
         self.agent_state = AgentState(config.agent_dir / "agent-state.json")
         self.sequence = StatusSequence(self.agent_state.begin_generation())
         self.walls = Walls(config.firewall, config.agent_dir / "engine-callers.json")
-        # Never root: engines run as the engine user when the agent is root.
-        self.engine_user = engine_user(config.engine_user, config.agent_dir)
+        self.engine_user = engine_user(config.engine_user, config.agent_dir, config.weights_dir)
         self.supervisor = Supervisor(
             config.state_dir, config.log_dir, self._on_transition, logs=self.logs,
             sequence=self.sequence, engine_user=self.engine_user,

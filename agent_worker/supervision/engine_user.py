@@ -4,12 +4,12 @@ An agent running as root (apt, the firewall) starts every engine process, rpc-se
 included, as a dedicated unprivileged user, ``llmgw-engine`` unless the agent file says
 ``engine_user:`` (``LLMGW_AGENT_ENGINE_USER``), created here at the agent's start when
 missing, with its home under the agent's directory. Each shard's processes also take a
-group of their own (``SHARD_GID_BASE`` + the shard's port, unique on the node while it
-runs), which is all that may enter the shard's own directory (the secrets it reads): the
-kernel lets one process read another's memory or environment only when both ids match, so
-two shards of the same user cannot read each other's either. Engines cannot read
-``/etc/llmgw`` (0700), the agent's state, logs or environment (root's), and the weights
-they are given only read (root's files).
+group of their own (``SHARD_GID_BASE`` + 24 bits of a hash of the shard's id), which
+alone may enter the shard's own directory (the secrets it reads): the kernel lets one
+process read another's memory or environment only when both ids match, so two shards of
+the same user cannot read each other's either. Engines cannot read ``/etc/llmgw`` (0700),
+the agent's state, logs or environment (root's), nor list the node's weights store, and
+the weights they are given they only read (root's files).
 
 An agent that is not root runs engines as its own user, as before; naming the agent's own
 user in ``engine_user:`` does the same for a root agent (an accepted risk, logged).
@@ -18,6 +18,7 @@ user in ``engine_user:`` does the same for a root agent (an accepted risk, logge
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import pwd
@@ -30,8 +31,9 @@ from pathlib import Path
 log = logging.getLogger("llmgw.agent")
 
 DEFAULT_ENGINE_USER = "llmgw-engine"
-# Shard groups: far above any distribution's own (and nameless), one per engine port.
-SHARD_GID_BASE = 200_000
+# Shard groups: far above any distribution's own and any user namespace's usual range,
+# nameless.
+SHARD_GID_BASE = 1_000_000_000
 HOME_NAME = "engine-home"
 
 
@@ -48,18 +50,22 @@ class EngineUser:
     gid: int
     home: Path
 
-    def shard_gid(self, port: int) -> int:
-        """The group of the shard listening on ``port``: unique on this node while it runs."""
-        return SHARD_GID_BASE + port
+    def shard_gid(self, shard_id: str) -> int:
+        """The group of shard ``shard_id``: one of 2**24, from its id, so two shards share
+        one with odds of about one in 300,000 on a node of ten (ports would be unique on
+        a node, but not on a machine that runs several agents: a simulated fleet)."""
+        digest = hashlib.sha256(shard_id.encode()).digest()
+        return SHARD_GID_BASE + int.from_bytes(digest[:3], "big")
 
     def environment(self) -> dict[str, str]:
         """What an engine's environment says of who runs it (the agent's says root)."""
         return {"HOME": str(self.home), "USER": self.name, "LOGNAME": self.name}
 
 
-def engine_user(name: str, agent_dir: Path) -> EngineUser | None:
-    """The user engines run as, created when missing; None when engines run as the agent's
-    own user (an agent that is not root, or one told to keep them as its own user)."""
+def engine_user(name: str, agent_dir: Path, weights_dir: Path | None = None) -> EngineUser | None:
+    """The user engines run as (never root), created when missing; None when engines run as
+    the agent's own user (an agent that is not root, or one told to keep them as its own).
+    The agent's directory and ``weights_dir`` become searchable by it, not listable."""
     if os.geteuid() != 0:
         return None
     wanted = name or DEFAULT_ENGINE_USER
@@ -81,6 +87,11 @@ def engine_user(name: str, agent_dir: Path) -> EngineUser | None:
     # user's, or another agent's on the same machine).
     user = EngineUser(wanted, entry.pw_uid, entry.pw_gid, home)
     _prepare_home(user, agent_dir)
+    if weights_dir is not None:
+        # Engines reach the weights they are given by path, and list none: what else this
+        # node holds is not theirs to browse.
+        weights_dir.mkdir(parents=True, exist_ok=True)
+        weights_dir.chmod(0o711)
     return user
 
 

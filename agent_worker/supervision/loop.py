@@ -168,7 +168,7 @@ class ShardLoop:
             command = run.commands[len(run.processes)]
             try:
                 user = self._engine_user
-                group = user.shard_gid(run.spec.port) if user is not None else None
+                group = user.shard_gid(run.shard_id) if user is not None else None
                 flags = self._files.write_secrets(run.shard_id, command.secret_files, group)
                 proc = ShardProcess.launch(command, run.tail.path, flags, user, group)
             except OSError as err:

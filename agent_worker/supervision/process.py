@@ -123,8 +123,10 @@ class ShardProcess:
         executable cannot be run.
         """
         argv = [*command.argv, *(secret_flags or [])]
+        # The engine user's HOME and names, where the agent's say root; a profile's own
+        # env (HOME is an engine admin's to set) still wins.
         own = user.environment() if user is not None else {}
-        env = engine_environment(os.environ, {**command.env, **own, **command.secret_env})
+        env = engine_environment(os.environ, {**own, **command.env, **command.secret_env})
         who: dict[str, Any] = {}
         if user is not None:
             who = {"user": user.uid, "group": group if group is not None else user.gid}

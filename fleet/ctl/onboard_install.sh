@@ -52,6 +52,13 @@ if [ "$installed" != "$VERSION" ]; then
     changed=1
 fi
 
+# Engines run as this user, never as root (docs/security.md); the agent would make it too.
+if [ -z "$ROOT" ] && ! id llmgw-engine >/dev/null 2>&1; then
+    useradd --system --user-group --no-create-home --home-dir /var/lib/llmgw-agent/engine-home \
+        --shell /usr/sbin/nologin --comment "llmgw engines" llmgw-engine
+    say "created the engine user llmgw-engine"
+fi
+
 mkdir -p "$ETC" "$(dirname "$UNIT")"
 chmod 700 "$ETC"
 place "$HERE/agent.yaml" "$ETC/agent.yaml" 644

@@ -81,7 +81,7 @@ def test_a_root_agents_engines_run_as_the_engine_user_in_a_group_of_their_own(en
 
     uid, gid, groups = status_ids(pid)
     assert uid == user.uid != 0
-    assert gid == SHARD_GID_BASE + shard.port
+    assert gid == user.shard_gid(shard.shard_id) >= SHARD_GID_BASE
     assert groups == ""  # none of root's groups
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert f"HOME={user.home}".encode() in environ and f"USER={user.name}".encode() in environ

@@ -22,6 +22,7 @@ from agent_worker.walls.nftables import walled_ports
 from agent_worker.walls.rules import chain_name
 from bench import hostile_node, sim
 from bench import multinode_support as support
+from bench.hostile.engine_user import runs_as_root
 from bench.hostile.rows import allowed, table
 from bench.hostile.scene import Rank, read_scene
 from bench.processes import REPO
@@ -51,6 +52,8 @@ def test_walls_refuse_every_hostile_attempt_follow_shards_and_routers(tmp_path):
         assert outcome.sent > 0 and outcome.failed == [], outcome.failed
 
         scene = read_scene(fleet, hostile_node.MODELS)
+        for rank in scene.ranks:  # rpc-server and llama-server alike: the engine user's
+            assert runs_as_root(rank, rank.model).blocked, runs_as_root(rank, rank.model)
         for rank in scene.ranks:  # each shard's ports, in its own node's table
             assert walled(rank.node)[chain_name(rank.shard)] == [rank.port, rank.port + 1]
 
