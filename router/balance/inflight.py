@@ -85,11 +85,11 @@ async def report_inflight(router: _Reporting, interval: float = INFLIGHT_REPORT_
             if url and client is None:
                 client = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
             if client is not None:
-                queued = {name: len(room) for name, room in router.rooms.items()}
-                report = inflight_report(router.table, router.balancer, time.time(), queued)
-                body = json.dumps({**report, "addresses": addresses})
-                traffic = with_load(router.metrics.traffic.take(), report["models"])
                 try:
+                    queued = {name: len(room) for name, room in router.rooms.items()}
+                    report = inflight_report(router.table, router.balancer, time.time(), queued)
+                    body = json.dumps({**report, "addresses": addresses})
+                    traffic = with_load(router.metrics.traffic.take(), report["models"])
                     await client.set(key, body, ex=INFLIGHT_REPORT_TTL)
                     # A second's traffic lost with Redis costs a chart a dip, nothing more.
                     await add_traffic(client, traffic, report["at"])

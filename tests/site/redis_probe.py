@@ -127,7 +127,7 @@ def router(results: dict[str, str]) -> None:
     async def inflight() -> None:
         stub = SimpleNamespace(
             table=SimpleNamespace(routes={}),
-            balancer=SimpleNamespace(health={}, inflight=lambda _replica: 0),
+            balancer=SimpleNamespace(health={}, inflight=lambda _replica: 0, failing=lambda: []),
             rooms={},
             source=source,
             metrics=SimpleNamespace(traffic=Traffic()),
