@@ -87,10 +87,23 @@ def acl_rules(node_id: str, sha256: str) -> list[str]:
     ]
 
 
+# redis-py names itself on every connection (CLIENT SETINFO, Redis 7.2 and later); older
+# servers do not know the subcommand, and redis-py goes on without it.
+NAMES_ITSELF = "+client|setinfo"
+
+
+def knows_setinfo(client: redis.Redis) -> bool:
+    version = str(client.info("server").get("redis_version", "0"))
+    return tuple(int(part) for part in version.split(".")[:2]) >= (7, 2)
+
+
 def set_user(client: redis.Redis, node_id: str, sha256: str) -> None:
+    rules = acl_rules(node_id, sha256)
     try:
+        if knows_setinfo(client):
+            rules.append(NAMES_ITSELF)
         client.execute_command("ACL", "SETUSER", user_name(node_id, database_of(client)),
-                               *acl_rules(node_id, sha256))  # fmt: skip
+                               *rules)  # fmt: skip
     except redis.ResponseError as exc:
         raise BrokerUserError(
             f"the broker refused to make {node_id}'s user ({exc}): the control plane's "

@@ -30,8 +30,11 @@ def refusals(user: str) -> list[dict]:
         )
         fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
         name = fields.get("username")
-        if (name.decode() if isinstance(name, bytes) else name) == user:
-            found.append(fields)
+        if (name.decode() if isinstance(name, bytes) else name) != user:
+            continue
+        if fields.get("object") == b"client" and not broker_users.knows_setinfo(redis_client()):
+            continue  # redis-py's CLIENT SETINFO, which a server before 7.2 does not know
+        found.append(fields)
     return found
 
 
