@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from bench.hostile.rows import Row
+from bench.hostile.rows import Row, attempt, run_alone
 from llmgw_cli.sim import hosts, network
 from llmgw_cli.sim.state import Fleet
 
@@ -54,11 +54,7 @@ def attempts(fleet: Fleet, scene: Any = None) -> Iterator[Row]:
 
 
 def _attempt(what: str, attack: Callable[[], tuple[bool, str]]) -> Row:
-    try:
-        blocked, detail = attack()
-    except Exception as exc:
-        blocked, detail = False, f"the attempt could not be made: {type(exc).__name__}: {exc}"
-    return Row(f"{what}, as an operator who is no engine admin", hosts.SERVICES, blocked, detail)
+    return attempt(f"{what}, as an operator who is no engine admin", hosts.SERVICES, attack)
 
 
 def operator_token(fleet: Fleet, leader: str) -> str:
@@ -111,14 +107,4 @@ class Api:
 
 
 if __name__ == "__main__":  # this module alone, against a running `llmgw sim up`
-    import os
-
-    from bench.hostile.rows import allowed, table
-    from llmgw_cli.sim.state import state_dir
-
-    running = Fleet.load(Path(os.environ.get("LLMGW_SIM_DIR") or state_dir()))
-    if running is None:
-        sys.exit("no simulated fleet is running: start one with `llmgw sim up`")
-    rows = list(attempts(running, {}))
-    print(table(rows))
-    sys.exit(1 if allowed(rows) else 0)
+    run_alone(attempts)

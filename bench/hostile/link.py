@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
 import ssl
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.hostile.rows import Row
+from bench.hostile.rows import Row, attempt, run_alone
 from bench.sim import query
 from llmgw_cli.sim import hosts, network
 from llmgw_cli.sim.state import Fleet
@@ -40,20 +39,20 @@ def attempts(fleet: Fleet, scene: Any = None) -> Iterator[Row]:
     leader = _field(scene, "leader") or hosts.CONTROL_PLANES[0]
     tls = fleet.env[hosts.SERVICES]["REDIS_URL"].startswith("rediss://")  # the sim's TLS
     url = f"{'wss' if tls else 'ws'}://{fleet.host(leader).address}:{hosts.CONTROL_PORT}/agent/"
-    yield _attempt("link with a revoked certificate", node,
+    yield attempt("link with a revoked certificate", node,
                    lambda: revoked_certificate(fleet, node, leader, url))  # fmt: skip
-    yield _attempt(f"open {FLOOD} unauthenticated /agent/ sockets", node,
+    yield attempt(f"open {FLOOD} unauthenticated /agent/ sockets", node,
                    lambda: unproven_flood(fleet, node, url))  # fmt: skip
-    yield _attempt("take a command key from a fake control plane", node,
+    yield attempt("take a command key from a fake control plane", node,
                    lambda: fake_control_plane(fleet, node))  # fmt: skip
-    yield _attempt("read SECRET_KEY or the fleet key in the router process", hosts.ROUTER,
+    yield attempt("read SECRET_KEY or the fleet key in the router process", hosts.ROUTER,
                    lambda: router_keys(fleet))  # fmt: skip
     for what, sql in (
         ("change the catalog as the router's database role",
          "UPDATE catalog_profile SET replicas = replicas"),
         ("read password hashes as the router's database role", "SELECT password FROM auth_user"),
     ):  # fmt: skip
-        yield _attempt(what, hosts.ROUTER, lambda sql=sql: router_database(fleet, sql))
+        yield attempt(what, hosts.ROUTER, lambda sql=sql: router_database(fleet, sql))
 
 
 def _field(scene: Any, name: str) -> Any:
@@ -63,14 +62,6 @@ def _field(scene: Any, name: str) -> Any:
     if isinstance(scene, dict):
         return scene.get(name)
     return getattr(scene, name, None)
-
-
-def _attempt(what: str, source: str, attack: Callable[[], tuple[bool, str]]) -> Row:
-    try:
-        blocked, detail = attack()
-    except Exception as exc:
-        blocked, detail = False, f"the attempt could not be made: {type(exc).__name__}: {exc}"
-    return Row(what, source, blocked, detail)
 
 
 # Link with a revoked certificate
@@ -278,13 +269,5 @@ def router_database(fleet: Fleet, sql: str) -> tuple[bool, str]:
     return network.in_host(hosts.ROUTER, run)
 
 
-if __name__ == "__main__":  # one module alone, against a running `llmgw sim up`
-    from bench.hostile.rows import allowed, table
-    from llmgw_cli.sim.state import state_dir
-
-    running = Fleet.load(Path(os.environ.get("LLMGW_SIM_DIR") or state_dir()))
-    if running is None:
-        sys.exit("no simulated fleet is running: start one with `llmgw sim up`")
-    rows = list(attempts(running, {}))
-    print(table(rows))
-    sys.exit(1 if allowed(rows) else 0)
+if __name__ == "__main__":  # this module alone, against a running `llmgw sim up`
+    run_alone(attempts)

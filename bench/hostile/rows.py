@@ -9,7 +9,7 @@ A row is ``ALLOWED`` when the attempt succeeded: the bench exits 1 on any.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 
@@ -39,3 +39,31 @@ def table(rows: Iterable[Row]) -> str:
 
 def allowed(rows: Iterable[Row]) -> list[Row]:
     return [row for row in rows if not row.blocked]
+
+
+def attempt(what: str, source: str, attack: Callable[[], tuple[bool, str]]) -> Row:
+    """Run ``attack`` (it says whether it was blocked, and what answered) as one row; an
+    attempt that could not be made at all is ``ALLOWED`` with what stopped it, so a broken
+    attempt never reads as a wall that holds."""
+    try:
+        blocked, detail = attack()
+    except Exception as exc:
+        blocked, detail = False, f"the attempt could not be made: {type(exc).__name__}: {exc}"
+    return Row(what, source, blocked, detail)
+
+
+def run_alone(attempts: Callable[..., Iterable[Row]]) -> None:
+    """One attack module's ``attempts`` against a running `llmgw sim up`: its table, and
+    exit 1 on any ``ALLOWED`` row."""
+    import os
+    import sys
+    from pathlib import Path
+
+    from llmgw_cli.sim.state import Fleet, state_dir
+
+    running = Fleet.load(Path(os.environ.get("LLMGW_SIM_DIR") or state_dir()))
+    if running is None:
+        sys.exit("no simulated fleet is running: start one with `llmgw sim up`")
+    found = list(attempts(running, {}))
+    print(table(found))
+    sys.exit(1 if allowed(found) else 0)
