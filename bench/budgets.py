@@ -255,6 +255,9 @@ async def run(args: argparse.Namespace, env: dict[str, str], redis: RedisServer,
     difference = (counted - served) / served if served else 0.0
     print(f"limited key: {limited}\nunlimited key: {free}\nthe day's counter in Redis: "
           f"{redis_day}, the ledger's: {counted}", file=sys.stderr)  # fmt: skip
+    for log in sorted(home.glob("router-*.log")):  # what the routers said of Redis and journals
+        said = [line for line in log.read_text(errors="replace").splitlines() if "WARNING" in line]
+        print(f"{log.name}:", *said[-8:], sep="\n  ", file=sys.stderr)
     header = ["B", "served (engine)", "overshoot", "of B", "one reservation",
               "refused after exhaustion", "answered", "usage rows", "lost rows",
               "router count", "vs engine", "cut by the kill", "other key refused"]  # fmt: skip

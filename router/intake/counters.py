@@ -111,14 +111,21 @@ end
 return 1
 """
 
-# A day's and month's totals raised to the ledger's (never lowered: routers' charges that
-# the ledger has not received yet are in Redis only).
-RAISE = """
+# A day's and month's totals raised to the ledger's, never lowered (routers' charges that
+# the ledger has not received yet are in Redis only); first, what this router spent alone
+# while Redis did not answer is added where Redis still holds a total (its charges failed,
+# so they are not there), since the ledger lags a second. -1: the ledger did not answer.
+MERGE = """
 for i = 1, 2 do
-  local ledger = tonumber(ARGV[i])
+  local spent = tonumber(ARGV[i])
+  if spent > 0 and redis.call('EXISTS', KEYS[i]) == 1 then
+    redis.call('INCRBY', KEYS[i], spent)
+    redis.call('EXPIRE', KEYS[i], ARGV[i + 4])
+  end
+  local ledger = tonumber(ARGV[i + 2])
   local cached = tonumber(redis.call('GET', KEYS[i]) or '-1')
   if ledger >= 0 and cached < ledger then
-    redis.call('SET', KEYS[i], ledger, 'EX', ARGV[i + 2])
+    redis.call('SET', KEYS[i], ledger, 'EX', ARGV[i + 4])
   end
 end
 return 1
@@ -173,7 +180,7 @@ class LocalCounters:
         self.stale = set(self.base)
 
     def forget_spent(self) -> None:
-        """Redis answers again and holds what was spent here (merged through the ledger)."""
+        """Redis answers again and holds what was spent here (added to its totals)."""
         self.totals.clear()
         self.charged.clear()
 

@@ -43,14 +43,15 @@ from protocol.rate_limits import (
     month_ends,
 )  # fmt: skip
 from router.errors import RouterError
-from router.intake.counters import ADMIT, RAISE, SETTLE, LocalCounters, Tally
+from router.intake.counters import ADMIT, MERGE, SETTLE, LocalCounters, Tally
 from router.metrics import RouterMetrics
 from router.table.keys import Caller
 
 logger = logging.getLogger(__name__)
 
-# After Redis failed to answer, count in this process for this long before trying again.
-REDIS_RETRY_SECONDS = 5.0
+# After Redis failed to answer, count in this process for this long before trying again:
+# short, since routers that count alone and routers that hear Redis do not see each other.
+REDIS_RETRY_SECONDS = 1.0
 # A limit check must not slow a request down much when Redis is slow: give up on it fast.
 REDIS_TIMEOUT = 0.5
 # After Redis answers again, the totals are raised to the ledger once at once and once this
@@ -173,7 +174,10 @@ class RateLimiter:
         """These keys' totals raised to the ledger's: after a gone router's journal was
         adopted (its last second and the prompts of what it was answering)."""
         now = self.clock()
-        if self.ledger is None or not self._use_redis(now):
+        if self.ledger is None:
+            return
+        if not self._use_redis(now):
+            self.local.charged |= key_prefixes  # raised when Redis answers again
             return
         for prefix in key_prefixes:
             day, month = await self.ledger(prefix, now)
@@ -235,15 +239,18 @@ class RateLimiter:
             day, month = self.local.base.get(keys.day, 0), self.local.base.get(keys.month, 0)
         await self._raise_to(keys, day, month, now)
 
-    async def _raise_to(self, keys: CounterKeys, day: int, month: int, now: float) -> None:
+    async def _raise_to(self, keys: CounterKeys, day: int, month: int, now: float,
+                        spent: tuple[int, int] = (0, 0)) -> None:  # fmt: skip
         await self._scripts[2](  # type: ignore[index]
             keys=[keys.day, keys.month],
-            args=[day, month, int(day_ends(now) - now) + 3600, int(month_ends(now) - now) + 3600],
-        )
+            args=[*spent, day, month, int(day_ends(now) - now) + 3600,
+                  int(month_ends(now) - now) + 3600],
+        )  # fmt: skip
 
     async def _merge_back(self, now: float) -> None:
-        """Once Redis answers after an outage: the totals of the keys with budgets raised
-        to the ledger's, which holds what every router spent."""
+        """Once Redis answers after an outage: what this router spent alone added to the
+        totals of the keys with budgets, and the totals raised to the ledger's, which holds
+        what every router spent (a gone router's adopted journal too)."""
         if self._outage:
             self._outage = False
             # Once more when every router has written what it counted meanwhile.
@@ -254,20 +261,21 @@ class RateLimiter:
             return
         # The keys charged here meanwhile, and every key with a budget this router counted:
         # a Redis that restarted from its append-only file may have lost its last second.
-        charged, self.local.charged = set(self.local.charged), set()
-        charged |= set(self.local.sharers)
-        if self.ledger is not None:
-            for prefix in charged:
+        charged = self.local.charged | set(self.local.sharers)
+        totals = dict(self.local.totals)  # forgotten once merged: a failure merges it again
+        for prefix in charged:
+            keys = counter_keys(prefix, now)
+            day, month = -1, -1
+            if self.ledger is not None:
                 try:
                     day, month = await self.ledger(prefix, now)
                 except Exception as exc:  # noqa: BLE001  # the next miss rebuilds it
                     logger.warning("key %s's totals not merged from the ledger: %s", prefix, exc)
-                    continue
-                await self._raise_to(counter_keys(prefix, now), day, month, now)
+            spent = (totals.get(keys.day, 0), totals.get(keys.month, 0))
+            await self._raise_to(keys, day, month, now, spent)
         self.local.forget_spent()
         if charged:
-            logger.info("Redis answers again: %d keys' totals merged from the ledger",
-                        len(charged))  # fmt: skip
+            logger.info("Redis answers again: %d keys' totals merged", len(charged))
 
     def _use_redis(self, now: float) -> bool:
         if now < self._redis_down_until:
@@ -289,7 +297,7 @@ class RateLimiter:
             )  # fmt: skip
             self._scripts = (
                 self._client.register_script(ADMIT), self._client.register_script(SETTLE),
-                self._client.register_script(RAISE),
+                self._client.register_script(MERGE),
             )  # fmt: skip
         self.metrics.limits_shared.set(1)
         return True

@@ -186,6 +186,30 @@ async def test_a_stalled_routers_local_charges_merge_back_when_redis_answers(rou
     assert int(client.get(counter_keys(key.prefix, time.time()).day)) == 2600
 
 
+async def test_what_a_router_spent_alone_reaches_redis_before_the_ledger_has_it(
+    routers, fast_retry
+):
+    """The rows lag a second: a router that hears Redis again adds what it spent alone to
+    what Redis holds, rather than only raising it to a ledger that lacks what the other
+    routers counted and have not written."""
+    a, b = routers(settings.REDIS_URL), routers(settings.REDIS_URL)
+    key = caller(tokens_per_day=2500)
+    await a.serve(key, 1000)
+    await b.serve(key, 500)  # in Redis, not yet in any row
+    a.redis_url = "redis://127.0.0.1:1/0"  # a's Redis stalls
+    await a.limiter.close()
+    await a.serve(key, 600)  # counted alone
+    a.redis_url = settings.REDIS_URL
+    await a.limiter.close()
+    await a.serve(key, 100)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    assert int(client.get(counter_keys(key.prefix, time.time()).day)) == 2200
+    await b.serve(key, 300)  # 2500: spent, though no row was written
+    with pytest.raises(RouterError) as refused:
+        await b.limiter.admit(key)
+    assert refused.value.type == "insufficient_quota"
+
+
 # -- reservations (item 2) -----------------------------------------------------------------
 
 
