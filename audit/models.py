@@ -13,6 +13,7 @@ class EventKind(models.TextChoices):
     CATALOG = "catalog"
     PLACEMENT = "placement"
     KEY = "key"
+    TEAM = "team"  # a team made, changed or removed; a member's role; models opened to it
     SIGN_IN = "sign-in"  # a username and address locked out after failed sign-ins
 
 

@@ -67,6 +67,57 @@ class Fabric(models.Model):
         return self.name
 
 
+class Team(models.Model):
+    """A group of people and their keys: which models they may use (``Model.teams``) and
+    what they may spend together. The limits hold every key of the team together; the
+    ``key_cap`` holds each key of it alone, on top of the key's own limits (the smaller
+    of the two applies). Every key belongs to one; keys from before teams are ``default``'s."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The team's budgets, for all its keys together (Redis counters, as a key's); empty: none.
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_day = models.PositiveBigIntegerField(null=True, blank=True)
+    tokens_per_month = models.PositiveBigIntegerField(null=True, blank=True)
+    concurrency = models.PositiveIntegerField(null=True, blank=True)
+    # Each key's limits at most ({"tokens_per_day": 100000, …}, catalog.keys.LIMIT_FIELDS).
+    key_cap = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    """A person's role in a team: a ``viewer`` sees its models, usage and keys' names; a
+    ``member`` also makes keys for themselves within its limits; a ``lead`` manages its
+    keys, members and limits per key. Fleet-wide roles are groups (catalog.permissions)."""
+
+    class Role(models.TextChoices):
+        VIEWER = "viewer"
+        MEMBER = "member"
+        LEAD = "lead"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="team_memberships"
+    )
+    role = models.CharField(max_length=8, choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        ordering = ["team__name", "user__username"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "user"], name="catalog_membership_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.role} of {self.team})"
+
+
 class Model(models.Model):
     """A model clients ask for by ``name`` (or an alias), and where its weights come from."""
 
@@ -83,6 +134,8 @@ class Model(models.Model):
     # {"source", "shape"} once read, {"source", "reading"} while a task downloads a URL's
     # header, {"source", "unreadable"} with the reason. A changed source is read again.
     file_shape = models.JSONField(default=dict, blank=True, editable=False)
+    # The teams whose keys may use it; none named: every team's.
+    teams = models.ManyToManyField(Team, blank=True, related_name="models")
 
     class Meta:
         ordering = ["name"]
@@ -335,6 +388,14 @@ class ApiKey(models.Model):
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
         related_name="playground_keys",
+    )  # fmt: skip
+    # The team it spends for (its models, budgets and cap); keys from before teams are
+    # ``default``'s. PROTECT: a team with keys is emptied before it goes.
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="api_keys")
+    # The member it was made for (a member's own key); empty: the team's.
+    member = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="member_keys",
     )  # fmt: skip
 
     class Meta:

@@ -54,7 +54,8 @@ def test_a_key_is_stored_only_as_its_hash_and_prefix():
     assert active_keys() == [
         {"name": "team-a", "prefix": row.prefix, "sha256": hash_key(key), "models": ["gemma"],
          "limits": {"concurrency": 64}, "expires_at": None, "priority": "normal",
-         "user": None}
+         "user": None, "team": "default", "team_limits": {}, "capped": [],
+         "team_models": None}
     ]  # fmt: skip
 
 
