@@ -192,9 +192,15 @@ def known_model_names() -> set[str]:
 
 def key_usage(key: ApiKey, now: float) -> dict[str, int]:
     """What the routers counted against a key's limits, read from their Redis counters."""
+    return counted_usage(key.prefix, now)
+
+
+def counted_usage(counted_as: str, now: float) -> dict[str, int]:
+    """What the routers counted under a key's prefix (or a team's counter name,
+    ``protocol.rate_limits.team_counter_name``), read from their Redis counters."""
     from audit.redis import redis_client
 
-    counters = counter_keys(key.prefix, now)
+    counters = counter_keys(counted_as, now)
     client = redis_client()
     with client.pipeline(transaction=False) as pipe:
         pipe.zcount(counters.requests, int((now - 60) * 1000) + 1, "+inf")

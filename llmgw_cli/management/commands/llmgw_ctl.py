@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand
 
 from catalog import ctl as catalog_ctl
 from catalog import ctl_keys
+from catalog.teams import ctl as ctl_teams
 from catalog.tokens import ctl as ctl_tokens
 from fleet.ctl import engines, logs, nodes, pki, replicas, weights
 from fleet.planning.engine_restarts import restart_lines
@@ -18,7 +19,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         subparsers = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
-        for module in (catalog_ctl, ctl_keys, ctl_tokens, replicas, nodes, engines, logs,
+        for module in (catalog_ctl, ctl_keys, ctl_teams, ctl_tokens, replicas, nodes, engines, logs,
                        weights, pki, usage_ctl, database_role):  # fmt: skip
             module.add_parsers(subparsers)
         # The catalog's apply says what the fleet's replicas would go through: wired here,
