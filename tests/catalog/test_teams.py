@@ -235,3 +235,56 @@ def test_keys_from_before_teams_move_to_the_default_team_unchanged():
     legacy = loaded("legacy")
     assert legacy["limits"]["tokens_per_day"] == 700
     assert (legacy["team_limits"], legacy["team_models"], legacy["capped"]) == ({}, None, [])
+
+
+# --- llmgw_ctl and the ledger -----------------------------------------------------------
+
+
+def test_llmgw_ctl_makes_a_team_gives_roles_opens_models_and_makes_its_keys(db):
+    from django.core.management.base import CommandError
+
+    from tests.ctl import ctl
+
+    make_user("lena")
+    make_model("qwen")
+    said = ctl("teams", "create", "research", "--tokens-per-day", "5000",
+               "--key-tokens-per-day", "500")  # fmt: skip
+    assert "5000 tokens per day, 500 tokens per day per key" in said
+    assert "lena is lead of team research" in ctl("teams", "add-member", "research", "lena",
+                                                 "--role", "lead")  # fmt: skip
+    assert "open to teams research" in ctl("teams", "open", "qwen", "--to", "research")
+    assert "in team research" in ctl("keys", "create", "svc", "--team", "research",
+                                     "--member", "lena")  # fmt: skip
+    listing = ctl("teams", "list")
+    assert "lena (lead)" in listing and "qwen" in listing
+    assert "tokens per UTC day" in ctl("teams", "show", "research")
+    assert "research" in ctl("keys", "list")
+    assert ctl("teams", "update", "research", "--key-tokens-per-day", "none").endswith(
+        "5000 tokens per day\n"
+    )
+    with pytest.raises(CommandError, match="holds 1 key"):
+        ctl("teams", "delete", "research")
+    with pytest.raises(CommandError, match="--key-rpm 'x'"):
+        ctl("teams", "update", "research", "--key-rpm", "x")
+
+
+def test_a_teams_ledger_is_every_key_it_held_revoked_ones_too(teams):
+    from datetime import UTC, datetime
+
+    from catalog.actions.api_keys import revoke_key
+    from protocol.rate_limits import day_starts, month_starts, team_counter_name
+    from router.models import Usage
+    from router.usage.accounting import ledger_totals
+
+    kept, _ = create_key("kept", team="red", actor=SETUP)
+    gone, _ = create_key("gone", team="red", actor=SETUP)
+    elsewhere, _ = create_key("elsewhere", team="blue", actor=SETUP)
+    revoke_key(gone.prefix, actor=SETUP)
+    now = datetime.now(tz=UTC).replace(minute=0, second=0, microsecond=0)
+    for key, tokens in ((kept, 30), (gone, 12), (elsewhere, 1000)):
+        Usage.objects.create(hour=now, key_prefix=key.prefix, key_name=key.name, model="m",
+                             requests=1, prompt_tokens=tokens)  # fmt: skip
+    moment = now.timestamp() + 1  # within the hour the rows are for
+    day, month = ledger_totals(team_counter_name("red"), day_starts(moment), month_starts(moment))
+    assert (day, month) == (42, 42)
+    assert ledger_totals(kept.prefix, day_starts(moment), month_starts(moment)) == (30, 30)

@@ -169,3 +169,25 @@ async def test_a_model_closed_to_the_team_is_invisible_to_its_keys():
     assert blue.may_use(frozenset({"qwen"})) and old.may_use(frozenset({"qwen"}))
     assert cache.team_keys("red") == ["llmgw-aaaaaaaa"]
     assert cache.teams_of({"llmgw-aaaaaaaa", "llmgw-cccccccc"}) == {"red"}
+
+
+async def test_a_teams_missing_day_total_is_rebuilt_from_its_ledger():
+    """A Redis without the team's day total (restarted, or a new router's first request)
+    asks the ledger for the team's, by its counter name, before admitting."""
+    team = a_team()
+    asked: list[str] = []
+
+    async def ledger(counted_as: str, now: float) -> tuple[int, int]:
+        asked.append(counted_as)
+        return (95, 95) if counted_as == team_counter_name(team) else (0, 0)
+
+    made = RateLimiter(lambda: settings.REDIS_URL, RouterMetrics(), clock=Clock(), ledger=ledger)
+    key = key_of(team, "k", Limits(tokens_per_day=100))
+    try:
+        admission = await made.admit(key)  # 95 of 100 spent: still under
+        await made.charge(admission, 10)
+        with pytest.raises(RouterError, match=f"Team {team}"):
+            await made.admit(key)
+    finally:
+        await made.close()
+    assert asked == [team_counter_name(team)]
