@@ -120,7 +120,7 @@ def refused_on_field(exc: ApiKeyRefused) -> drf_serializers.ValidationError:
     """The verb's refusal, filed under the field it names ("tokens_per_day: …")."""
     message = str(exc)
     field, sep, _rest = message.partition(":")
-    known = {*LIMIT_FIELDS, "priority", "expires"}
+    known = {*LIMIT_FIELDS, "priority", "expires", "member"}
     key = ("expires_at" if field == "expires" else field) if sep and field in known else "models"
     return drf_serializers.ValidationError({key: [message]})
 

@@ -60,6 +60,11 @@ def create_key(
     allowed = _known_models(allowed_models)
     owner = find_team(team) if team is not None else _default_team()
     _open_to(owner, allowed)
+    if member is not None and not owner.memberships.filter(user=member).exists():
+        raise ApiKeyRefused(
+            f"member: {member.get_username()} is not in team {owner.name}; its lead adds them "
+            f"first (`llmgw_ctl teams add-member {owner.name} {member.get_username()}`)"
+        )
     checked = check_limits(limits or {})
     check_priority(priority)
     if expires_at is not None and expires_at <= timezone.now():

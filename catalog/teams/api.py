@@ -95,6 +95,10 @@ class TeamViewSet(viewsets.ModelViewSet):
 
     def perform_update(self, serializer) -> None:
         data = serializer.validated_data
+        if data.get("name", serializer.instance.name) != serializer.instance.name:
+            raise ValidationError(
+                {"name": ["a team's name stays: its counters and usage go by it"]}
+            )
         with refusals():
             serializer.instance = update_team(
                 serializer.instance.name, description=data.get("description"),

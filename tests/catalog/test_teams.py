@@ -161,6 +161,9 @@ def test_a_lead_manages_their_teams_keys_and_sees_no_other_teams(api_client, tea
     assert api_client.post(f"/api/v1/keys/{blue_key.id}/revoke/").status_code == 404
     refused = api_client.post("/api/v1/keys/", {"name": "x", "team": "blue"}, format="json")
     assert refused.status_code == 403 and "needs its member role" in str(refused.json())
+    outsider = api_client.post("/api/v1/keys/", {"name": "x", "team": "red", "member": "bea"},
+                               format="json")  # fmt: skip
+    assert outsider.status_code == 400 and "bea is not in team red" in str(outsider.json())
     changed = api_client.patch(f"/api/v1/keys/{made.json()['id']}/", {"tokens_per_day": 900},
                                format="json")  # fmt: skip
     assert changed.status_code == 200  # a lead may go past the cap: the cap still applies
