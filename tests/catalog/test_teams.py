@@ -291,3 +291,13 @@ def test_a_teams_ledger_is_every_key_it_held_revoked_ones_too(teams):
     day, month = ledger_totals(team_counter_name("red"), day_starts(moment), month_starts(moment))
     assert (day, month) == (42, 42)
     assert ledger_totals(kept.prefix, day_starts(moment), month_starts(moment)) == (30, 30)
+
+
+def test_the_playground_offers_only_models_open_to_the_default_team(teams):
+    from catalog.playground import PlaygroundRules, playground_models
+
+    make_model("gemma")
+    make_model("qwen")
+    open_model("qwen", ["red"], actor=SETUP)
+    rules = PlaygroundRules(group="playground", lifetime=3600)
+    assert playground_models(rules) == ["gemma"]  # its keys are default's
