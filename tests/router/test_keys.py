@@ -115,7 +115,7 @@ def test_ctl_create_prints_the_key_once_and_list_shows_only_the_prefix():
     assert "it is not shown again" in output
     listing = ctl("keys", "list")
     header = listing.splitlines()[0].split()
-    assert header == ["NAME", "PREFIX", "MODELS", "LIMITS", "CREATED", "REVOKED"]
+    assert header == ["NAME", "PREFIX", "TEAM", "MODELS", "LIMITS", "CREATED", "REVOKED"]
     assert key[:14] in listing and key not in listing
     assert "gemma" in listing
 
