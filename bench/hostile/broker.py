@@ -51,6 +51,8 @@ def attempts(fleet: Fleet, scene: Any = None) -> Iterator[Row]:
         ("reset a quota counter", lambda r: r.delete(quota)),
         ("PUBLISH on the routing channel", lambda r: r.publish(ROUTING_CHANNEL, "{}")),
         ("push a control task", lambda r: r.lpush("control", control_task)),
+        # One that loops would stall the broker for the whole fleet.
+        ("load a Lua script", lambda r: r.script_load("while true do end")),
     ]
     for what, attempt in tries:
         yield Row(f"broker: {what}", node, *network.in_host(node, lambda a=attempt: _try(url, a)))

@@ -60,11 +60,11 @@ def as_engine(fleet: Fleet, scene: Scene, rank: Rank) -> Iterator[Row]:
     ]
     targets += [(f"read {o.model} rank {o.rank}'s secret file", SHARD_FILES / o.shard / "api-key")
                 for o in others if o.serves_http][:1]  # fmt: skip
-    targets.append(("read another model's weights in the store", other_models_weights(env)))
+    targets.append(("read another model's weights by their path", other_models_weights(env)))
     for what, path in targets:
         if what.startswith("read /etc") and not path.exists():
             continue  # a simulated node keeps its key in its bundle: the row above
-        reader = "/bin/ls" if what.endswith("store") else "/bin/cat"  # a directory: list it
+        reader = "/bin/ls" if path.is_dir() else "/bin/cat"  # the store: list it
         yield attempt(f"{what} as {who}", rank.node, uid, gid, groups, [reader, str(path)])
     weights = model_path(rank.pid)
     if weights:
