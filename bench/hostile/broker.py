@@ -95,7 +95,7 @@ def replay_a_command(fleet: Fleet, node: str, url: str) -> Row:
             said = [line for line in lines.read().decode(errors="replace").splitlines()
                     if "refusing a command" in line and "replay" in line]  # fmt: skip
         if said:
-            return Row(what, node, True, said[-1][-120:])
+            return Row(what, node, True, said[-1][said[-1].index("refusing") :][:120])
         time.sleep(0.25)
     return Row(what, node, False, "pushed again and not refused as a replay within 20 s")
 
