@@ -97,7 +97,7 @@ def _set_roles(user: User, roles: frozenset[str], managed: frozenset[str], provi
     record_event(
         EventKind.SIGN_IN, user.username,
         f"roles from {provider}: {_names(wanted)} (were {_names(held)})",
-        from_state=_names(held), to_state=_names(wanted), actor=user,
+        to_state="roles", actor=user,
     )  # fmt: skip
 
 
