@@ -14,6 +14,7 @@ from django.db import models
 from pydantic import BaseModel, ValidationError
 
 from core.humanize import format_bytes
+from fleet.accounts.identities import ProviderIdentity  # noqa: F401 (here, Django finds it)
 from protocol.engines import EngineInstall
 from protocol.inventory import Inventory, NodeUsage
 from protocol.messages import WeightFile
@@ -446,28 +447,3 @@ class NodeCertificate(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id} #{self.serial}"
-
-
-class ProviderIdentity(models.Model):
-    """An account at an OpenID Connect provider, and the llmgw user it signs in as.
-
-    Matched by the provider's issuer and subject only, never by e-mail or user name: both
-    can be chosen or reused at many providers, and matching on them would let a person
-    there take over a local account here (the admin's included).
-    """
-
-    issuer = models.CharField(max_length=400)
-    subject = models.CharField(max_length=255)
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="provider_identities"
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_sign_in_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["issuer", "subject"], name="one_user_per_identity")
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.subject} at {self.issuer}"

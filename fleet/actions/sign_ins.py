@@ -19,7 +19,7 @@ from django.utils import timezone
 from audit.actors import Actor
 from audit.events import record_event
 from audit.models import EventKind
-from fleet.models import ProviderIdentity
+from fleet.accounts.identities import ProviderIdentity
 
 
 def record_lockout(username: str, address: str, failures: int, wait: str, *, actor: Actor) -> None:
@@ -43,9 +43,12 @@ def admit_provider_user(
     *,
     provider: str,
     address: str,
+    actor: Actor,
 ) -> User:
     """Sign in the person the provider vouched for: their account (made at their first
     sign-in), its groups among ``managed`` set to ``roles``, and the sign-in recorded.
+    ``actor`` (llmgw's provider sign-in) makes the account and sets its roles; the person
+    signs in.
 
     Groups outside ``managed`` are left as an admin set them; only the roles the map
     can give are the provider's to grant and take away, at every sign-in.
@@ -65,11 +68,11 @@ def admit_provider_user(
             record_event(
                 EventKind.SIGN_IN, user.username,
                 f"account made at the first sign-in through {provider} (subject {subject})",
-                to_state="created", actor=user,
+                to_state="created", actor=actor,
             )  # fmt: skip
         user = identity.user
         if user.is_active:
-            _set_roles(user, roles, managed, provider)
+            _set_roles(user, roles, managed, provider, actor)
             ProviderIdentity.objects.filter(pk=identity.pk).update(last_sign_in_at=timezone.now())
             record_event(
                 EventKind.SIGN_IN, user.username, f"signed in through {provider} from {address}",
@@ -86,7 +89,9 @@ def record_refused_sign_in(reason: str, *, provider: str, address: str, actor: A
     )  # fmt: skip
 
 
-def _set_roles(user: User, roles: frozenset[str], managed: frozenset[str], provider: str) -> None:
+def _set_roles(
+    user: User, roles: frozenset[str], managed: frozenset[str], provider: str, actor: Actor
+) -> None:
     held = set(user.groups.filter(name__in=managed).values_list("name", flat=True))
     wanted = set(roles & managed)
     if held == wanted:
@@ -97,7 +102,7 @@ def _set_roles(user: User, roles: frozenset[str], managed: frozenset[str], provi
     record_event(
         EventKind.SIGN_IN, user.username,
         f"roles from {provider}: {_names(wanted)} (were {_names(held)})",
-        to_state="roles", actor=user,
+        to_state="roles", actor=actor,
     )  # fmt: skip
 
 

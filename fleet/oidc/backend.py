@@ -18,6 +18,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ImproperlyConfigured, SuspiciousOperation
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
+from audit.actors import PROVIDER_SIGN_IN
 from fleet.actions.sign_ins import admit_provider_user
 from fleet.oidc import provider
 from fleet.oidc.roles import READER, claim_values, group_roles, role_map, roles_from_claims
@@ -120,6 +121,7 @@ class ProviderBackend(OIDCAuthenticationBackend):
             group_roles(),
             provider=settings.OIDC_PROVIDER_NAME,
             address=client_address(self.request),
+            actor=PROVIDER_SIGN_IN,
         )
         if not user.is_active:
             raise SignInRefused(f"the account {user.username} is disabled here")
