@@ -59,6 +59,12 @@ class ProviderBackend(OIDCAuthenticationBackend):
     def OIDC_OP_JWKS_ENDPOINT(self) -> str:  # noqa: N802
         return provider.endpoints().jwks_uri
 
+    def get_user(self, user_id):
+        """The signed-in user of a session, while active: the library's would keep a user
+        an admin disabled signed in until their session ended."""
+        user = super().get_user(user_id)
+        return user if user is not None and self.user_can_authenticate(user) else None
+
     def authenticate(self, request, **kwargs):
         """The library's flow, every failure turned into a refusal the page can show."""
         if request is None or "code" not in request.GET or "state" not in request.GET:

@@ -210,6 +210,16 @@ def test_a_local_account_of_the_same_name_is_never_taken_over(idp):
     assert Client().login(username="lena", password="pw-lena")
 
 
+def test_a_disabled_account_is_signed_out_and_refused(idp):
+    client = Client()
+    sign_in(client, "lena")
+    User.objects.filter(username="lena").update(is_active=False)
+    assert client.get("/").status_code == 302  # the session no longer signs anyone in
+    page = page_error(client, sign_in(client, "lena"))
+    assert "refused: the account lena is disabled here." in page
+    assert client.get("/").status_code == 302
+
+
 def test_password_sign_in_never_asks_the_provider(idp, settings):
     make_user("olga", operator=True)
     settings.OIDC_ISSUER = "http://127.0.0.1:9/o"  # nothing listens there
