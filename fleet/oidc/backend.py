@@ -67,8 +67,8 @@ class ProviderBackend(OIDCAuthenticationBackend):
 
     def authenticate(self, request, **kwargs):
         """The library's flow, every failure turned into a refusal the page can show."""
-        if request is None or "code" not in request.GET or "state" not in request.GET:
-            return None  # a password sign-in: not ours
+        if request is None or "nonce" not in kwargs:
+            return None  # a password sign-in (only the callback view passes a nonce): not ours
         try:
             return super().authenticate(request, **kwargs)
         except SignInRefused as exc:

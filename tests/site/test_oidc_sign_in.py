@@ -46,15 +46,10 @@ def test_provider(tmp_path_factory):
 @pytest.fixture
 def idp(test_provider: IdentityProvider, settings, db) -> IdentityProvider:
     """llmgw configured to sign in through the test provider."""
-    for name, value in test_provider.llmgw_environment().items():
-        setting = {
-            "LLMGW_OIDC_ISSUER": "OIDC_ISSUER",
-            "LLMGW_OIDC_CLIENT_ID": "OIDC_RP_CLIENT_ID",
-            "LLMGW_OIDC_CLIENT_SECRET": "OIDC_RP_CLIENT_SECRET",
-            "LLMGW_OIDC_NAME": "OIDC_PROVIDER_NAME",
-        }.get(name)
-        if setting:
-            setattr(settings, setting, value)
+    settings.OIDC_ISSUER = test_provider.issuer
+    settings.OIDC_RP_CLIENT_ID = test_provider.client_id
+    settings.OIDC_RP_CLIENT_SECRET = test_provider.client_secret
+    settings.OIDC_PROVIDER_NAME = test_provider.name
     settings.OIDC_ROLE_MAP = ROLE_MAP.split(",")
     settings.AUTHENTICATION_BACKENDS = [
         "django.contrib.auth.backends.ModelBackend",
