@@ -182,6 +182,20 @@ def test_an_answer_this_browser_did_not_start_is_refused(idp):
     assert "does not belong" in page_error(owner, owner.get(back.removeprefix("http://testserver")))
 
 
+def test_the_provider_holds_the_code_to_its_pkce_challenge(idp):
+    # A code stolen on its way back is no use without the verifier this session kept.
+    client = Client()
+    back = at_provider(client, "lena")
+    state = parse_qs(urlsplit(back).query)["state"][0]
+    session = client.session
+    session["oidc_states"][state]["code_verifier"] = "a-verifier-that-is-not-the-one" * 2
+    session.save()
+    page = page_error(client, client.get(back.removeprefix("http://testserver")))
+    assert "Sign-in with Test IdP refused: the provider refused to complete it" in page
+    assert "invalid_grant" in page
+    assert not User.objects.filter(username="lena").exists()
+
+
 def test_the_provider_saying_no_is_shown(idp):
     client = Client()
     start = client.get("/accounts/oidc/start/")
