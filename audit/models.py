@@ -14,7 +14,7 @@ class EventKind(models.TextChoices):
     PLACEMENT = "placement"
     KEY = "key"
     TEAM = "team"  # a team made, changed or removed; a member's role; models opened to it
-    SIGN_IN = "sign-in"  # a username and address locked out after failed sign-ins
+    SIGN_IN = "sign-in"  # lockouts; sign-ins through a provider, refused or not, and their roles
 
 
 class Event(models.Model):
