@@ -10,7 +10,7 @@ lead also gives and takes roles in it (``catalog.teams.roles``).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -147,6 +147,39 @@ def remove_member(team_name: str, username: str, *, actor: Actor) -> None:
             _keep_a_lead(team, actor, f"removing lead {username}")
         held.delete()
         record_event(EventKind.TEAM, team.name, f"{username} left (was {held.role})", actor=actor)
+
+
+def set_provider_team_roles(
+    user: Any, wanted: Mapping[str, str], managed: Iterable[str], *, provider: str, actor: Actor
+) -> None:
+    """Set ``user``'s role in each of the ``managed`` teams (the ones the identity provider's
+    role map names) to what its claims give now (``wanted``: team to role), taking them out
+    of those the claims no longer name; their roles in other teams are their leads' to give.
+    A team the map names that does not exist gives no role, and the Event says so."""
+    username = user.get_username()
+    with transaction.atomic():
+        for name in sorted(set(managed)):
+            team = Team.objects.select_for_update().filter(name=name).first()
+            role = wanted.get(name)
+            if team is None:
+                if role is not None:
+                    reason = f"{provider} gives {username} {role} in a team that does not exist"
+                    record_event(EventKind.TEAM, name, f"{reason}; make it first", actor=actor)
+                continue
+            held = Membership.objects.filter(team=team, user=user).first()
+            if held is None and role is not None:
+                Membership.objects.create(team=team, user=user, role=role)
+                reason = f"{username} joined as {role} (from {provider})"
+            elif held is not None and role is None:
+                held.delete()
+                reason = f"{username} left (was {held.role}): {provider} no longer says so"
+            elif held is not None and role is not None and held.role != role:
+                reason = f"{username}'s role changed from {held.role} to {role} (from {provider})"
+                held.role = role
+                held.save(update_fields=["role"])
+            else:
+                continue
+            record_event(EventKind.TEAM, team.name, reason, actor=actor)
 
 
 def open_model(model_name: str, team_names: Iterable[str], *, actor: Actor) -> list[str]:

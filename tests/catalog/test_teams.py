@@ -301,3 +301,36 @@ def test_the_playground_offers_only_models_open_to_the_default_team(teams):
     open_model("qwen", ["red"], actor=SETUP)
     rules = PlaygroundRules(group="playground", lifetime=3600)
     assert playground_models(rules) == ["gemma"]  # its keys are default's
+
+
+# --- Roles from the identity provider's claim -------------------------------------------
+
+
+def test_the_providers_claim_gives_team_roles_in_the_teams_its_map_names(teams):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from catalog.teams.actions import set_provider_team_roles
+    from fleet.oidc.roles import mapped_teams, role_map, roles_from_claims, team_roles
+
+    mapping = role_map(["ml-leads=team:red:lead", "ml=team:red:member", "ml=reader",
+                        "infra=team:blue:viewer", "ghost=team:nowhere:member"])  # fmt: skip
+    with pytest.raises(ImproperlyConfigured, match="team:NAME:ROLE"):
+        role_map(["ml=team:red:boss"])
+    assert mapped_teams(mapping) == {"red", "blue", "nowhere"}
+    roles = roles_from_claims({"groups": ["ml", "ml-leads", "ghost"]}, mapping)
+    assert team_roles(roles) == {"red": "lead", "nowhere": "member"}  # the highest of two
+
+    pia = make_user("pia")
+    set_provider_team_roles(pia, team_roles(roles), mapped_teams(mapping), provider="corp",
+                            actor=SETUP)  # fmt: skip
+    assert Membership.objects.get(team__name="red", user=pia).role == "lead"
+    assert Event.objects.filter(subject="nowhere", reason__contains="does not exist").exists()
+    # A lead outside the map's teams gives pia a role there; the provider leaves it alone.
+    set_role("blue", "pia", "member", actor=SETUP)
+    later = roles_from_claims({"groups": ["ml"]}, mapping)  # no longer in ml-leads
+    set_provider_team_roles(pia, team_roles(later), {"red"}, provider="corp", actor=SETUP)
+    assert Membership.objects.get(team__name="red", user=pia).role == "member"
+    assert Membership.objects.get(team__name="blue", user=pia).role == "member"
+    set_provider_team_roles(pia, {}, {"red"}, provider="corp", actor=SETUP)
+    assert not Membership.objects.filter(team__name="red", user=pia).exists()
+    assert Event.objects.filter(subject="red", reason__contains="corp no longer says so").exists()
