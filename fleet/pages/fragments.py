@@ -19,6 +19,7 @@ from django.utils import timezone
 from fleet import history, selectors, traffic
 from fleet.models import Node
 from fleet.pages import mirror
+from fleet.pages.audit_page import audit_context, audit_touched
 from fleet.pages.node_filter import PER_PAGE, STATES, NodeFilter
 
 # The cluster page's models table: each shows its replicas whole, so a catalog of hundreds
@@ -226,6 +227,7 @@ PAGES: dict[str, Page] = {
     ),
     "logs": Page("fleet/logs.html", ("node-state",), logs_context, _logs_touched),
     "mirror": Page("fleet/mirror.html", ("holders",), mirror_context, _mirror_touched),
+    "audit": Page("fleet/audit.html", ("events",), audit_context, audit_touched),
 }
 
 
