@@ -67,8 +67,8 @@ def audit_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None:
         "newer_href": href(after=page.newer) if page.newer else "",
         "older_href": href(before=page.older) if page.older else "",
         "clear_href": here,
-        "csv_href": f"{reverse('audit-export', args=['csv'])}?{exports}",
-        "json_href": f"{reverse('audit-export', args=['json'])}?{exports}",
+        "csv_href": f"{reverse('audit-csv')}?{exports}",
+        "json_href": f"{reverse('audit-json')}?{exports}",
     }
 
 
