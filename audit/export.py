@@ -61,8 +61,11 @@ def json_chunks(events: QuerySet[Event], limit: int = 0) -> Iterator[str]:
 
 async def streamed(chunks: Iterator[str]) -> AsyncIterator[str]:
     """``chunks`` read one at a time in Django's thread (each batch is a query)."""
-    read = sync_to_async(next, thread_sensitive=True)
-    while (chunk := await read(chunks, None)) is not None:
+
+    def read() -> str | None:
+        return next(chunks, None)
+
+    while (chunk := await sync_to_async(read, thread_sensitive=True)()) is not None:
         yield chunk
 
 

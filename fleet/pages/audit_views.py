@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
-from django.shortcuts import render
+from django.http.response import HttpResponseBase
+from django.shortcuts import redirect, render
 from django.utils import timezone
 
 from audit import export
@@ -24,8 +25,13 @@ FORMATS = {
 @login_required
 def audit(request: HtmxRequest) -> HttpResponse:
     """The Events this reader may read, filtered as the query string says."""
+    query = request.META.get("QUERY_STRING", "")
+    asked = EventFilter.from_query(request.GET, timezone.now())
+    if query != asked.query() and not asked.notes and not request.htmx:
+        # The filter form sends its empty fields too: the URL to share is the short one.
+        return redirect(f"{request.path}?{asked.query()}" if asked.query() else request.path)
     spec = fragments.PAGES["audit"]
-    key = audit_key(request.user, request.META.get("QUERY_STRING", ""))
+    key = audit_key(request.user, query)
     context = spec.context(key, spec.fragments)
     if context is None:
         raise Http404("this account can no longer read the log")
@@ -36,7 +42,7 @@ def audit(request: HtmxRequest) -> HttpResponse:
 
 
 @login_required
-def audit_export(request: HtmxRequest, fmt: str) -> HttpResponse:
+def audit_export(request: HtmxRequest, fmt: str) -> HttpResponseBase:
     """Every Event the filter picks, newest first, as a file to download."""
     if fmt not in FORMATS:
         raise Http404(f"no export as {fmt!r}; use csv or json")
