@@ -13,6 +13,7 @@ import csv
 import io
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db.models import QuerySet
@@ -26,35 +27,45 @@ COLUMNS = ("id", "at", "kind", "actor", "object", "from_state", "to_state", "rea
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
-def as_record(event: Event) -> dict[str, object]:
-    """An event as an export writes it; ``actor`` is empty for what llmgw did by itself."""
+# What an export reads of each Event: plain rows (``values()``), not model instances,
+# which cost a third of an export's time to build.
+FIELDS = ("id", "at", "kind", "actor_name", "subject", "from_state", "to_state", "reason")
+
+
+def as_record(row: dict[str, Any]) -> dict[str, object]:
+    """An event (a row of ``FIELDS``) as an export writes it; ``actor`` is empty for what
+    llmgw did by itself."""
     return {
-        "id": event.id,
-        "at": event.at.isoformat(),
-        "kind": event.kind,
-        "actor": event.actor_name,
-        "object": event.subject,
-        "from_state": event.from_state,
-        "to_state": event.to_state,
-        "reason": event.reason,
+        "id": row["id"],
+        "at": row["at"].isoformat(),
+        "kind": row["kind"],
+        "actor": row["actor_name"],
+        "object": row["subject"],
+        "from_state": row["from_state"],
+        "to_state": row["to_state"],
+        "reason": row["reason"],
     }
+
+
+def records(events: QuerySet[Event], limit: int = 0) -> Iterator[list[dict[str, object]]]:
+    """The records of ``events``, newest first (the newest ``limit``), a batch at a time."""
+    for batch in batches(events.values(*FIELDS), limit=limit):
+        yield [as_record(row) for row in batch]
 
 
 def csv_chunks(events: QuerySet[Event], limit: int = 0) -> Iterator[str]:
     """The header, then one chunk of lines per batch of events (the newest ``limit``)."""
     yield _csv_lines([COLUMNS])
-    for batch in batches(events, limit=limit):
-        yield _csv_lines(
-            [_cell(record[name]) for name in COLUMNS] for record in map(as_record, batch)
-        )
+    for batch in records(events, limit):
+        yield _csv_lines([_cell(record[name]) for name in COLUMNS] for record in batch)
 
 
 def json_chunks(events: QuerySet[Event], limit: int = 0) -> Iterator[str]:
     """One JSON array of records, in one chunk per batch of events (the newest ``limit``)."""
     yield "["
     separator = "\n"
-    for batch in batches(events, limit=limit):
-        yield separator + ",\n".join(json.dumps(as_record(event)) for event in batch)
+    for batch in records(events, limit):
+        yield separator + ",\n".join(json.dumps(record) for record in batch)
         separator = ",\n"
     yield "\n]\n"
 

@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -190,11 +191,10 @@ def page_of(events: QuerySet[Event], asked: EventFilter, per_page: int = PER_PAG
     return EventPage(rows, older, newer)
 
 
-def batches(
-    events: QuerySet[Event], size: int = EXPORT_BATCH, limit: int = 0
-) -> Iterator[list[Event]]:
+def batches(events: QuerySet[Any], size: int = EXPORT_BATCH, limit: int = 0) -> Iterator[list[Any]]:
     """Every event of ``events`` (the newest ``limit`` if not 0), newest first, in lists of
-    ``size``: each a query of its own along the index, starting where the last ended."""
+    ``size``: each a query of its own along the index, starting where the last ended.
+    ``events`` may be a ``values()`` query (rows as dicts, with ``at`` and ``id``)."""
     mark: tuple[datetime, int] | None = None
     left = limit or None
     while left is None or left > 0:
@@ -206,7 +206,8 @@ def batches(
         if len(rows) < wanted:
             return
         left = None if left is None else left - len(rows)
-        mark = (rows[-1].at, rows[-1].id)
+        last = rows[-1]
+        mark = (last["at"], last["id"]) if isinstance(last, dict) else (last.at, last.id)
 
 
 def _mark(event_id: int) -> tuple[datetime, int] | None:

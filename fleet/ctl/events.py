@@ -10,8 +10,8 @@ from __future__ import annotations
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from audit.export import as_record, json_chunks
-from audit.filters import EventFilter, batches
+from audit.export import json_chunks, records
+from audit.filters import EventFilter
 from audit.models import Event, EventKind
 from core.tables import render_table
 from fleet.audit_log.reading import EventFilterRefused, asked_events
@@ -59,11 +59,7 @@ def events_command(options, out) -> None:
         for chunk in json_chunks(events, limit=options["limit"]):
             out.write(chunk, ending="")
         return
-    rows = [
-        _row(as_record(event))
-        for batch in batches(events, limit=options["limit"])
-        for event in batch
-    ]
+    rows = [_row(record) for batch in records(events, options["limit"]) for record in batch]
     if not rows:
         out.write("no events" + (" match this filter" if asked.narrowed else " yet"))
         return
