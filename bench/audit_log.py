@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from datetime import timedelta
 
 from bench.database import bench_django
 from bench.report import median_seconds
@@ -95,8 +96,8 @@ def measure(args: argparse.Namespace) -> None:
     reader, _ = User.objects.get_or_create(username="user007")
     Event.objects.filter(actor_name="user007").update(actor=reader)
     deep = Event.objects.order_by("id").values_list("id", flat=True)[args.events // 10]
-    a_year_ago = (timezone.now() - timezone.timedelta(days=360)).date()
-    day = f"since={a_year_ago}&until={a_year_ago + timezone.timedelta(days=1)}"
+    a_year_ago = (timezone.now() - timedelta(days=360)).date()
+    day = f"since={a_year_ago}&until={a_year_ago + timedelta(days=1)}"
     as_operator, as_reader = Client(), Client()
     as_operator.force_login(operator)
     as_reader.force_login(reader)
