@@ -4,8 +4,9 @@ they came (``audit.receivers``), naming who acted."""
 from __future__ import annotations
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import Group, User
-from django.test import Client
+from django.test import AsyncClient, Client
 
 from audit.actors import SystemActor, acting_as
 from audit.models import Event, EventKind
@@ -69,6 +70,28 @@ def test_groups_changed_in_the_admin_name_the_admin(admin_user):
     assert response.status_code == 302, response.context["adminform"].form.errors
     assert account_events("olga", EventKind.ROLE) == [("added to operators", "admin")]
     assert Event.objects.get(kind=EventKind.ROLE, subject="olga").actor == admin_user
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_served_over_asgi_names_its_user_too(admin_user):
+    """Under daphne the middleware runs as a coroutine and the view in a thread: the
+    request's user still reaches the receiver."""
+    olga = make_user("olga")
+    engine_admins = Group.objects.get(name=ENGINE_ADMINS_GROUP)
+    admin_user.is_staff = True
+    admin_user.save()
+    client = AsyncClient()
+
+    async def change() -> int:
+        await client.aforce_login(admin_user)
+        response = await client.post(f"/admin/auth/user/{olga.id}/change/", {
+            "username": "olga", "is_active": "on", "groups": [engine_admins.id],
+            "date_joined_0": "2026-12-06", "date_joined_1": "10:00:00",
+        })  # fmt: skip
+        return response.status_code
+
+    assert async_to_sync(change)() == 302
+    assert account_events("olga", EventKind.ROLE) == [("added to engine-admin", "admin")]
 
 
 def test_every_way_of_changing_groups_is_recorded(at_the_shell):
