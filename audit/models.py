@@ -13,8 +13,10 @@ class EventKind(models.TextChoices):
     CATALOG = "catalog"
     PLACEMENT = "placement"
     KEY = "key"
-    SIGN_IN = "sign-in"  # a sign-in, a failed one, a username and address locked out
-    ROLE = "role"  # an account's fleet-wide roles: its groups, its superuser flag
+    # A sign-in (by password or through a provider), a refused one, a username and address
+    # locked out, an account made at its first sign-in, a provider's roles at a sign-in.
+    SIGN_IN = "sign-in"
+    ROLE = "role"  # an account's fleet-wide roles: each group joined or left, the superuser flag
 
 
 class Event(models.Model):

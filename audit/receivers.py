@@ -11,6 +11,7 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model, user_logged_in, user_login_failed
 from django.contrib.auth.models import AnonymousUser, Group
 from django.db.models.signals import m2m_changed, post_save, pre_save
+from django.utils.module_loading import import_string
 
 from audit.actions import (
     record_failed_sign_in,
@@ -40,11 +41,25 @@ def client_address(request) -> str:
     return request.META.get("REMOTE_ADDR") or "unknown"
 
 
+def records_its_own(backend: str) -> bool:
+    """Whether the backend a user signed in with records its sign-ins itself (an identity
+    provider's, which names the provider): said by ``records_sign_ins`` on its class."""
+    try:
+        return bool(getattr(import_string(backend), "records_sign_ins", False))
+    except ImportError:
+        return False
+
+
 def _signed_in(sender, request, user, **kwargs) -> None:
-    record_sign_in(user, client_address(request), getattr(user, "backend", ""), actor=user)
+    backend = getattr(user, "backend", "")
+    if backend and records_its_own(backend):
+        return
+    record_sign_in(user, client_address(request), backend, actor=user)
 
 
 def _sign_in_failed(sender, credentials, request=None, **kwargs) -> None:
+    if "password" not in credentials:
+        return  # not a password refused: a provider's callback, which records its own
     # Django has already masked the password in ``credentials``; the username is kept.
     username = str(credentials.get("username") or credentials.get("email") or "")
     # Whoever typed it is no one llmgw knows: the Event names no account.

@@ -14,6 +14,7 @@ from django.db import models
 from pydantic import BaseModel, ValidationError
 
 from core.humanize import format_bytes
+from fleet.accounts.identities import ProviderIdentity  # noqa: F401 (here, Django finds it)
 from protocol.engines import EngineInstall
 from protocol.inventory import Inventory, NodeUsage
 from protocol.messages import WeightFile

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.contrib.auth import authenticate
 from django.contrib.auth.models import Group, User
-from django.test import AsyncClient, Client
+from django.test import AsyncClient, Client, RequestFactory
 
 from audit.actors import SystemActor, acting_as
 from audit.models import Event, EventKind
@@ -129,3 +130,15 @@ def test_the_superuser_flag_is_a_role_and_a_sign_in_save_is_not(at_the_shell):
         ("made a superuser (every role)", "sam"),
         ("no longer a superuser", "sam"),
     ]
+
+
+def test_a_backend_that_records_its_own_sign_ins_is_not_recorded_twice():
+    """The identity provider's sign-in records its own (naming the provider, with its
+    reasons for a refusal): the receivers leave its sign-ins and callbacks be."""
+    lena = make_user("lena")
+    Client().force_login(lena, backend="fleet.oidc.backend.ProviderBackend")
+    Client().force_login(lena, backend="django.contrib.auth.backends.ModelBackend")
+    authenticate(RequestFactory().get("/accounts/oidc/callback/"), nonce="n", code_verifier="v")
+
+    assert account_events("lena", EventKind.SIGN_IN) == [("signed in from unknown", "lena")]
+    assert not Event.objects.filter(to_state="refused").exists()
