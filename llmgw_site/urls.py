@@ -4,7 +4,6 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
-from audit import api as audit_api
 from catalog import api as catalog_api
 from catalog.teams import api as catalog_teams_api
 from fleet.api import views as fleet_api
@@ -23,7 +22,7 @@ router.register("teams", catalog_teams_api.TeamViewSet)
 router.register("nodes", fleet_api.NodeViewSet)
 router.register("replicas", fleet_api.ReplicaViewSet)
 router.register("shards", fleet_api.ShardViewSet)
-router.register("events", audit_api.EventViewSet)
+router.register("events", fleet_api.EventLogViewSet)
 
 urlpatterns = [
     path("", include("fleet.pages.urls")),

@@ -46,6 +46,10 @@ class SignInRefused(Exception):
 class ProviderBackend(OIDCAuthenticationBackend):
     """Signs in the person the provider's verified ID token names."""
 
+    # admit_provider_user records its sign-ins, naming the provider, and its refusals with
+    # their reason: audit's receivers, which record every other backend's, leave them be.
+    records_sign_ins = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Not the library's __init__: it reads every endpoint from settings at once, and
         # this backend is built for every password sign-in too, which must not wait on the
