@@ -78,6 +78,7 @@ def main() -> int:
             return 1
         print(f"both answering after {time.monotonic() - started:.0f}s", flush=True)
         outcome = attack(fleet, options.rounds)
+        broker.WATCH.stop()
     print_outcome(outcome)
     if options.dir is None:
         shutil.rmtree(directory, ignore_errors=True)

@@ -180,6 +180,7 @@ class Watch:
 
     def stop(self) -> None:
         self._stop.set()
+        self.running = False
 
 
 WATCH = Watch()
@@ -192,8 +193,7 @@ def watch(fleet: Fleet) -> None:
 
 def secrets_on_the_broker(fleet: Fleet) -> Row:
     secrets = [s for (s,) in query(fleet, "SELECT secret FROM fleet_replica WHERE secret <> ''")]
-    WATCH.stop()
-    seen = WATCH.lines
+    seen = list(WATCH.lines)  # it goes on watching: the next round's replay reads it
     starts = sum(any(f in line for f in _base64_forms("agent.start_shard")) for line in seen)
     found = [s for s in secrets if any(form in line for form in _base64_forms(s) for line in seen)]
     detail = (f"{len(seen)} commands seen by MONITOR, {starts} of them carrying a start; "
