@@ -78,7 +78,7 @@ def test_a_request_served_over_asgi_names_its_user_too(admin_user):
     """Under daphne the middleware runs as a coroutine and the view in a thread: the
     request's user still reaches the receiver."""
     olga = make_user("olga")
-    engine_admins = Group.objects.get(name=ENGINE_ADMINS_GROUP)
+    engine_admins = Group.objects.get_or_create(name=ENGINE_ADMINS_GROUP)[0]
     admin_user.is_staff = True
     admin_user.save()
     client = AsyncClient()
@@ -97,8 +97,9 @@ def test_a_request_served_over_asgi_names_its_user_too(admin_user):
 
 def test_every_way_of_changing_groups_is_recorded(at_the_shell):
     olga = make_user("olga")
-    operators = Group.objects.get(name=OPERATORS_GROUP)  # made by a migration
-    engine_admins = Group.objects.get(name=ENGINE_ADMINS_GROUP)
+    # Made by a migration, and gone after a test that flushes the database: made again.
+    operators = Group.objects.get_or_create(name=OPERATORS_GROUP)[0]
+    engine_admins = Group.objects.get_or_create(name=ENGINE_ADMINS_GROUP)[0]
 
     olga.groups.add(operators, engine_admins)  # at the shell: its user acted
     with acting_as(IDENTITY_PROVIDER):  # a sign-in mapping a claim says who it is
