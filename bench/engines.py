@@ -37,8 +37,14 @@ class Served:
     url: str
 
 
-def router_argv(server: str, client: str, port: int) -> list[str]:
-    """The command that serves the router with ``server`` and ``client`` on ``port``."""
+def router_argv(server: str, client: str, port: int, fd: int | None = None) -> list[str]:
+    """The command that serves the router with ``server`` and ``client`` on ``port``, or
+    (uvicorn) on the inherited listening socket ``fd`` that several processes share."""
+    if fd is not None:  # router/serve.py: uvicorn on a socket it takes for TCP
+        if server != "uvicorn":
+            raise SystemExit(f"{server}: only uvicorn serves on a shared socket here")
+        return [sys.executable, "-m", "router.serve", "--fd", str(fd), "--log-level", "warning",
+                "--app", CLIENTS[client]]  # fmt: skip
     return [sys.executable] + [a.format(app=CLIENTS[client], port=port) for a in SERVERS[server]]
 
 

@@ -27,14 +27,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start(
+    argv: list[str], log: Path, env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()
+) -> subprocess.Popen:
     """``argv`` from the repository root, in a session of its own (so stop() reaches its
-    children), with ``env`` added to this process's environment."""
+    children), with ``env`` added to this process's environment and ``pass_fds`` (a
+    listening socket several servers share) inherited."""
     # Output to a file: a pipe nobody reads fills up and stalls a server that logs requests.
     with log.open("wb") as out:
         return subprocess.Popen(
             argv, cwd=REPO, env={**os.environ, **(env or {})}, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds,
         )  # fmt: skip
 
 

@@ -1,17 +1,29 @@
-"""Benchmark the router: the same load sent straight to an engine and through the router.
+"""Benchmark the router: the same load sent straight to an engine, through nginx, and
+through the router, in turns, in one run.
 
 Run: .venv/bin/python -m bench.router_overhead [--seconds 3] [--concurrency 1,16,64]
-                                              [--routers uvicorn+lean,uvicorn+aiohttp,daphne+lean]
+         [--processes 1,2] [--routers uvicorn+lean,uvicorn+aiohttp,daphne+lean]
+         [--static] [--no-nginx] [--no-install-nginx]
 
-A fast fake engine (tests/router/fake_engine.py, no delays, 8 chunks per stream) and a
-router in static mode (with an API key, so authentication is measured too) run as their
-own processes; the load generator is this process (aiohttp, one connection per worker).
-For each concurrency, streaming and not, it prints latency p50/p99 direct and through
-the router, the latency the router adds, and throughput through the router as a
-fraction of direct. A router variant is an ASGI server and an outbound client: ``lean``
-(router/wire/upstream.py, what production runs) or ``aiohttp`` (bench/aiohttp_upstream.py,
-kept to measure against); ``uvicorn+lean`` is what `llmgw up` runs. Each measurement
-runs --seconds after a short warm-up: about 25 s per variant with the defaults.
+A fast fake engine (tests/router/fake_engine.py, no delays, 8 chunks per stream) runs as
+its own process; the load generator is this process (aiohttp, one connection per worker).
+By default the router runs as a fleet runs it, every feature on (bench/router_fleet.py):
+its table and key from PostgreSQL (``DATABASE_URL``; the bench migrates a database of its
+own beside it, ``llmgw_bench_router``), the key's limits admitted and settled in Redis
+(``REDIS_URL``), usage journalled and written, routing by prefix, moves of broken streams,
+request ids and a log line per request; ``--static`` runs it from a static file instead
+(no database, no Redis, no usage: nothing but the checkout). ``--processes`` runs that
+many router processes on one port (``LLMGW_ROUTER_PROCESSES``).
+
+nginx (one worker, Debian's ``nginx-light``, installed with apt-get where absent and run
+as root; the row is skipped with the reason otherwise: bench/nginx.py) proxies the same
+engine: the ceiling a proxy reaches on this machine. For each concurrency, streaming and
+not, it prints latency p50/p99 direct and through each proxy, the latency each adds, its
+throughput as a fraction of direct, and the router's as a fraction of nginx's. A router
+variant is an ASGI server and an outbound client: ``lean`` (router/wire/upstream.py, what
+production runs) or ``aiohttp`` (bench/aiohttp_upstream.py, kept to measure against);
+``uvicorn+lean`` is what `llmgw up` runs. Each measurement runs --seconds after a short
+warm-up, in ROUNDS slices taken in turns.
 """
 
 from __future__ import annotations
@@ -24,9 +36,12 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.database import bench_django
 from bench.engines import ENGINE_SECRET, KEY, serve_fake_engine, serve_router
+from bench.nginx import nginx_binary, serve_nginx
 from bench.processes import run_until_signalled, stop
 from bench.report import percentile, ratio
+from bench.router_fleet import make_catalog, serve_fleet_routers
 
 WARMUP_SECONDS = 0.3  # connections opened, before each slice is measured
 ROUNDS = 3  # each measurement is this many slices, direct and routers taking turns
@@ -72,33 +87,63 @@ async def measure(
     return latencies, finished
 
 
-async def run(args: argparse.Namespace) -> None:
+async def start_targets(
+    args: argparse.Namespace, workdir: Path, processes: list, sockets: list,
+    env: dict[str, str] | None,
+) -> dict[str, tuple[str, str]]:  # fmt: skip
+    """The engine, nginx before it and each router variant, started; name -> (URL, key)."""
+    from asgiref.sync import sync_to_async
+
+    engine = await serve_fake_engine(workdir / "engine.log", 8, processes)
+    path = "/v1/chat/completions"
+    targets = {"direct": (f"{engine.url}{path}", ENGINE_SECRET)}
+    if args.nginx:
+        binary, why_not = nginx_binary(install=args.install_nginx)
+        if binary is None:
+            print(f"nginx row skipped: {why_not}", flush=True)
+        else:
+            nginx = await serve_nginx(binary, engine.url, ENGINE_SECRET, workdir / "nginx",
+                                      processes)  # fmt: skip
+            targets["nginx"] = (f"{nginx.url}{path}", KEY)
+    key = KEY
+    if env is not None:
+        port = int(engine.url.rsplit(":", 1)[1])
+        key = await sync_to_async(make_catalog)(port)
+    for variant in args.routers.split(","):
+        server, client = variant.split("+")
+        for count in (int(n) for n in args.processes.split(",")):
+            name = variant if count == 1 else f"{variant} x{count}"
+            if env is None:
+                if count != 1:
+                    raise SystemExit("--static measures one router process")
+                router = await serve_router(
+                    workdir / "static.yaml", [{"name": "bench", "endpoints": [
+                        {"url": engine.url, "secret": ENGINE_SECRET}]}],
+                    workdir / f"router-{server}-{client}.log", processes, server, client,
+                )  # fmt: skip
+            else:
+                router = await serve_fleet_routers(count, env, workdir, processes, sockets,
+                                                   server, client)  # fmt: skip
+            targets[name] = (f"{router.url}{path}", key)
+    return targets
+
+
+async def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> None:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
     processes: list = []
+    sockets: list = []
     try:
-        engine = await serve_fake_engine(workdir / "engine.log", 8, processes)
-        endpoint = {"url": engine.url, "secret": ENGINE_SECRET}
-        routers = {}
-        for variant in args.routers.split(","):
-            server, client = variant.split("+")
-            router = await serve_router(
-                workdir / "static.yaml", [{"name": "bench", "endpoints": [endpoint]}],
-                workdir / f"router-{server}-{client}.log", processes, server, client,
-            )  # fmt: skip
-            routers[variant] = router.url
-
+        targets = await start_targets(args, workdir, processes, sockets, env)
         print(
-            f"{'router':15} {'stream':6} {'conc':>4} | {'direct p50':>10} {'p99':>7} | "
-            f"{'router p50':>10} {'p99':>7} | {'added p50':>9} {'p99':>7} | "
-            f"{'direct r/s':>10} {'router r/s':>10} {'ratio':>6}"
+            f"{'path':22} {'stream':6} {'conc':>4} | {'direct p50':>10} {'p99':>7} | "
+            f"{'p50':>8} {'p99':>7} | {'added p50':>9} {'p99':>7} | "
+            f"{'direct r/s':>10} {'r/s':>7} {'ratio':>6} {'of nginx':>8}"
         )
-        targets = {"direct": (f"{engine.url}/v1/chat/completions", ENGINE_SECRET)}
-        targets.update({v: (f"{url}/v1/chat/completions", KEY) for v, url in routers.items()})
         for stream in (False, True):
             for concurrency in concurrencies:
                 # Slices taken in turn, so a change in the machine's other load during the
-                # run weighs on direct and routed alike.
+                # run weighs on direct and proxied alike.
                 latencies: dict[str, list[float]] = {name: [] for name in targets}
                 answers = dict.fromkeys(targets, 0)
                 for _round in range(ROUNDS):
@@ -110,23 +155,32 @@ async def run(args: argparse.Namespace) -> None:
                         answers[name] += slice_answers
                 direct = latencies["direct"]
                 direct_rps = answers["direct"] / args.seconds
+                nginx_rps = answers["nginx"] / args.seconds if "nginx" in targets else None
                 d50, d99 = percentile(direct, 0.5), percentile(direct, 0.99)
-                for variant in routers:
-                    routed = latencies[variant]
-                    routed_rps = answers[variant] / args.seconds
-                    r50, r99 = percentile(routed, 0.5), percentile(routed, 0.99)
-                    routed_share = ratio(routed_rps, direct_rps)
+                for name in targets:
+                    if name == "direct":
+                        continue
+                    proxied = latencies[name]
+                    rps = answers[name] / args.seconds
+                    p50, p99 = percentile(proxied, 0.5), percentile(proxied, 0.99)
+                    share = rps / direct_rps if direct_rps else None
+                    nginx_share = nginx_rps / direct_rps if nginx_rps and direct_rps else None
+                    of_nginx = "" if name == "nginx" else ratio(share, nginx_share)
                     print(
-                        f"{variant:15} {'yes' if stream else 'no':6} {concurrency:>4} | "
+                        f"{name:22} {'yes' if stream else 'no':6} {concurrency:>4} | "
                         f"{d50 * 1e3:>8.2f}ms {d99 * 1e3:>5.2f}ms | "
-                        f"{r50 * 1e3:>8.2f}ms {r99 * 1e3:>5.2f}ms | "
-                        f"{(r50 - d50) * 1e3:>7.2f}ms {(r99 - d99) * 1e3:>5.2f}ms | "
-                        f"{direct_rps:>10.0f} {routed_rps:>10.0f} {routed_share:>6}",
+                        f"{p50 * 1e3:>6.2f}ms {p99 * 1e3:>5.2f}ms | "
+                        f"{(p50 - d50) * 1e3:>7.2f}ms {(p99 - d99) * 1e3:>5.2f}ms | "
+                        f"{direct_rps:>10.0f} {rps:>7.0f} {ratio(rps, direct_rps):>6} "
+                        f"{of_nginx:>8}",
                         flush=True,
                     )
-        print("ratio = router r/s / direct r/s; added = router latency - direct latency")
+        print("ratio = r/s / direct r/s; of nginx = the router's ratio / nginx's; "
+              "added = latency - direct latency")  # fmt: skip
     finally:
         stop(*reversed(processes))
+        for sock in sockets:
+            sock.close()
 
 
 def main() -> None:
@@ -136,8 +190,20 @@ def main() -> None:
     parser.add_argument(
         "--routers", default="uvicorn+lean", help="comma-separated SERVER+CLIENT variants"
     )
+    parser.add_argument("--processes", default="1",
+                        help="comma-separated router process counts, each on one port")  # fmt: skip
+    parser.add_argument("--static", action="store_true",
+                        help="the router on a static file: no database, Redis, usage")  # fmt: skip
+    parser.add_argument("--no-nginx", dest="nginx", action="store_false")
+    parser.add_argument("--no-install-nginx", dest="install_nginx", action="store_false")
+    parser.add_argument("--database", default="llmgw_bench_router",
+                        help="the bench's own database, made beside DATABASE_URL's")  # fmt: skip
     args = parser.parse_args()
-    run_until_signalled(run(args))
+    if args.static:
+        run_until_signalled(run(args))
+        return
+    with bench_django(args.database) as env:
+        run_until_signalled(run(args, env))
 
 
 if __name__ == "__main__":
