@@ -10,7 +10,7 @@ import socket
 from pathlib import Path
 
 from bench.engines import ENGINE_SECRET, Served, router_argv
-from bench.processes import start, wait_up
+from bench.processes import REPO, start, wait_up
 
 # Above the bench's 64 clients: a request's place in flight is given back just after its
 # answer went out, so at the default cap (64) the next one of a client could be refused.
@@ -59,10 +59,11 @@ def shared_socket() -> socket.socket:
 
 async def serve_fleet_routers(
     count: int, env: dict[str, str], home: Path, processes: list, sockets: list,
-    server: str = "uvicorn", client: str = "lean",
+    server: str = "uvicorn", client: str = "lean", checkout: Path | None = None,
 ) -> Served:  # fmt: skip
     """``count`` router processes in database mode on one shared port; each waited for
-    (a process that is not up yet leaves its connections in the backlog)."""
+    (a process that is not up yet leaves its connections in the backlog); ``checkout``:
+    another checkout's router (an older commit's, to measure against in the same run)."""
     sock = shared_socket()
     sockets.append(sock)
     port = sock.getsockname()[1]
@@ -70,9 +71,9 @@ async def serve_fleet_routers(
     router_env = {**env, "LLMGW_KEY_CONCURRENCY": KEY_CONCURRENCY}
     started = []
     for index in range(count):
-        log = home / f"router-{server}-{client}-{count}-{index}.log"
+        log = home / f"router-{server}-{client}-{count}-{index}-{port}.log"
         argv = router_argv(server, client, port, fd=sock.fileno())
-        process = start(argv, log, router_env, pass_fds=(sock.fileno(),))
+        process = start(argv, log, router_env, pass_fds=(sock.fileno(),), cwd=checkout or REPO)
         processes.append(process)
         started.append((process, log))
     for process, log in started:

@@ -33,13 +33,15 @@ import asyncio
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import aiohttp
+import psutil
 
 from bench.database import bench_django
 from bench.engines import ENGINE_SECRET, KEY, serve_fake_engine, serve_router
 from bench.nginx import nginx_binary, serve_nginx
-from bench.processes import run_until_signalled, stop
+from bench.processes import cpu_seconds, run_until_signalled, stop
 from bench.report import percentile, ratio
 from bench.router_fleet import make_catalog, serve_fleet_routers
 
@@ -87,16 +89,33 @@ async def measure(
     return latencies, finished
 
 
+class Target(NamedTuple):
+    """Where the load goes, with which key, and the processes whose CPU it costs."""
+
+    url: str
+    key: str
+    pids: list[int]
+
+
+def family(process) -> list[int]:
+    """A process and its children (nginx's worker)."""
+    return [process.pid, *(c.pid for c in psutil.Process(process.pid).children(recursive=True))]
+
+
+def cpu_per_request(seconds: float, answers: int) -> str:
+    return f"{seconds / answers * 1e6:.0f}us" if answers else "-"
+
+
 async def start_targets(
     args: argparse.Namespace, workdir: Path, processes: list, sockets: list,
     env: dict[str, str] | None,
-) -> dict[str, tuple[str, str]]:  # fmt: skip
-    """The engine, nginx before it and each router variant, started; name -> (URL, key)."""
+) -> dict[str, Target]:  # fmt: skip
+    """The engine, nginx before it and each router variant, started, by name."""
     from asgiref.sync import sync_to_async
 
     engine = await serve_fake_engine(workdir / "engine.log", 8, processes)
     path = "/v1/chat/completions"
-    targets = {"direct": (f"{engine.url}{path}", ENGINE_SECRET)}
+    targets = {"direct": Target(f"{engine.url}{path}", ENGINE_SECRET, family(engine.process))}
     if args.nginx:
         binary, why_not = nginx_binary(install=args.install_nginx)
         if binary is None:
@@ -104,11 +123,15 @@ async def start_targets(
         else:
             nginx = await serve_nginx(binary, engine.url, ENGINE_SECRET, workdir / "nginx",
                                       processes)  # fmt: skip
-            targets["nginx"] = (f"{nginx.url}{path}", KEY)
+            targets["nginx"] = Target(f"{nginx.url}{path}", KEY, family(nginx.process))
     key = KEY
     if env is not None:
         port = int(engine.url.rsplit(":", 1)[1])
         key = await sync_to_async(make_catalog)(port)
+    if args.before:  # another checkout's router, as a fleet runs it, one process
+        router = await serve_fleet_routers(1, env or {}, workdir, processes, sockets,
+                                           checkout=Path(args.before))  # fmt: skip
+        targets["before"] = Target(f"{router.url}{path}", key, family(processes[-1]))
     for variant in args.routers.split(","):
         server, client = variant.split("+")
         for count in (int(n) for n in args.processes.split(",")):
@@ -124,7 +147,8 @@ async def start_targets(
             else:
                 router = await serve_fleet_routers(count, env, workdir, processes, sockets,
                                                    server, client)  # fmt: skip
-            targets[name] = (f"{router.url}{path}", key)
+            pids = [pid for p in processes[-count:] for pid in family(p)]
+            targets[name] = Target(f"{router.url}{path}", key, pids)
     return targets
 
 
@@ -138,7 +162,7 @@ async def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> No
         print(
             f"{'path':22} {'stream':6} {'conc':>4} | {'direct p50':>10} {'p99':>7} | "
             f"{'p50':>8} {'p99':>7} | {'added p50':>9} {'p99':>7} | "
-            f"{'direct r/s':>10} {'r/s':>7} {'ratio':>6} {'of nginx':>8}"
+            f"{'direct r/s':>10} {'r/s':>7} {'ratio':>6} {'of nginx':>8} | {'CPU/req':>8}"
         )
         for stream in (False, True):
             for concurrency in concurrencies:
@@ -146,11 +170,14 @@ async def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> No
                 # run weighs on direct and proxied alike.
                 latencies: dict[str, list[float]] = {name: [] for name in targets}
                 answers = dict.fromkeys(targets, 0)
+                cpu = dict.fromkeys(targets, 0.0)
                 for _round in range(ROUNDS):
-                    for name, (url, key) in targets.items():
+                    for name, target in targets.items():
+                        began = cpu_seconds(*target.pids)
                         slice_latencies, slice_answers = await measure(
-                            url, concurrency, stream, args.seconds / ROUNDS, key
+                            target.url, concurrency, stream, args.seconds / ROUNDS, target.key
                         )
+                        cpu[name] += cpu_seconds(*target.pids) - began
                         latencies[name] += slice_latencies
                         answers[name] += slice_answers
                 direct = latencies["direct"]
@@ -158,25 +185,24 @@ async def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> No
                 nginx_rps = answers["nginx"] / args.seconds if "nginx" in targets else None
                 d50, d99 = percentile(direct, 0.5), percentile(direct, 0.99)
                 for name in targets:
-                    if name == "direct":
-                        continue
                     proxied = latencies[name]
                     rps = answers[name] / args.seconds
                     p50, p99 = percentile(proxied, 0.5), percentile(proxied, 0.99)
                     share = rps / direct_rps if direct_rps else None
                     nginx_share = nginx_rps / direct_rps if nginx_rps and direct_rps else None
-                    of_nginx = "" if name == "nginx" else ratio(share, nginx_share)
+                    of_nginx = "" if name in ("direct", "nginx") else ratio(share, nginx_share)
                     print(
                         f"{name:22} {'yes' if stream else 'no':6} {concurrency:>4} | "
                         f"{d50 * 1e3:>8.2f}ms {d99 * 1e3:>5.2f}ms | "
                         f"{p50 * 1e3:>6.2f}ms {p99 * 1e3:>5.2f}ms | "
                         f"{(p50 - d50) * 1e3:>7.2f}ms {(p99 - d99) * 1e3:>5.2f}ms | "
                         f"{direct_rps:>10.0f} {rps:>7.0f} {ratio(rps, direct_rps):>6} "
-                        f"{of_nginx:>8}",
+                        f"{of_nginx:>8} | {cpu_per_request(cpu[name], answers[name]):>8}",
                         flush=True,
                     )
         print("ratio = r/s / direct r/s; of nginx = the router's ratio / nginx's; "
-              "added = latency - direct latency")  # fmt: skip
+              "added = latency - direct latency; CPU/req = CPU per answer of the processes "
+              "named (direct: the engine's own)")  # fmt: skip
     finally:
         stop(*reversed(processes))
         for sock in sockets:
@@ -196,10 +222,14 @@ def main() -> None:
                         help="the router on a static file: no database, Redis, usage")  # fmt: skip
     parser.add_argument("--no-nginx", dest="nginx", action="store_false")
     parser.add_argument("--no-install-nginx", dest="install_nginx", action="store_false")
+    parser.add_argument("--before", help="a checkout of an older commit (git archive): its "
+                        "router measured too, as the row `before`")  # fmt: skip
     parser.add_argument("--database", default="llmgw_bench_router",
                         help="the bench's own database, made beside DATABASE_URL's")  # fmt: skip
     args = parser.parse_args()
     if args.static:
+        if args.before:
+            raise SystemExit("--before measures a fleet's router: leave out --static")
         run_until_signalled(run(args))
         return
     with bench_django(args.database) as env:
