@@ -146,21 +146,26 @@ class MediaUrlPolicy:
 
 def media_urls(payload: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """(param, url) of every media part in the messages (chat, Messages) or input
-    (Responses), parts within parts (a tool result's) included."""
-    stack: list[tuple[str, Any]] = []
+    (Responses), parts within parts (a tool result's) included. A part's path is written
+    only for a part with media or parts (most messages are a string: nothing to write)."""
+    # (the path of the list holding the node, or the node's own; its index; the node)
+    stack: list[tuple[str, int, Any]] = []
     for key in ("input", "messages"):
         if isinstance(payload.get(key), list):
-            stack.append((key, payload[key]))
+            stack.append((key, -1, payload[key]))
     while stack:
-        path, node = stack.pop()
+        parent, index, node = stack.pop()
         if isinstance(node, list):
-            stack.extend(
-                (f"{path}[{index}]", item) for index, item in reversed(list(enumerate(node)))
-            )
+            path = parent if index < 0 else f"{parent}[{index}]"
+            stack.extend((path, i, node[i]) for i in range(len(node) - 1, -1, -1))
             continue
         if not isinstance(node, dict):
             continue
         kind = node.get("type")
+        content = node.get("content")
+        if kind is None and not isinstance(content, list):
+            continue
+        path = parent if index < 0 else f"{parent}[{index}]"
         field = _URL_FIELDS.get(kind) if isinstance(kind, str) else None
         if field is not None:
             value = node.get(field)
@@ -172,8 +177,8 @@ def media_urls(payload: dict[str, Any]) -> Iterator[tuple[str, str]]:
             source = node.get("source")
             if isinstance(source, dict) and isinstance(source.get("url"), str):
                 yield f"{path}.source.url", source["url"]
-        if isinstance(node.get("content"), list):
-            stack.append((f"{path}.content", node["content"]))
+        if isinstance(content, list):
+            stack.append((f"{path}.content", -1, content))
 
 
 def _address(text: str) -> IpAddress | None:
