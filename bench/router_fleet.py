@@ -68,7 +68,8 @@ async def serve_fleet_routers(
     sockets.append(sock)
     port = sock.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    router_env = {**env, "LLMGW_KEY_CONCURRENCY": KEY_CONCURRENCY}
+    # INFO: a log line a request, as `llmgw up` writes them (the bench's own env is quieter).
+    router_env = {**env, "LLMGW_KEY_CONCURRENCY": KEY_CONCURRENCY, "LOG_LEVEL": "INFO"}
     started = []
     for index in range(count):
         log = home / f"router-{server}-{client}-{count}-{index}-{port}.log"

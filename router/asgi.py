@@ -25,6 +25,7 @@ from pathlib import Path
 
 from router.app import Router
 from router.config import RouterConfig
+from router.intake.request_ids import batch_request_lines
 from router.table.routes import load_static
 from router.table.saved import TableFile
 from router.table.sources import DatabaseSource, StaticSource
@@ -52,3 +53,4 @@ def build_router(config: RouterConfig | None = None) -> Router:
 
 
 application = build_router()
+batch_request_lines()
