@@ -18,9 +18,10 @@ from bench.processes import REPO, start, wait_up
 KEY_CONCURRENCY = "256"
 
 
-def make_catalog(engine_port: int) -> str:
+def make_catalog(engine_port: int, names: list[str]) -> dict[str, str]:
     """One model routed by prefix, on one ready replica of the fake engine, and a key with
-    the default limits; the key's secret."""
+    the default limits for each of ``names`` (each router its own: one router's places in
+    flight never count against another's cap); each key's secret by name."""
     from audit.actors import SystemActor
     from catalog.actions.api_keys import create_key
     from catalog.models import ApiKey, Model, Profile
@@ -43,8 +44,8 @@ def make_catalog(engine_port: int) -> str:
     )  # fmt: skip
     Shard.objects.create(id=Shard.new_id(), replica=replica, rank=0, node=node,
                          port=engine_port, state=ShardState.READY)  # fmt: skip
-    _row, key = create_key("bench", [], actor=SystemActor("bench router_overhead"))
-    return key
+    actor = SystemActor("bench router_overhead")
+    return {name: create_key(f"bench-{n}", [], actor=actor)[1] for n, name in enumerate(names)}
 
 
 def shared_socket() -> socket.socket:

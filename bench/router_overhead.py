@@ -51,14 +51,16 @@ ROUNDS = 3  # each measurement is this many slices, direct and routers taking tu
 
 async def measure(
     url: str, concurrency: int, stream: bool, seconds: float, key: str
-) -> tuple[list[float], int]:
-    """Latencies (s) of requests begun and finished in the window; answers finished in it."""
+) -> tuple[list[float], int, dict[int, int]]:
+    """Latencies (s) of requests begun and finished in the window; 200s finished in it;
+    any other answers, by status (counted, not measured: a refusal is no answer)."""
     body = b'{"model":"bench","messages":[{"role":"user","content":"hello there"}]' + (
         b',"stream":true}' if stream else b"}"
     )
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
     latencies: list[float] = []
     finished = 0
+    refused: dict[int, int] = {}
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
         now = time.perf_counter()
@@ -77,8 +79,10 @@ async def measure(
                             pass
                     else:
                         await response.read()
-                    if response.status != 200:
-                        raise SystemExit(f"{url} answered {response.status}")
+                if response.status != 200:
+                    refused[response.status] = refused.get(response.status, 0) + 1
+                    await asyncio.sleep(0.01)  # not a busy loop of refusals
+                    continue
                 done = time.perf_counter()
                 if window_start <= done <= window_end:
                     finished += 1
@@ -86,7 +90,7 @@ async def measure(
                         latencies.append(done - began)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return latencies, finished
+    return latencies, finished, refused
 
 
 class Target(NamedTuple):
@@ -124,17 +128,22 @@ async def start_targets(
             nginx = await serve_nginx(binary, engine.url, ENGINE_SECRET, workdir / "nginx",
                                       processes)  # fmt: skip
             targets["nginx"] = Target(f"{nginx.url}{path}", KEY, family(nginx.process))
-    key = KEY
+    counts = [int(n) for n in args.processes.split(",")]
+    names = [
+        variant if count == 1 else f"{variant} x{count}"
+        for variant in args.routers.split(",") for count in counts
+    ]  # fmt: skip
+    keys = dict.fromkeys(["before", *names], KEY)
     if env is not None:
         port = int(engine.url.rsplit(":", 1)[1])
-        key = await sync_to_async(make_catalog)(port)
+        keys = await sync_to_async(make_catalog)(port, list(keys))
     if args.before:  # another checkout's router, as a fleet runs it, one process
         router = await serve_fleet_routers(1, env or {}, workdir, processes, sockets,
                                            checkout=Path(args.before))  # fmt: skip
-        targets["before"] = Target(f"{router.url}{path}", key, family(processes[-1]))
+        targets["before"] = Target(f"{router.url}{path}", keys["before"], family(processes[-1]))
     for variant in args.routers.split(","):
         server, client = variant.split("+")
-        for count in (int(n) for n in args.processes.split(",")):
+        for count in counts:
             name = variant if count == 1 else f"{variant} x{count}"
             if env is None:
                 if count != 1:
@@ -148,7 +157,7 @@ async def start_targets(
                 router = await serve_fleet_routers(count, env, workdir, processes, sockets,
                                                    server, client)  # fmt: skip
             pids = [pid for p in processes[-count:] for pid in family(p)]
-            targets[name] = Target(f"{router.url}{path}", key, pids)
+            targets[name] = Target(f"{router.url}{path}", keys[name], pids)
     return targets
 
 
@@ -171,15 +180,18 @@ async def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> No
                 latencies: dict[str, list[float]] = {name: [] for name in targets}
                 answers = dict.fromkeys(targets, 0)
                 cpu = dict.fromkeys(targets, 0.0)
+                refused: dict[str, dict[int, int]] = {name: {} for name in targets}
                 for _round in range(ROUNDS):
                     for name, target in targets.items():
                         began = cpu_seconds(*target.pids)
-                        slice_latencies, slice_answers = await measure(
+                        slice_latencies, slice_answers, slice_refused = await measure(
                             target.url, concurrency, stream, args.seconds / ROUNDS, target.key
                         )
                         cpu[name] += cpu_seconds(*target.pids) - began
                         latencies[name] += slice_latencies
                         answers[name] += slice_answers
+                        for status, count in slice_refused.items():
+                            refused[name][status] = refused[name].get(status, 0) + count
                 direct = latencies["direct"]
                 direct_rps = answers["direct"] / args.seconds
                 nginx_rps = answers["nginx"] / args.seconds if "nginx" in targets else None
@@ -197,7 +209,8 @@ async def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> No
                         f"{p50 * 1e3:>6.2f}ms {p99 * 1e3:>5.2f}ms | "
                         f"{(p50 - d50) * 1e3:>7.2f}ms {(p99 - d99) * 1e3:>5.2f}ms | "
                         f"{direct_rps:>10.0f} {rps:>7.0f} {ratio(rps, direct_rps):>6} "
-                        f"{of_nginx:>8} | {cpu_per_request(cpu[name], answers[name]):>8}",
+                        f"{of_nginx:>8} | {cpu_per_request(cpu[name], answers[name]):>8}"
+                        + "".join(f" {n}x{status}!" for status, n in refused[name].items()),
                         flush=True,
                     )
         print("ratio = r/s / direct r/s; of nginx = the router's ratio / nginx's; "

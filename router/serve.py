@@ -76,7 +76,8 @@ def serve_socket(sock: socket.socket, args: argparse.Namespace) -> None:
     import uvicorn
 
     config = uvicorn.Config(
-        args.app, access_log=False, log_level=args.log_level, lifespan="on",
+        args.app, access_log=False, log_level=args.log_level, lifespan="on", loop=args.loop,
+        http=args.http,
         ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
     )  # fmt: skip
     uvicorn.Server(config).run(sockets=[sock])
@@ -84,7 +85,7 @@ def serve_socket(sock: socket.socket, args: argparse.Namespace) -> None:
 
 def child_argv(fd: int, args: argparse.Namespace) -> list[str]:
     argv = [sys.executable, "-m", "router.serve", "--fd", str(fd), "--log-level", args.log_level,
-            "--app", args.app]  # fmt: skip
+            "--app", args.app, "--loop", args.loop, "--http", args.http]  # fmt: skip
     if args.ssl_certfile:
         argv += ["--ssl-certfile", args.ssl_certfile, "--ssl-keyfile", args.ssl_keyfile]
     return argv
@@ -132,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ssl-keyfile")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--app", default=APPLICATION, help="the ASGI application (benches')")
+    parser.add_argument("--loop", default="auto", help="uvicorn's: auto (uvloop), asyncio")
+    parser.add_argument("--http", default="auto", help="uvicorn's: auto (httptools), h11")
     args = parser.parse_args(argv)
     if args.fd is not None:
         serve_socket(socket.socket(fileno=args.fd), args)

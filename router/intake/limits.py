@@ -55,6 +55,9 @@ logger = logging.getLogger(__name__)
 REDIS_RETRY_SECONDS = 1.0
 # A limit check must not slow a request down much when Redis is slow: give up on it fast.
 REDIS_TIMEOUT = 0.5
+# A settling waits at most this long to go to Redis with the next admission (ahead of it:
+# the place it frees is free for that admission), rather than a trip of its own.
+SETTLE_WAIT_SECONDS = 0.002
 # After Redis answers again, the totals are raised to the ledger once at once and once this
 # much later, when every router has written what it counted (the ledger lags a second).
 MERGE_AGAIN_SECONDS = 3.0
@@ -136,7 +139,10 @@ class RateLimiter:
             try:
                 await self._merge_back(now)
                 await self._batch.run(  # type: ignore[union-attr]
-                    SETTLE, [keys.tokens, keys.day, keys.month, keys.inflight, keys.reserved], args
+                    SETTLE,
+                    [keys.tokens, keys.day, keys.month, keys.inflight, keys.reserved],
+                    args,
+                    wait=SETTLE_WAIT_SECONDS,
                 )
                 return
             except Exception as exc:  # any failure of Redis: count here rather than lose it

@@ -35,22 +35,36 @@ class ScriptBatch:
         self._shas: dict[str, str] = {}  # script text -> its SHA-1
         self._queued: list[Run] = []
         self._tasks: set[asyncio.Task] = set()
+        self._soon = False  # a send is due at the end of the loop's turn
+        self._later: asyncio.TimerHandle | None = None  # a send due for runs that may wait
 
-    async def run(self, script: str, keys: list[str], args: tuple[Any, ...] | list[Any]) -> Any:
+    async def run(
+        self, script: str, keys: list[str], args: tuple[Any, ...] | list[Any],
+        wait: float = 0.0,
+    ) -> Any:  # fmt: skip
         """What the script returns, run with ``keys`` and ``args``; raises what Redis or
-        the connection raised."""
+        the connection raised. ``wait``: it may wait that long for a batch to go with
+        (a settling, which nobody waits for: it goes with the next admission)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if script not in self._shas:
             self._shas[script] = hashlib.sha1(script.encode()).hexdigest()  # noqa: S324 (Redis's name for it)
         self._queued.append((script, keys, tuple(args), future))
-        if len(self._queued) == 1:
-            loop.call_soon(self._send)
-        elif len(self._queued) >= MOST_RUNS:
+        if len(self._queued) >= MOST_RUNS:
             self._send()
+        elif not wait:
+            if not self._soon:
+                self._soon = True
+                loop.call_soon(self._send)
+        elif self._later is None:
+            self._later = loop.call_later(wait, self._send)
         return await future
 
     def _send(self) -> None:
+        self._soon = False
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
         runs, self._queued = self._queued, []
         if not runs:
             return
