@@ -1,11 +1,15 @@
-"""The limit scripts of every request begun or ended in one turn of the event loop, sent
-to Redis together: one pipeline, one write and one read for them all.
+"""The limit scripts of requests begun or ended together, sent to Redis together: one
+pipeline, one write and one read for them all.
 
-Each request's admission and settling is a Lua script run (counters.py); at 64 requests in
-flight that was 128 round trips a second's worth of sends, reads and redis-py's own work
-per command, a third of the router's CPU. Batched, each script still runs whole and alone
-in Redis (a script is atomic; a pipeline only shares the trip), so what two routers may
-admit is unchanged; a request waits at most the rest of the loop's turn for its batch.
+Each request's admission and settling is a Lua script run (counters.py): a round trip
+each, with redis-py's work per command, was over a third of the router's CPU, and at 64
+requests in flight it ran out of redis-py's 100 connections (then every router counted
+alone for a second, and places in flight it could not give back stayed taken until their
+hold ran out: 429s). Batched, each script still runs whole and alone in Redis (a script is
+atomic; a pipeline only shares the trip), so what routers admit is unchanged. A batch goes
+at the end of the loop's turn it was asked in, or, while one is on its way
+(MOST_BATCHES), as soon as that one is answered, with all that came meanwhile; a settling
+may wait a little for an admission to go with (limits.py).
 
 A script Redis does not hold yet (a restarted Redis, a flushed cache) is loaded and its
 runs sent again; a batch that fails (Redis away, slower than the client's timeout) fails
@@ -22,6 +26,9 @@ from redis.exceptions import NoScriptError
 
 # A batch this big is sent at once rather than waiting for the loop's turn to end.
 MOST_RUNS = 512
+# Batches on their way at once; runs asked for meanwhile go in the next, when one is
+# answered: the busier the router, the bigger the batches, the fewer the trips.
+MOST_BATCHES = 1
 
 Run = tuple[str, list[str], tuple[Any, ...], asyncio.Future]
 
@@ -50,7 +57,7 @@ class ScriptBatch:
         if script not in self._shas:
             self._shas[script] = hashlib.sha1(script.encode()).hexdigest()  # noqa: S324 (Redis's name for it)
         self._queued.append((script, keys, tuple(args), future))
-        if len(self._queued) >= MOST_RUNS:
+        if len(self._queued) >= MOST_RUNS and len(self._tasks) < MOST_BATCHES:
             self._send()
         elif not wait:
             if not self._soon:
@@ -65,12 +72,19 @@ class ScriptBatch:
         if self._later is not None:
             self._later.cancel()
             self._later = None
+        if len(self._tasks) >= MOST_BATCHES:
+            return  # sent when the batch on its way is answered, with what came meanwhile
         runs, self._queued = self._queued, []
         if not runs:
             return
         task = asyncio.get_running_loop().create_task(self._flush(runs))
         self._tasks.add(task)  # held until done: the loop keeps only weak references
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if self._queued and not self._soon:
+            self._send()
 
     async def _flush(self, runs: list[Run]) -> None:
         try:
@@ -103,7 +117,7 @@ class ScriptBatch:
 
     async def close(self) -> None:
         """Wait for the batches on their way (their callers are answered either way)."""
-        if self._queued:
-            self._send()
-        if self._tasks:
+        while self._queued or self._tasks:
+            if not self._tasks:
+                self._send()
             await asyncio.wait(list(self._tasks))
