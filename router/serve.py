@@ -78,6 +78,9 @@ def serve_socket(sock: socket.socket, args: argparse.Namespace) -> None:
     config = uvicorn.Config(
         args.app, access_log=False, log_level=args.log_level, lifespan="on", loop=args.loop,
         http=args.http,
+        # The router reads neither the client's address nor its scheme: no middleware a
+        # request to rewrite them from X-Forwarded-* headers.
+        proxy_headers=False,
         ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
     )  # fmt: skip
     uvicorn.Server(config).run(sockets=[sock])

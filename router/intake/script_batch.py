@@ -26,9 +26,10 @@ from redis.exceptions import NoScriptError
 
 # A batch this big is sent at once rather than waiting for the loop's turn to end.
 MOST_RUNS = 512
-# Batches on their way at once; runs asked for meanwhile go in the next, when one is
-# answered: the busier the router, the bigger the batches, the fewer the trips.
-MOST_BATCHES = 1
+# Batches on their way at once; past that, runs asked for meanwhile go in the next, when
+# one is answered: the busier the router, the bigger the batches, the fewer the trips.
+# Not 1: an admission would then wait behind the batch before it (a lone settling's).
+MOST_BATCHES = 4
 
 Run = tuple[str, list[str], tuple[Any, ...], asyncio.Future]
 
