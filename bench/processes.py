@@ -27,14 +27,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start(
+    argv: list[str], log: Path, env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = (),
+    cwd: Path = REPO,
+) -> subprocess.Popen:  # fmt: skip
     """``argv`` from the repository root, in a session of its own (so stop() reaches its
-    children), with ``env`` added to this process's environment."""
+    children), with ``env`` added to this process's environment and ``pass_fds`` (a
+    listening socket several servers share) inherited; ``cwd`` another checkout, for a
+    bench to run its code beside this one's."""
     # Output to a file: a pipe nobody reads fills up and stalls a server that logs requests.
     with log.open("wb") as out:
         return subprocess.Popen(
-            argv, cwd=REPO, env={**os.environ, **(env or {})}, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds,
         )  # fmt: skip
 
 

@@ -1,17 +1,29 @@
-"""Benchmark the router: the same load sent straight to an engine and through the router.
+"""Benchmark the router: the same load sent straight to an engine, through nginx, and
+through the router, in turns, in one run.
 
 Run: .venv/bin/python -m bench.router_overhead [--seconds 3] [--concurrency 1,16,64]
-                                              [--routers uvicorn+lean,uvicorn+aiohttp,daphne+lean]
+         [--processes 1,2] [--routers uvicorn+lean,uvicorn+aiohttp,daphne+lean]
+         [--static] [--no-nginx] [--no-install-nginx]
 
-A fast fake engine (tests/router/fake_engine.py, no delays, 8 chunks per stream) and a
-router in static mode (with an API key, so authentication is measured too) run as their
-own processes; the load generator is this process (aiohttp, one connection per worker).
-For each concurrency, streaming and not, it prints latency p50/p99 direct and through
-the router, the latency the router adds, and throughput through the router as a
-fraction of direct. A router variant is an ASGI server and an outbound client: ``lean``
-(router/wire/upstream.py, what production runs) or ``aiohttp`` (bench/aiohttp_upstream.py,
-kept to measure against); ``uvicorn+lean`` is what `llmgw up` runs. Each measurement
-runs --seconds after a short warm-up: about 25 s per variant with the defaults.
+A fast fake engine (tests/router/fake_engine.py, no delays, 8 chunks per stream) runs as
+its own process; the load generator is this process (aiohttp, one connection per worker).
+By default the router runs as a fleet runs it, every feature on (bench/router_fleet.py):
+its table and key from PostgreSQL (``DATABASE_URL``; the bench migrates a database of its
+own beside it, ``llmgw_bench_router``), the key's limits admitted and settled in Redis
+(``REDIS_URL``), usage journalled and written, routing by prefix, moves of broken streams,
+request ids and a log line per request; ``--static`` runs it from a static file instead
+(no database, no Redis, no usage: nothing but the checkout). ``--processes`` runs that
+many router processes on one port (``LLMGW_ROUTER_PROCESSES``).
+
+nginx (one worker, Debian's ``nginx-light``, installed with apt-get where absent and run
+as root; the row is skipped with the reason otherwise: bench/nginx.py) proxies the same
+engine: the ceiling a proxy reaches on this machine. For each concurrency, streaming and
+not, it prints latency p50/p99 direct and through each proxy, the latency each adds, its
+throughput as a fraction of direct, and the router's as a fraction of nginx's. A router
+variant is an ASGI server and an outbound client: ``lean`` (router/wire/upstream.py, what
+production runs) or ``aiohttp`` (bench/aiohttp_upstream.py, kept to measure against);
+``uvicorn+lean`` is what `llmgw up` runs. Each measurement runs --seconds after a short
+warm-up, in ROUNDS slices taken in turns.
 """
 
 from __future__ import annotations
@@ -21,12 +33,17 @@ import asyncio
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import aiohttp
+import psutil
 
+from bench.database import bench_django
 from bench.engines import ENGINE_SECRET, KEY, serve_fake_engine, serve_router
-from bench.processes import run_until_signalled, stop
+from bench.nginx import nginx_binary, serve_nginx
+from bench.processes import cpu_seconds, run_until_signalled, stop
 from bench.report import percentile, ratio
+from bench.router_fleet import make_catalog, serve_fleet_routers
 
 WARMUP_SECONDS = 0.3  # connections opened, before each slice is measured
 ROUNDS = 3  # each measurement is this many slices, direct and routers taking turns
@@ -34,14 +51,16 @@ ROUNDS = 3  # each measurement is this many slices, direct and routers taking tu
 
 async def measure(
     url: str, concurrency: int, stream: bool, seconds: float, key: str
-) -> tuple[list[float], int]:
-    """Latencies (s) of requests begun and finished in the window; answers finished in it."""
+) -> tuple[list[float], int, dict[int, int]]:
+    """Latencies (s) of requests begun and finished in the window; 200s finished in it;
+    any other answers, by status (counted, not measured: a refusal is no answer)."""
     body = b'{"model":"bench","messages":[{"role":"user","content":"hello there"}]' + (
         b',"stream":true}' if stream else b"}"
     )
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
     latencies: list[float] = []
     finished = 0
+    refused: dict[int, int] = {}
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
         now = time.perf_counter()
@@ -60,8 +79,10 @@ async def measure(
                             pass
                     else:
                         await response.read()
-                    if response.status != 200:
-                        raise SystemExit(f"{url} answered {response.status}")
+                if response.status != 200:
+                    refused[response.status] = refused.get(response.status, 0) + 1
+                    await asyncio.sleep(0.01)  # not a busy loop of refusals
+                    continue
                 done = time.perf_counter()
                 if window_start <= done <= window_end:
                     finished += 1
@@ -69,64 +90,136 @@ async def measure(
                         latencies.append(done - began)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return latencies, finished
+    return latencies, finished, refused
 
 
-async def run(args: argparse.Namespace) -> None:
+class Target(NamedTuple):
+    """Where the load goes, with which key, and the processes whose CPU it costs."""
+
+    url: str
+    key: str
+    pids: list[int]
+
+
+def family(process) -> list[int]:
+    """A process and its children (nginx's worker)."""
+    return [process.pid, *(c.pid for c in psutil.Process(process.pid).children(recursive=True))]
+
+
+def cpu_per_request(seconds: float, answers: int) -> str:
+    return f"{seconds / answers * 1e6:.0f}us" if answers else "-"
+
+
+async def start_targets(
+    args: argparse.Namespace, workdir: Path, processes: list, sockets: list,
+    env: dict[str, str] | None,
+) -> dict[str, Target]:  # fmt: skip
+    """The engine, nginx before it and each router variant, started, by name."""
+    from asgiref.sync import sync_to_async
+
+    engine = await serve_fake_engine(workdir / "engine.log", 8, processes)
+    path = "/v1/chat/completions"
+    targets = {"direct": Target(f"{engine.url}{path}", ENGINE_SECRET, family(engine.process))}
+    if args.nginx:
+        binary, why_not = nginx_binary(install=args.install_nginx)
+        if binary is None:
+            print(f"nginx row skipped: {why_not}", flush=True)
+        else:
+            nginx = await serve_nginx(binary, engine.url, ENGINE_SECRET, workdir / "nginx",
+                                      processes)  # fmt: skip
+            targets["nginx"] = Target(f"{nginx.url}{path}", KEY, family(nginx.process))
+    counts = [int(n) for n in args.processes.split(",")]
+    names = [
+        variant if count == 1 else f"{variant} x{count}"
+        for variant in args.routers.split(",") for count in counts
+    ]  # fmt: skip
+    keys = dict.fromkeys(["before", *names], KEY)
+    if env is not None:
+        port = int(engine.url.rsplit(":", 1)[1])
+        keys = await sync_to_async(make_catalog)(port, list(keys))
+    if args.before:  # another checkout's router, as a fleet runs it, one process
+        router = await serve_fleet_routers(1, env or {}, workdir, processes, sockets,
+                                           checkout=Path(args.before))  # fmt: skip
+        targets["before"] = Target(f"{router.url}{path}", keys["before"], family(processes[-1]))
+    for variant in args.routers.split(","):
+        server, client = variant.split("+")
+        for count in counts:
+            name = variant if count == 1 else f"{variant} x{count}"
+            if env is None:
+                if count != 1:
+                    raise SystemExit("--static measures one router process")
+                router = await serve_router(
+                    workdir / "static.yaml", [{"name": "bench", "endpoints": [
+                        {"url": engine.url, "secret": ENGINE_SECRET}]}],
+                    workdir / f"router-{server}-{client}.log", processes, server, client,
+                )  # fmt: skip
+            else:
+                router = await serve_fleet_routers(count, env, workdir, processes, sockets,
+                                                   server, client)  # fmt: skip
+            pids = [pid for p in processes[-count:] for pid in family(p)]
+            targets[name] = Target(f"{router.url}{path}", keys[name], pids)
+    return targets
+
+
+async def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> None:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
     processes: list = []
+    sockets: list = []
     try:
-        engine = await serve_fake_engine(workdir / "engine.log", 8, processes)
-        endpoint = {"url": engine.url, "secret": ENGINE_SECRET}
-        routers = {}
-        for variant in args.routers.split(","):
-            server, client = variant.split("+")
-            router = await serve_router(
-                workdir / "static.yaml", [{"name": "bench", "endpoints": [endpoint]}],
-                workdir / f"router-{server}-{client}.log", processes, server, client,
-            )  # fmt: skip
-            routers[variant] = router.url
-
+        targets = await start_targets(args, workdir, processes, sockets, env)
         print(
-            f"{'router':15} {'stream':6} {'conc':>4} | {'direct p50':>10} {'p99':>7} | "
-            f"{'router p50':>10} {'p99':>7} | {'added p50':>9} {'p99':>7} | "
-            f"{'direct r/s':>10} {'router r/s':>10} {'ratio':>6}"
+            f"{'path':22} {'stream':6} {'conc':>4} | {'direct p50':>10} {'p99':>7} | "
+            f"{'p50':>8} {'p99':>7} | {'added p50':>9} {'p99':>7} | "
+            f"{'direct r/s':>10} {'r/s':>7} {'ratio':>6} {'of nginx':>8} | {'CPU/req':>8}"
         )
-        targets = {"direct": (f"{engine.url}/v1/chat/completions", ENGINE_SECRET)}
-        targets.update({v: (f"{url}/v1/chat/completions", KEY) for v, url in routers.items()})
         for stream in (False, True):
             for concurrency in concurrencies:
                 # Slices taken in turn, so a change in the machine's other load during the
-                # run weighs on direct and routed alike.
+                # run weighs on direct and proxied alike.
                 latencies: dict[str, list[float]] = {name: [] for name in targets}
                 answers = dict.fromkeys(targets, 0)
+                cpu = dict.fromkeys(targets, 0.0)
+                refused: dict[str, dict[int, int]] = {name: {} for name in targets}
                 for _round in range(ROUNDS):
-                    for name, (url, key) in targets.items():
-                        slice_latencies, slice_answers = await measure(
-                            url, concurrency, stream, args.seconds / ROUNDS, key
+                    for name, target in targets.items():
+                        began = cpu_seconds(*target.pids)
+                        slice_latencies, slice_answers, slice_refused = await measure(
+                            target.url, concurrency, stream, args.seconds / ROUNDS, target.key
                         )
+                        cpu[name] += cpu_seconds(*target.pids) - began
                         latencies[name] += slice_latencies
                         answers[name] += slice_answers
+                        for status, count in slice_refused.items():
+                            refused[name][status] = refused[name].get(status, 0) + count
                 direct = latencies["direct"]
                 direct_rps = answers["direct"] / args.seconds
+                nginx_rps = answers["nginx"] / args.seconds if "nginx" in targets else None
                 d50, d99 = percentile(direct, 0.5), percentile(direct, 0.99)
-                for variant in routers:
-                    routed = latencies[variant]
-                    routed_rps = answers[variant] / args.seconds
-                    r50, r99 = percentile(routed, 0.5), percentile(routed, 0.99)
-                    routed_share = ratio(routed_rps, direct_rps)
+                for name in targets:
+                    proxied = latencies[name]
+                    rps = answers[name] / args.seconds
+                    p50, p99 = percentile(proxied, 0.5), percentile(proxied, 0.99)
+                    share = rps / direct_rps if direct_rps else None
+                    nginx_share = nginx_rps / direct_rps if nginx_rps and direct_rps else None
+                    of_nginx = "" if name in ("direct", "nginx") else ratio(share, nginx_share)
                     print(
-                        f"{variant:15} {'yes' if stream else 'no':6} {concurrency:>4} | "
+                        f"{name:22} {'yes' if stream else 'no':6} {concurrency:>4} | "
                         f"{d50 * 1e3:>8.2f}ms {d99 * 1e3:>5.2f}ms | "
-                        f"{r50 * 1e3:>8.2f}ms {r99 * 1e3:>5.2f}ms | "
-                        f"{(r50 - d50) * 1e3:>7.2f}ms {(r99 - d99) * 1e3:>5.2f}ms | "
-                        f"{direct_rps:>10.0f} {routed_rps:>10.0f} {routed_share:>6}",
+                        f"{p50 * 1e3:>6.2f}ms {p99 * 1e3:>5.2f}ms | "
+                        f"{(p50 - d50) * 1e3:>7.2f}ms {(p99 - d99) * 1e3:>5.2f}ms | "
+                        f"{direct_rps:>10.0f} {rps:>7.0f} {ratio(rps, direct_rps):>6} "
+                        f"{of_nginx:>8} | {cpu_per_request(cpu[name], answers[name]):>8}"
+                        + "".join(f" {n}x{status}!" for status, n in refused[name].items()),
                         flush=True,
                     )
-        print("ratio = router r/s / direct r/s; added = router latency - direct latency")
+        print("ratio = r/s / direct r/s; of nginx = the router's ratio / nginx's; "
+              "added = latency - direct latency; CPU/req = CPU per answer of the processes "
+              "named (direct: the engine's own)")  # fmt: skip
     finally:
         stop(*reversed(processes))
+        for sock in sockets:
+            sock.close()
 
 
 def main() -> None:
@@ -136,8 +229,24 @@ def main() -> None:
     parser.add_argument(
         "--routers", default="uvicorn+lean", help="comma-separated SERVER+CLIENT variants"
     )
+    parser.add_argument("--processes", default="1",
+                        help="comma-separated router process counts, each on one port")  # fmt: skip
+    parser.add_argument("--static", action="store_true",
+                        help="the router on a static file: no database, Redis, usage")  # fmt: skip
+    parser.add_argument("--no-nginx", dest="nginx", action="store_false")
+    parser.add_argument("--no-install-nginx", dest="install_nginx", action="store_false")
+    parser.add_argument("--before", help="a checkout of an older commit (git archive): its "
+                        "router measured too, as the row `before`")  # fmt: skip
+    parser.add_argument("--database", default="llmgw_bench_router",
+                        help="the bench's own database, made beside DATABASE_URL's")  # fmt: skip
     args = parser.parse_args()
-    run_until_signalled(run(args))
+    if args.static:
+        if args.before:
+            raise SystemExit("--before measures a fleet's router: leave out --static")
+        run_until_signalled(run(args))
+        return
+    with bench_django(args.database) as env:
+        run_until_signalled(run(args, env))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ from llmgw_cli.supervise import (
     serve,
 )
 from llmgw_cli.up_setup import SETUP_FILE
+from router.serve import listening_socket as router_listening_socket
+from router.serve import processes_wanted as router_processes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,21 +49,26 @@ UP_STATE_FILE = "up.json"
 
 
 def planned_children(
-    python: str, control_fd: int, router_port: int, control_processes: int = 1
-) -> list[tuple[str, list[str]]]:
+    python: str, control_fd: int, router_fd: int, control_processes: int = 1,
+    router_processes: int = 1,
+) -> list[tuple[str, list[str]]]:  # fmt: skip
     """The commands of DESIGN.md's processes, by name, in the order they start.
 
-    The control plane's processes share the listening socket ``control_fd``.
+    The control plane's processes share the listening socket ``control_fd``, the router's
+    ``router_fd``.
     """
     node = socket.gethostname()
     control_plane = daphne_command(python, control_fd, "llmgw_site.asgi:application")
     extra = [(f"control-plane-{n}", control_plane) for n in range(2, control_processes + 1)]
+    # uvicorn (uvloop, httptools): bench/router_overhead.py measured it ahead of daphne;
+    # router/serve.py runs it on the inherited socket (LLMGW_ROUTER_PROCESSES of them).
+    router = [python, "-m", "router.serve", "--fd", str(router_fd)]
+    routers = [(f"router-{n}", router) for n in range(2, router_processes + 1)]
     return [
         ("control-plane", control_plane),
         *extra,
-        # uvicorn (uvloop, httptools): bench/router_overhead.py measured it ahead of daphne.
-        ("router", [python, "-m", "uvicorn", "router.asgi:application", "--host",
-                    "127.0.0.1", "--port", str(router_port), "--no-access-log"]),
+        ("router", router),
+        *routers,
         ("reconciler", [python, "-m", "celery", "-A", "llmgw_cli", "worker", "-B", "-Q",
                         "control", "--pool", "threads", "--concurrency", "4",
                         "--loglevel", "INFO", "-n", f"control@{node}",
@@ -182,13 +189,18 @@ def run(argv: list[str] | None = None) -> int:
 
     control_port = env_int("LLMGW_PORT", 8000)
     router_port = env_int("LLMGW_ROUTER_PORT", 8080)
-    # Held for as long as `llmgw up` runs: a restarting control plane refuses no one.
+    # Held for as long as `llmgw up` runs: a restarting control plane or router refuses no one.
     control_socket = listening_socket("127.0.0.1", control_port)
     fd = control_socket.fileno()
+    router_socket = router_listening_socket("127.0.0.1", router_port)
+    router_fd = router_socket.fileno()
+    planned = planned_children(python, fd, router_fd, control_processes(), router_processes())
     processes = [
-        ProcessChild(name, command, logs / f"{name}.log", router_env if name == "router" else env,
-                     REPO, pass_fds=(fd,) if name.startswith("control-plane") else ())
-        for name, command in planned_children(python, fd, router_port, control_processes())
+        ProcessChild(name, command, logs / f"{name}.log",
+                     router_env if name.startswith("router") else env, REPO,
+                     pass_fds=(fd,) if name.startswith("control-plane") else
+                     (router_fd,) if name.startswith("router") else ())
+        for name, command in planned
     ]  # fmt: skip
     supervisor = ChildSupervisor([*services, *processes])
     supervisor.on_change = lambda: write_up_state(home, supervisor)

@@ -10,6 +10,7 @@ counted, so a key without one costs no Redis round trip per request.
 from __future__ import annotations
 
 import calendar
+import functools
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any, NamedTuple
@@ -58,7 +59,13 @@ class CounterKeys(NamedTuple):
 
 
 def counter_keys(key_prefix: str, now: float) -> CounterKeys:
-    day, month = time.strftime("%Y%m%d", time.gmtime(now)), time.strftime("%Y%m", time.gmtime(now))
+    return _counter_keys(key_prefix, int(now) // 86400)
+
+
+@functools.lru_cache(maxsize=4096)  # one admission each request: the same names all day
+def _counter_keys(key_prefix: str, day_number: int) -> CounterKeys:
+    at = time.gmtime(day_number * 86400)
+    day, month = time.strftime("%Y%m%d", at), time.strftime("%Y%m", at)
     # The braces keep one key's counters in one Redis Cluster slot, as scripts need.
     base = f"{COUNTER_PREFIX}{{{key_prefix}}}:"
     return CounterKeys(

@@ -31,7 +31,8 @@ only rooms on the lines before its own, so none imports another back.
   Responses answer, and the in-flight report to the control plane.
 - ``intake/``: a request before a replica is chosen: every check in order (``reception``),
   read off the wire (``call``, ``uploads``), per-key limits (``limits``, over the
-  ``counters`` in Redis or in memory), the body, CORS, request ids.
+  ``counters`` in Redis or in memory, the scripts of a loop's turn sent together:
+  ``script_batch``), the body, CORS, request ids.
 - ``forward/``: sending a call to the replica and relaying its answer (``proxy``,
   ``relay``), carrying a broken stream on elsewhere (``migration``), counting what an
   unfinished answer served (``counting``), and a stored
@@ -39,4 +40,5 @@ only rooms on the lines before its own, so none imports another back.
 - ``endpoints``: /v1/models, /health, /metrics and a browser's CORS preflight.
 - ``app``: the ``Router``: its parts, built once, and a request dispatched by its path.
 - ``asgi``: the entry point uvicorn serves.
+- ``serve``: uvicorn serving it, one process or several on one port.
 """

@@ -2,6 +2,8 @@
 
     python -m uvicorn router.asgi:application --host 127.0.0.1 --port 8080 --no-access-log
 
+or by several on one port (router/serve.py: what `llmgw up` and the systemd unit run).
+
 uvicorn (with uvloop and httptools) over daphne: bench/router_overhead.py measured about
 twice the throughput and half the added latency; daphne still works (it has no lifespan
 protocol, so the router then starts on its first request).
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from router.app import Router
 from router.config import RouterConfig
+from router.intake.request_ids import batch_request_lines
 from router.table.routes import load_static
 from router.table.saved import TableFile
 from router.table.sources import DatabaseSource, StaticSource
@@ -52,3 +55,4 @@ def build_router(config: RouterConfig | None = None) -> Router:
 
 
 application = build_router()
+batch_request_lines()

@@ -45,6 +45,7 @@ from protocol.rate_limits import (
 from router.errors import RouterError
 from router.intake.counters import ADMIT, MERGE, RELEASE, SETTLE, LocalCounters, Tally
 from router.intake.limited import Subject, counted_subjects, limit_headers, refusal
+from router.intake.script_batch import ScriptBatch
 from router.metrics import RouterMetrics
 from router.table.keys import Caller
 
@@ -55,6 +56,9 @@ logger = logging.getLogger(__name__)
 REDIS_RETRY_SECONDS = 1.0
 # A limit check must not slow a request down much when Redis is slow: give up on it fast.
 REDIS_TIMEOUT = 0.5
+# A settling waits at most this long to go to Redis with the next admission (ahead of it:
+# the place it frees is free for that admission), rather than a trip of its own.
+SETTLE_WAIT_SECONDS = 0.002
 # After Redis answers again, the totals are raised to the ledger once at once and once this
 # much later, when every router has written what it counted (the ledger lags a second).
 MERGE_AGAIN_SECONDS = 3.0
@@ -98,7 +102,8 @@ class RateLimiter:
     ledger: Ledger | None = None
     router_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     _client: Any = None
-    _scripts: tuple[Any, Any, Any, Any] | None = None
+    _batch: ScriptBatch | None = None
+    _merge: Any = None
     _redis_down_until: float = 0.0
     _outage: bool = False  # Redis failed since it last answered: merge back when it does
     # Requests admitted and not settled yet, by id: their holds are renewed while they run.
@@ -156,9 +161,8 @@ class RateLimiter:
         keys = admission.keys
         if admission.shared and self._use_redis(now):
             try:
-                await self._scripts[3](  # type: ignore[index]
-                    keys=[keys.requests, keys.inflight, keys.reserved],
-                    args=[admission.request_id],
+                await self._batch.run(  # type: ignore[union-attr]
+                    RELEASE, [keys.requests, keys.inflight, keys.reserved], [admission.request_id]
                 )
                 return
             except Exception as exc:  # any failure of Redis: given back when it answers
@@ -186,9 +190,11 @@ class RateLimiter:
         if admission.shared and self._use_redis(now):
             try:
                 await self._merge_back(now)
-                await self._scripts[1](  # type: ignore[index]
-                    keys=[keys.tokens, keys.day, keys.month, keys.inflight, keys.reserved],
-                    args=args,
+                await self._batch.run(  # type: ignore[union-attr]
+                    SETTLE,
+                    [keys.tokens, keys.day, keys.month, keys.inflight, keys.reserved],
+                    args,
+                    wait=SETTLE_WAIT_SECONDS,
                 )
                 return
             except Exception as exc:  # any failure of Redis: count here rather than lose it
@@ -241,6 +247,8 @@ class RateLimiter:
             await self._raise_to(counter_keys(prefix, now), day, month, now)
 
     async def close(self) -> None:
+        if self._batch is not None:
+            await self._batch.close()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -282,7 +290,7 @@ class RateLimiter:
             limits.concurrency or 0, request_id, int((now + INFLIGHT_HOLD_SECONDS) * 1000),
             reserve, self.router_id, 1 if self.ledger is not None else 0, ROUTER_SHARE_SECONDS,
         )  # fmt: skip
-        return await self._scripts[0](keys=list(keys), args=args)  # type: ignore[index]
+        return await self._batch.run(ADMIT, list(keys), args)  # type: ignore[union-attr]
 
     async def _rebuild(self, prefix: str, keys: CounterKeys, now: float) -> None:
         """A key's day and month totals, missing from Redis, put back from the ledger (from
@@ -298,7 +306,7 @@ class RateLimiter:
 
     async def _raise_to(self, keys: CounterKeys, day: int, month: int, now: float,
                         spent: tuple[int, int] = (0, 0)) -> None:  # fmt: skip
-        await self._scripts[2](  # type: ignore[index]
+        await self._merge(  # type: ignore[misc]
             keys=[keys.day, keys.month],
             args=[*spent, day, month, int(day_ends(now) - now) + 3600,
                   int(month_ends(now) - now) + 3600],
@@ -369,10 +377,10 @@ class RateLimiter:
                 # A connection a restarted Redis closed is made again at once, once.
                 retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError],
             )  # fmt: skip
-            self._scripts = (
-                self._client.register_script(ADMIT), self._client.register_script(SETTLE),
-                self._client.register_script(MERGE), self._client.register_script(RELEASE),
-            )  # fmt: skip
+            # Admissions, settlings and releases go in batches, one pipeline a turn of
+            # the loop.
+            self._batch = ScriptBatch(self._client)
+            self._merge = self._client.register_script(MERGE)
         self.metrics.limits_shared.set(1)
         return True
 

@@ -12,7 +12,7 @@ engine's resolver might know it as an inside host). ``LLMGW_ROUTER_ALLOW_PRIVATE
 names the hosts, addresses and networks (CIDR) that may be fetched all the same.
 
 Cost: a walk of the messages' parts, and one lookup per distinct media host (none for
-literal addresses and inline data).
+literal addresses and inline data), kept for RESOLVE_CACHE_SECONDS.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,6 +31,10 @@ IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 Resolver = Callable[[str], Awaitable[list[str]]]
 
 RESOLVE_TIMEOUT = 2.0
+# A name's addresses are looked up again after this long (a failed lookup: at once); the
+# engine's own lookup follows the name's changes anyway, the check is of where it points.
+RESOLVE_CACHE_SECONDS = 10.0
+RESOLVE_CACHE_SIZE = 1024
 ALLOW_ENV = "LLMGW_ROUTER_ALLOW_PRIVATE_URLS"
 # Part type -> the field that holds its URL: a string, or an object with "url".
 _URL_FIELDS = {
@@ -56,11 +61,19 @@ class MediaUrlPolicy:
             except ValueError:
                 self.names.add(entry.lower().rstrip("."))
         self._resolve = resolve or _resolve
+        self._resolved: dict[str, tuple[float, list[str]]] = {}  # host -> (until, addresses)
 
-    async def check(self, payload: dict[str, Any], fleet_hosts: Collection[str]) -> None:
-        """Raise a 400 for the first media URL an engine must not fetch."""
-        fleet = {_address(host) for host in fleet_hosts} - {None}
+    async def check(
+        self, payload: dict[str, Any],
+        fleet_hosts: Collection[str] | Callable[[], Collection[str]],
+    ) -> None:  # fmt: skip
+        """Raise a 400 for the first media URL an engine must not fetch. ``fleet_hosts``
+        may be a callable: asked only when a body has a media URL (most have none)."""
+        fleet: set[IpAddress | None] | None = None
         for param, url in media_urls(payload):
+            if fleet is None:
+                hosts = fleet_hosts() if callable(fleet_hosts) else fleet_hosts
+                fleet = {_address(host) for host in hosts} - {None}
             problem = await self._problem(url, fleet)
             if problem:
                 raise errors.invalid_field(
@@ -89,7 +102,7 @@ class MediaUrlPolicy:
         if literal is not None:
             return self._address_problem(str(literal), literal, fleet)
         try:
-            found = await asyncio.wait_for(self._resolve(host), RESOLVE_TIMEOUT)
+            found = await self._addresses(host)
         except (OSError, TimeoutError, UnicodeError) as exc:
             return f"{host} cannot be resolved from the router ({exc or type(exc).__name__})"
         for text in found:
@@ -100,6 +113,19 @@ class MediaUrlPolicy:
             if problem:
                 return problem
         return "" if found else f"{host} resolves to no address"
+
+    async def _addresses(self, host: str) -> list[str]:
+        """The host's addresses: looked up, or as looked up within RESOLVE_CACHE_SECONDS
+        (an agent's tool loop sends the same image URL on every turn)."""
+        now = time.monotonic()
+        cached = self._resolved.get(host)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        found = await asyncio.wait_for(self._resolve(host), RESOLVE_TIMEOUT)
+        if len(self._resolved) >= RESOLVE_CACHE_SIZE:
+            self._resolved.clear()
+        self._resolved[host] = (now + RESOLVE_CACHE_SECONDS, found)
+        return found
 
     def _address_problem(self, said: str, address: IpAddress, fleet: set[IpAddress | None]) -> str:
         if any(address in network for network in self.networks):
@@ -120,21 +146,26 @@ class MediaUrlPolicy:
 
 def media_urls(payload: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """(param, url) of every media part in the messages (chat, Messages) or input
-    (Responses), parts within parts (a tool result's) included."""
-    stack: list[tuple[str, Any]] = []
+    (Responses), parts within parts (a tool result's) included. A part's path is written
+    only for a part with media or parts (most messages are a string: nothing to write)."""
+    # (the path of the list holding the node, or the node's own; its index; the node)
+    stack: list[tuple[str, int, Any]] = []
     for key in ("input", "messages"):
         if isinstance(payload.get(key), list):
-            stack.append((key, payload[key]))
+            stack.append((key, -1, payload[key]))
     while stack:
-        path, node = stack.pop()
+        parent, index, node = stack.pop()
         if isinstance(node, list):
-            stack.extend(
-                (f"{path}[{index}]", item) for index, item in reversed(list(enumerate(node)))
-            )
+            path = parent if index < 0 else f"{parent}[{index}]"
+            stack.extend((path, i, node[i]) for i in range(len(node) - 1, -1, -1))
             continue
         if not isinstance(node, dict):
             continue
         kind = node.get("type")
+        content = node.get("content")
+        if kind is None and not isinstance(content, list):
+            continue
+        path = parent if index < 0 else f"{parent}[{index}]"
         field = _URL_FIELDS.get(kind) if isinstance(kind, str) else None
         if field is not None:
             value = node.get(field)
@@ -146,8 +177,8 @@ def media_urls(payload: dict[str, Any]) -> Iterator[tuple[str, str]]:
             source = node.get("source")
             if isinstance(source, dict) and isinstance(source.get("url"), str):
                 yield f"{path}.source.url", source["url"]
-        if isinstance(node.get("content"), list):
-            stack.append((f"{path}.content", node["content"]))
+        if isinstance(content, list):
+            stack.append((f"{path}.content", -1, content))
 
 
 def _address(text: str) -> IpAddress | None:

@@ -115,3 +115,31 @@ def test_text_that_looks_like_a_url_is_left_alone():
                "tools": [{"type": "function", "function": {"name": "f", "parameters": {
                    "type": "object", "properties": {"url": {"type": "string"}}}}}]}  # fmt: skip
     assert check(payload) is None
+
+
+def test_a_host_is_looked_up_once_while_its_addresses_are_kept_and_the_fleet_only_when_needed():
+    looked_up: list[str] = []
+    fleet_asked: list[int] = []
+
+    async def counting_resolve(host: str) -> list[str]:
+        looked_up.append(host)
+        return await fake_resolve(host)
+
+    def fleet() -> set[str]:
+        fleet_asked.append(1)
+        return FLEET
+
+    policy = MediaUrlPolicy(resolve=counting_resolve)
+
+    async def turns() -> None:
+        await policy.check({"messages": [{"role": "user", "content": "no media"}]}, fleet)
+        assert not fleet_asked  # a body without media needs no addresses of the fleet
+        for _turn in range(3):  # an agent's loop sending the same image each turn
+            await policy.check(chat_image("https://images.example.com/a.png"), fleet)
+        with pytest.raises(RouterError):  # a name that did not resolve is not kept
+            await policy.check(chat_image("http://nowhere.invalid/a.png"), fleet)
+        with pytest.raises(RouterError):
+            await policy.check(chat_image("http://nowhere.invalid/a.png"), fleet)
+
+    asyncio.run(turns())
+    assert looked_up == ["images.example.com", "nowhere.invalid", "nowhere.invalid"]
