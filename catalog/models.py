@@ -15,6 +15,7 @@ from core.humanize import format_bytes
 from protocol.engine_serves import effective_serves
 from protocol.engines import DEFAULT_ENGINES, WantedEngine, newest_version
 from protocol.serving import DEFAULT_SERVES
+from protocol.shard import AdapterSpec, adapter_id, loras_of
 
 KNOWN_ENGINES = ("llama.cpp", "vllm", "sglang")
 LAUNCH_MODES = ("native", "ray", "mp")
@@ -83,12 +84,44 @@ class Model(models.Model):
     # {"source", "shape"} once read, {"source", "reading"} while a task downloads a URL's
     # header, {"source", "unreadable"} with the reason. A changed source is read again.
     file_shape = models.JSONField(default=dict, blank=True, editable=False)
+    # LoRA adapters served on its replicas, as the catalog file lists them: [{"name",
+    # "source", "sha256", "aliases", "scale", "profiles", "description"}]. Not in any
+    # profile's fingerprint: adding one restarts no replica.
+    adapters = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    def adapter_ids(self) -> list[str]:
+        """Each adapter's model id, ``<model>:<adapter>``, in catalog order."""
+        return [adapter_id(self.name, adapter["name"]) for adapter in self.adapters]
+
+    def adapters_for(self, profile: Profile) -> list[dict]:
+        """The adapters ``profile`` serves: those naming it, or naming no profile, when
+        its engine can serve adapters at all."""
+        if loras_of(profile.engine).refused:
+            return []
+        return [
+            adapter
+            for adapter in self.adapters
+            if not adapter.get("profiles") or profile.name in adapter["profiles"]
+        ]
+
+    def adapter_specs(self, profile: Profile) -> list[AdapterSpec]:
+        """What a replica of ``profile`` loads at start, in the catalog's order."""
+        return [
+            AdapterSpec(
+                name=adapter["name"],
+                source=adapter["source"],
+                sha256=adapter.get("sha256", ""),
+                scale=adapter.get("scale", 1.0),
+            )  # fmt: skip
+            for adapter in self.adapters_for(profile)
+            if loras_of(profile.engine).at_start
+        ]
 
     def shape(self) -> ModelShape | None:
         """What the file of its current source says (catalog/fit/); None until read."""
@@ -152,6 +185,10 @@ class Profile(models.Model):
     drain_timeout = models.PositiveIntegerField(
         default=30, help_text="seconds a replica being replaced may finish its requests"
     )
+    # vLLM's --max-loras and --max-lora-rank: adapters one replica holds in a batch, and
+    # their highest rank. 0: LoRA off, and vLLM's own rank.
+    max_loras = models.PositiveIntegerField(default=0)
+    max_lora_rank = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -299,6 +336,11 @@ def profile_fingerprint(model: Model, profile: Profile, engine_version: str) -> 
         # Only when named, so the fingerprints of profiles that serve the default stay as
         # they were before serves: existed (no rolling restart for nothing).
         facts["serves"] = list(profile.serves)
+    for name in ("max_loras", "max_lora_rank"):
+        if getattr(profile, name):
+            # Only when set, as serves: the adapters themselves are never here, so adding
+            # one restarts nothing; turning vLLM's LoRA on does change its command line.
+            facts[name] = getattr(profile, name)
     encoded = json.dumps(facts, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:16]
 

@@ -307,6 +307,8 @@ class Replica(models.Model):
     # When a rolling restart took it out of the routing table to finish its requests;
     # it stays ready (its engines still answer) until the drain is over and it is stopped.
     draining_since = models.DateTimeField(null=True, blank=True)
+    # The LoRA adapters it was started with, in load order (llama.cpp's adapter ids).
+    adapters = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["model_name", "created_at"]

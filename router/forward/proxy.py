@@ -43,6 +43,7 @@ from router.forward.relay import (
 )
 from router.intake.call import CLIENT_CLOSED, Call, ClientLeft, Upload
 from router.metrics import RouterMetrics
+from router.table.adapters import body_for
 from router.table.routes import Endpoint, ModelRoute
 from router.translate.plan import Translation, stream_error_event_for
 from router.usage.accounting import Accounting
@@ -306,7 +307,9 @@ class Proxy:
             self._moved(model, broken, tried[-1].replica, target.replica,
                         f"after {sent} tokens")  # fmt: skip
             splice = Splice(progress, drop_usage_only=call.drop_usage_only, sent=sent)
-            body = continuation_body(call.path, payload, progress, sent)
+            # The adapters to apply are the target's to be told (its ids are its own).
+            body = body_for(continuation_body(call.path, payload, progress, sent), call.route,
+                            target)  # fmt: skip
             served.endpoint, served.path = target, call.path
             served.engine_usage = splice.engine_usage
             outcome = await self._continue_on(call, target, body, stream, splice)

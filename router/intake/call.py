@@ -16,6 +16,7 @@ from typing import Any
 
 from router import errors
 from router.conversations.chains import Chain
+from router.table.adapters import body_for, needs_rewrite
 from router.table.keys import Caller
 from router.table.routes import Endpoint, ModelRoute, RoutingTable
 from router.translate.plan import Translation
@@ -97,13 +98,15 @@ class Call:
         """The path and body ``endpoint``'s engine is sent, and the translation its answer
         needs (None: relayed as it comes)."""
         translation = self.translation
+        # Which LoRA adapters to apply is said per replica: they differ in what they loaded.
+        lora = self.upload is None and needs_rewrite(self.route, endpoint)
         if translation is not None and translation.applies_to(endpoint):
             path, body = translation.engine_request()
-            return path, body, translation
+            return path, body_for(body, self.route, endpoint) if lora else body, translation
         path = self.path
         if self.query:
             path = f"{path}?{self.query.decode('latin-1')}"
-        return path, self.body, None
+        return path, body_for(self.body, self.route, endpoint) if lora else self.body, None
 
 
 async def read_body(receive: Receive, content_length: bytes | None, limit: int) -> bytes | None:

@@ -48,6 +48,10 @@ class Endpoint:
     # responses) its engine serves itself; the router translates the others.
     serves: frozenset[str] = frozenset(DEFAULT_SERVES)
     native: frozenset[str] = frozenset()
+    # The LoRA adapters it was started with, in load order (llama.cpp's ids), and how many
+    # it holds when it loads more while it runs (vLLM; 0: none).
+    adapters: tuple[str, ...] = ()
+    max_loras: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,12 @@ class ModelRoute:
     autoscaled: bool = False
     # What its profiles serve together (protocol.serving kinds).
     serves: tuple[str, ...] = DEFAULT_SERVES
+    # A LoRA adapter: its base model (whose replicas serve it), its name there, its scale,
+    # and where an engine that loads adapters while it runs finds it. "" for a model.
+    parent: str = ""
+    adapter: str = ""
+    scale: float = 1.0
+    source: str = ""
 
     @property
     def names(self) -> frozenset[str]:
@@ -147,6 +157,8 @@ class RoutingTable:
                     engine=e.engine,
                     serves=frozenset(e.serves),
                     native=frozenset(e.native),
+                    adapters=tuple(e.adapters),
+                    max_loras=e.max_loras,
                 )
                 for e in entry.endpoints
             )
@@ -161,6 +173,10 @@ class RoutingTable:
                 concurrency=entry.concurrency,
                 autoscaled=entry.autoscaled,
                 serves=tuple(entry.serves),
+                parent=entry.parent,
+                adapter=entry.adapter,
+                scale=entry.scale,
+                source=entry.source,
             )
         return cls(
             routes=routes, by_name=_by_name(routes),
