@@ -85,7 +85,7 @@ def test_an_adapter_goes_to_the_profiles_it_names_and_otherwise_to_all():
     ("adapters", "profiles", "said"),
     [
         ([{**ADAPTER, "name": "a:b"}], None, "'a:b' is not a usable adapter name"),
-        ([{**ADAPTER, "scale": 0}], None, "adapters[0] (test): scale: Input should be greater than 0"),
+        ([{**ADAPTER, "scale": 0}], None, "(test): scale: Input should be greater than 0"),
         ([{**ADAPTER, "source": "lora.gguf"}], None, "is neither an absolute path"),
         ([ADAPTER, ADAPTER], None, "adapters: test: named twice"),
         ([{**ADAPTER, "profiles": ["gpu"]}], None, "profiles: 'gpu' not among this model's"),
