@@ -98,15 +98,20 @@ class Call:
         """The path and body ``endpoint``'s engine is sent, and the translation its answer
         needs (None: relayed as it comes)."""
         translation = self.translation
-        # Which LoRA adapters to apply is said per replica: they differ in what they loaded.
-        lora = self.upload is None and needs_rewrite(self.route, endpoint)
         if translation is not None and translation.applies_to(endpoint):
             path, body = translation.engine_request()
-            return path, body_for(body, self.route, endpoint) if lora else body, translation
+            return path, self.for_replica(body, endpoint), translation
         path = self.path
         if self.query:
             path = f"{path}?{self.query.decode('latin-1')}"
-        return path, body_for(self.body, self.route, endpoint) if lora else self.body, None
+        return path, self.for_replica(self.body, endpoint), None
+
+    def for_replica(self, body: bytes, endpoint: Endpoint) -> bytes:
+        """``body`` naming the LoRA adapters ``endpoint`` must apply, by its own ids: they
+        differ from replica to replica (router/table/adapters.py)."""
+        if self.upload is not None or not needs_rewrite(self.route, endpoint):
+            return body  # an upload goes as it came
+        return body_for(body, self.route, endpoint)
 
 
 async def read_body(receive: Receive, content_length: bytes | None, limit: int) -> bytes | None:

@@ -229,6 +229,8 @@ class StaticEndpoint(BaseModel):
     # The server's engine, and the LoRA adapters it loaded, in its order (llama.cpp's ids).
     engine: str = ""
     adapters: list[str] = []
+    # vLLM: adapters it holds at once when the router loads them on demand; 0: none.
+    max_loras: int = Field(default=0, ge=0)
 
     @field_validator("url")
     @classmethod
@@ -243,6 +245,8 @@ class StaticAdapter(BaseModel):
     name: str = Field(min_length=1, pattern=r"^[^:]+$")
     aliases: list[str] = []
     scale: float = Field(default=1.0, gt=0)
+    # Where an engine that loads adapters while it runs (vLLM) finds it.
+    source: str = ""
 
 
 class StaticModel(BaseModel):
@@ -290,12 +294,14 @@ def load_static(path: str) -> tuple[RoutingSnapshot, list[dict[str, Any]] | None
             adapters:                       # optional: LoRA adapters, asked for as gemma:sql
               - name: sql
                 scale: 1.0                  # optional
+                source: /loras/sql          # optional: where vLLM loads it from on demand
             endpoints:
               - url: http://10.0.0.5:9001
                 secret: engine-api-key      # optional
                 native: [messages, responses]  # optional: served there, not translated
                 engine: llama.cpp           # optional; with adapters, which it loaded
                 adapters: [sql]             # in the order of its --lora flags
+                max_loras: 4                # optional (vLLM): adapters loaded on demand
         keys:                               # required unless `auth: false`
           - name: team-a
             sha256: <hex>                   # printf %s KEY | sha256sum
@@ -348,9 +354,10 @@ def _static_model(model: StaticModel, adapter: StaticAdapter | None) -> Routable
             native=list(e.native),
             engine=e.engine,
             adapters=list(e.adapters),
-        )  # fmt: skip
+            max_loras=e.max_loras,
+        )
         for e in model.endpoints
-        if adapter is None or adapter.name in e.adapters
+        if adapter is None or adapter.name in e.adapters or (e.max_loras and adapter.source)
     ]
     served = RoutableModel(
         name=model.name,
@@ -370,5 +377,6 @@ def _static_model(model: StaticModel, adapter: StaticAdapter | None) -> Routable
             "parent": model.name,
             "adapter": adapter.name,
             "scale": adapter.scale,
-        }  # fmt: skip
+            "source": adapter.source,
+        }
     )
