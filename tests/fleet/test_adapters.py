@@ -4,12 +4,18 @@ adapter as a model of its own on the replicas that have it (or, on vLLM, can loa
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
+from audit.redis import redis_client
 from catalog.actions.entries import apply_catalog
 from fleet.models import Node, Replica, Shard
 from fleet.routing_table import routing_snapshot
+from protocol.routing import traffic_key
 from protocol.shard import ShardSpec
+from tests.ctl import ctl
 from tests.factories import SETUP
 from tests.fleet.cluster import connect, run
 from tests.fleet.queues import queued_commands
@@ -88,3 +94,25 @@ def test_a_vllm_replica_serves_an_adapter_added_later_by_loading_it(
     [endpoint] = served("gemma:sql").endpoints
     assert (endpoint.replica, endpoint.max_loras) == (str(replica.id), 2)
     assert served("gemma:sql").source == "/loras/sql.gguf"
+
+
+def test_llmgw_ctl_adapters_lists_where_each_is_loaded_and_its_traffic(
+    node_ids, django_capture_on_commit_callbacks
+):
+    connect(node_ids[0])
+    apply_catalog(catalog("sql"), actor=SETUP)
+    run(django_capture_on_commit_callbacks)
+    replica = Replica.objects.get()
+    apply_catalog(catalog("sql", "late"), actor=SETUP)
+    make_ready(replica)
+    client, traffic = redis_client(), traffic_key("gemma:sql", time.time())
+    client.delete(*client.scan_iter(traffic.rsplit(":", 1)[0] + ":*"), traffic)
+    client.hset(traffic, "requests", 3)
+    client.expire(traffic, 60)  # the routers' counts expire; so does this one
+
+    rows = {row["adapter"]: row for row in json.loads(ctl("adapters", "--json"))}
+    assert rows["gemma:sql"]["loaded"] == [str(replica.id)]
+    assert rows["gemma:sql"]["requests_last_hour"] == 3
+    assert (rows["gemma:late"]["loaded"], rows["gemma:late"]["on_demand"]) == ([], [])
+    table = ctl("adapters")
+    assert "gemma:sql" in table and str(replica.id)[:8] in table
