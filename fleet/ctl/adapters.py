@@ -37,10 +37,7 @@ def adapter_rows() -> list[dict[str, Any]]:
                 and adapter in model.adapters_for(replica.profile)
             ]  # fmt: skip
             loaded = [r for r in serving if adapter["name"] in (r.adapters or [])]
-            on_demand = [
-                r for r in serving
-                if r not in loaded and loras_of(r.engine).at_runtime and r.profile.max_loras
-            ]  # fmt: skip
+            on_demand = [r for r in serving if r not in loaded and _loads_on_demand(r)]
             name = adapter_id(model.name, adapter["name"])
             rows.append(
                 {
@@ -54,6 +51,12 @@ def adapter_rows() -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def _loads_on_demand(replica: Replica) -> bool:
+    """Say whether ``replica`` loads adapters while it runs (vLLM with max_loras)."""
+    profile = replica.profile
+    return profile is not None and loras_of(replica.engine).at_runtime and profile.max_loras > 0
 
 
 def adapters_command(options, out) -> None:
