@@ -3,14 +3,16 @@ writes one: there is no LoRA for the demo model on PyPI, so tests make their own
 
 ``lora_a``/``lora_b`` pairs for the attention's query and value weights of every block, with
 deterministic random values large enough that greedy answers change; two seeds give two
-adapters that differ from the base and from each other.
+adapters that differ from the base and from each other. ``bench/lora.py`` writes its
+adapters with it too.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+import gguf
+import numpy
 
 # SmolLM2-135M: 30 blocks of width 576; the value projection goes to 3 KV heads of 64.
 BLOCKS, WIDTH, KV_WIDTH = 30, 576, 192
@@ -22,8 +24,6 @@ STD = 0.08
 
 def write_lora_gguf(path: Path, seed: int, *, blocks: int = BLOCKS) -> Path:
     """Write a LoRA GGUF adapter for SmolLM2-135M to ``path``; return it."""
-    gguf = pytest.importorskip("gguf", reason="the gguf package writes the test's adapter")
-    numpy = pytest.importorskip("numpy")
     random = numpy.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), arch="llama")
     writer.add_type("adapter")  # general.type
