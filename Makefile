@@ -49,10 +49,13 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 # django-stubs imports the settings, which want a database and a Redis named; mypy
-# connects to neither, so any URL does when none is set.
+# connects to neither, so any URL does when none is set. Its cache lives outside the
+# checkout, as the llama-server build's does: a fresh clone checks what changed (about
+# 30 s saved on 2 cores; mypy checks each cached module against its file's hash).
+MYPY_CACHE_DIR ?= $(HOME)/.cache/llmgw/mypy
 typecheck: $(STAMP)
 	DATABASE_URL=$${DATABASE_URL:-postgres://typecheck@127.0.0.1:1/unused} \
-	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:1/0} $(BIN)/mypy
+	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:1/0} $(BIN)/mypy --cache-dir "$(MYPY_CACHE_DIR)"
 
 # Tests get a home of their own, so they never share (or stop) the servers of `make run`.
 TEST_HOME ?= $(CURDIR)/var/test

@@ -51,6 +51,8 @@ AGENT_LINK = SystemActor("agent link")
 LIVENESS = SystemActor("liveness check")
 # Sign-in throttling: a username and address locked out after failed sign-ins.
 SIGN_IN_THROTTLE = SystemActor("sign-in throttle")
+# Sign-in through an OpenID Connect provider refused before anyone was known to sign in.
+PROVIDER_SIGN_IN = SystemActor("provider sign-in")
 
 
 def shell_operator() -> Actor:

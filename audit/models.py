@@ -13,7 +13,7 @@ class EventKind(models.TextChoices):
     CATALOG = "catalog"
     PLACEMENT = "placement"
     KEY = "key"
-    SIGN_IN = "sign-in"  # a username and address locked out after failed sign-ins
+    SIGN_IN = "sign-in"  # lockouts; sign-ins through a provider, refused or not, and their roles
 
 
 class Event(models.Model):

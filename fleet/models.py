@@ -14,6 +14,7 @@ from django.db import models
 from pydantic import BaseModel, ValidationError
 
 from core.humanize import format_bytes
+from fleet.accounts.identities import ProviderIdentity  # noqa: F401 (here, Django finds it)
 from protocol.engines import EngineInstall
 from protocol.inventory import Inventory, NodeUsage
 from protocol.messages import WeightFile
@@ -307,8 +308,7 @@ class Replica(models.Model):
     # When a rolling restart took it out of the routing table to finish its requests;
     # it stays ready (its engines still answer) until the drain is over and it is stopped.
     draining_since = models.DateTimeField(null=True, blank=True)
-    # The LoRA adapters it was started with, in load order (llama.cpp's adapter ids).
-    adapters = models.JSONField(default=list, blank=True)
+    adapters = models.JSONField(default=list, blank=True)  # LoRA ones it started with, in order
 
     class Meta:
         ordering = ["model_name", "created_at"]

@@ -263,3 +263,36 @@ PLAYGROUND_MODELS = env_list("LLMGW_PLAYGROUND_MODELS")
 # engines serves here too.
 MODEL_HUB_URL = env_str("HF_ENDPOINT", "https://huggingface.co")
 MODEL_HUB_TOKEN = env_str("HF_TOKEN")
+
+# Sign-in through an OpenID Connect provider (docs/sign-in.md): off until an issuer is named.
+# The provider's endpoints and keys are read from its discovery document at the first
+# sign-in (fleet.oidc.provider), never at import, so settings start nothing.
+OIDC_ISSUER = env_str("LLMGW_OIDC_ISSUER").rstrip("/")
+OIDC_RP_CLIENT_ID = env_str("LLMGW_OIDC_CLIENT_ID")
+OIDC_RP_CLIENT_SECRET = env_str("LLMGW_OIDC_CLIENT_SECRET")
+if OIDC_ISSUER and not (OIDC_RP_CLIENT_ID and OIDC_RP_CLIENT_SECRET):
+    raise ImproperlyConfigured(
+        "LLMGW_OIDC_ISSUER is set without LLMGW_OIDC_CLIENT_ID and LLMGW_OIDC_CLIENT_SECRET: "
+        "register llmgw as a client at the provider and set both (docs/sign-in.md)"
+    )
+# What the sign-in page's button says: "Sign in with <name>".
+OIDC_PROVIDER_NAME = env_str("LLMGW_OIDC_NAME", "single sign-on")
+# The claim whose values give roles (a dotted path reaches into an object, as Keycloak's
+# realm_access.roles), and which value gives which role: "llm-ops=operators,...".
+OIDC_ROLES_CLAIM = env_str("LLMGW_OIDC_ROLES_CLAIM", "groups")
+OIDC_ROLE_MAP = env_list("LLMGW_OIDC_ROLE_MAP")
+# On: a person whose claim maps to no role is refused, so connecting the company's provider
+# does not open the fleet's pages to everyone it knows. Off: they sign in as readers.
+OIDC_REQUIRE_ROLE = env_bool("LLMGW_OIDC_REQUIRE_ROLE", True)
+# "groups" is no standard scope; providers that want it asked for take it here.
+OIDC_RP_SCOPES = env_str("LLMGW_OIDC_SCOPES", "openid email profile")
+# mozilla-django-oidc's own knobs: PKCE (S256) always, ID tokens signed with the provider's
+# key (RS256 unless it signs otherwise), and a timeout on every call to the provider.
+OIDC_USE_PKCE = True
+OIDC_RP_SIGN_ALGO = env_str("LLMGW_OIDC_SIGN_ALGO", "RS256")
+OIDC_TIMEOUT = env_float("LLMGW_OIDC_TIMEOUT", 10.0)
+OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_callback"
+# Password sign-in stays first: local accounts (and `llmgw_ctl`'s admin) keep working.
+AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"] + (
+    ["fleet.oidc.backend.ProviderBackend"] if OIDC_ISSUER else []
+)

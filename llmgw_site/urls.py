@@ -7,8 +7,8 @@ from rest_framework.routers import DefaultRouter
 from audit import api as audit_api
 from catalog import api as catalog_api
 from fleet.api import views as fleet_api
+from fleet.pages import oidc as oidc_views
 from fleet.pages import views as fleet_views
-from fleet.pages.sign_in import SignInForm
 from router.usage import views as usage_views
 
 router = DefaultRouter()
@@ -27,10 +27,10 @@ urlpatterns = [
     path("", include("fleet.pages.urls")),
     path("metrics", fleet_views.metrics, name="metrics"),
     path("usage/", usage_views.usage, name="usage"),
+    path("accounts/login/", oidc_views.SignInPage.as_view(), name="login"),
+    path("accounts/oidc/start/", oidc_views.StartProviderSignIn.as_view(), name="oidc_start"),
     path(
-        "accounts/login/",
-        auth_views.LoginView.as_view(authentication_form=SignInForm),
-        name="login",
+        "accounts/oidc/callback/", oidc_views.FinishProviderSignIn.as_view(), name="oidc_callback"
     ),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -4,12 +4,13 @@ An agent running as root (apt, the firewall) starts every engine process, rpc-se
 included, as a dedicated unprivileged user, ``llmgw-engine`` unless the agent file says
 ``engine_user:`` (``LLMGW_AGENT_ENGINE_USER``), created here at the agent's start when
 missing, with its home under the agent's directory. Each shard's processes also take a
-group of their own (``SHARD_GID_BASE`` + 24 bits of a hash of the shard's id), which
+group of their own (agent_worker/supervision/groups.py, from a hash of the shard's id), which
 alone may enter the shard's own directory (the secrets it reads): the kernel lets one
 process read another's memory or environment only when both ids match, so two shards of
 the same user cannot read each other's either. Engines cannot read ``/etc/llmgw`` (0700),
-the agent's state, logs or environment (root's), nor list the node's weights store, and
-the weights they are given they only read (root's files).
+the agent's state, logs or environment (root's), nor list the node's weights store; each
+entry of the store is readable by a group of its own, which only the shards that name it
+are given (``agent_worker/weights/access.py``), and those only read it.
 
 An agent that is not root runs engines as its own user, as before; naming the agent's own
 user in ``engine_user:`` does the same for a root agent (an accepted risk, logged).
@@ -18,22 +19,22 @@ user in ``engine_user:`` does the same for a root agent (an accepted risk, logge
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import pwd
 import shutil
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from agent_worker.supervision.groups import shard_gid
+from agent_worker.weights.access import groups_for, restrict_store
 
 log = logging.getLogger("llmgw.agent")
 
 DEFAULT_ENGINE_USER = "llmgw-engine"
-# Shard groups: far above any distribution's own and any user namespace's usual range,
-# nameless.
-SHARD_GID_BASE = 1_000_000_000
 HOME_NAME = "engine-home"
 
 
@@ -49,13 +50,14 @@ class EngineUser:
     uid: int
     gid: int
     home: Path
+    weights_dir: Path | None = None  # the store: its entries' groups go to their shards
 
     def shard_gid(self, shard_id: str) -> int:
-        """The group of shard ``shard_id``: one of 2**24, from its id, so two shards share
-        one with odds of about one in 300,000 on a node of ten (ports would be unique on
-        a node, but not on a machine that runs several agents: a simulated fleet)."""
-        digest = hashlib.sha256(shard_id.encode()).digest()
-        return SHARD_GID_BASE + int.from_bytes(digest[:3], "big")
+        return shard_gid(shard_id)
+
+    def weights_groups(self, argv: Iterable[str]) -> list[int]:
+        """The groups of the store's entries ``argv`` names: what the process may read."""
+        return groups_for(argv, self.weights_dir) if self.weights_dir is not None else []
 
     def environment(self) -> dict[str, str]:
         """What an engine's environment says of who runs it (the agent's says root)."""
@@ -85,13 +87,15 @@ def engine_user(name: str, agent_dir: Path, weights_dir: Path | None = None) -> 
         raise EngineUserError(f"engine_user {wanted!r} is root (uid 0); name an unprivileged user")
     # The home engines are given is this agent's, whatever /etc/passwd says (an existing
     # user's, or another agent's on the same machine).
-    user = EngineUser(wanted, entry.pw_uid, entry.pw_gid, home)
+    user = EngineUser(wanted, entry.pw_uid, entry.pw_gid, home, weights_dir)
     _prepare_home(user, agent_dir)
     if weights_dir is not None:
         # Engines reach the weights they are given by path, and list none: what else this
-        # node holds is not theirs to browse.
+        # node holds is not theirs to browse, nor (each entry in a group of its own, which
+        # only its shards get) to read.
         weights_dir.mkdir(parents=True, exist_ok=True)
         weights_dir.chmod(0o711)
+        restrict_store(weights_dir)
     return user
 
 

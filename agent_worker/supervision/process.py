@@ -119,8 +119,8 @@ class ShardProcess:
 
         ``secret_flags`` (the flags naming its secret files) go after its argv; its secret
         environment joins its environment. With ``user``, it runs as that user and as
-        ``group`` (the shard's own), with no other group. Raises OSError when the
-        executable cannot be run.
+        ``group`` (the shard's own), with no other group than those of the weights it
+        names. Raises OSError when the executable cannot be run.
         """
         argv = [*command.argv, *(secret_flags or [])]
         # The engine user's HOME and names, where the agent's say root; a profile's own
@@ -130,7 +130,8 @@ class ShardProcess:
         who: dict[str, Any] = {}
         if user is not None:
             who = {"user": user.uid, "group": group if group is not None else user.gid}
-            who["extra_groups"] = []
+            # The groups of the weights it names, to read them; no other.
+            who["extra_groups"] = user.weights_groups(argv)
         # The engine writes to the file itself: a pipe into the agent would die with the
         # agent and take the engine down with SIGPIPE.
         with open(log_path, "ab") as out:

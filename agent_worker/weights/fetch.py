@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from agent_worker.weights import outbound
+from agent_worker.weights.access import restrict
 from agent_worker.weights.names import PARTIAL_SUFFIX
 from agent_worker.weights.sidecar import write_sidecar
 from core.files import fsync_directory, size_or_zero
@@ -277,7 +278,8 @@ class _Download:
         self.flight.begin(have)
         # As they arrive: a fixed chunk size would hold back the tail of a broken transfer.
         chunks = response.iter_raw() if self.resumable else response.iter_bytes()
-        with open(self.partial, "ab" if offset else "wb") as out:
+        # The agent's alone until it is whole, then its group's (access.restrict).
+        with open(self.partial, "ab" if offset else "wb", opener=_private) as out:
             try:
                 for chunk in chunks:
                     self._check_abort()
@@ -305,10 +307,15 @@ class _Download:
         # The record first: a file under its cache name always says where it came from.
         write_sidecar(target, self.source, digest, size)
         os.replace(self.partial, target)
+        restrict(target)
         fsync_directory(target.parent)
         self.flight.progress(size, self.total, final=True)
         log.info("fetched %s to %s (%d bytes)", self.source, target, size)
         return target
+
+
+def _private(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
 
 
 def _validator(response: httpx.Response) -> str:

@@ -2,8 +2,10 @@
 
 A node holds a broker URL (its bundle's ``agent.yaml``): with it, from the node's host,
 read another node's queue and the ``unacked`` hashes, read and take the leader lease,
-reset a key's quota counter, publish on the routing channel and push a task on the
-reconciler's ``control`` queue. Each must be refused by Redis itself (``NOPERM``).
+reset a key's quota counter, publish on the routing channel, push a task on the
+reconciler's ``control`` queue and load a Lua script: each must be refused by Redis itself
+(``NOPERM``); and put a signed command it saw pass back on its queue: its agent must refuse
+the replay.
 
 And nothing secret on the broker: ``watch`` runs Redis ``MONITOR`` (as the control plane,
 on the services host) from before the replicas are started until the rows are made, and
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +28,7 @@ import redis
 import yaml
 
 from bench.hostile.rows import Row
+from bench.multinode_support import MANAGE
 from bench.sim import query
 from core.redis_urls import parse_redis_url
 from llmgw_cli.sim import hosts, network
@@ -51,11 +55,72 @@ def attempts(fleet: Fleet, scene: Any = None) -> Iterator[Row]:
         ("reset a quota counter", lambda r: r.delete(quota)),
         ("PUBLISH on the routing channel", lambda r: r.publish(ROUTING_CHANNEL, "{}")),
         ("push a control task", lambda r: r.lpush("control", control_task)),
+        # One that loops would stall the broker for the whole fleet.
+        ("load a Lua script", lambda r: r.script_load("while true do end")),
     ]
     for what, attempt in tries:
         yield Row(f"broker: {what}", node, *network.in_host(node, lambda a=attempt: _try(url, a)))
     if WATCH.running:
+        yield replay_a_command(fleet, node, url)
         yield secrets_on_the_broker(fleet)
+
+
+def replay_a_command(fleet: Fleet, node: str, url: str) -> Row:
+    """A signed command the control plane just sent ``node``, read off the broker as it
+    passed (``MONITOR``) and put back on the node's queue with the node's credentials,
+    within its deadline: its agent must refuse it as a replay, never obey it twice."""
+    what = "broker: replay a captured signed command"
+    seen = len(WATCH.raw)
+    ask = f"from fleet.commands import read_logs; read_logs({node!r}, lines=1)"
+    asked = fleet.run(hosts.CONTROL_PLANES[0], [sys.executable, MANAGE, "shell", "-c", ask])
+    if asked.returncode != 0:
+        return Row(what, node, False, f"no command to capture: {asked.stderr[-200:]}")
+    queue = node_queue(node).encode()
+    pushes = [
+        args for args in map(monitor_args, WATCH.raw[seen:])
+        if len(args) == 3 and args[0].upper() == b"LPUSH" and args[1].startswith(queue)
+    ]  # fmt: skip
+    if not pushes:
+        return Row(what, node, False, "MONITOR saw no command pushed on its queue")
+    _lpush, key, message = pushes[-1]
+    log = fleet.directory / "logs" / f"{node}-agent.log"
+    offset = log.stat().st_size
+    pushed = network.in_host(node, lambda: _try(url, lambda r: r.lpush(key, message)))
+    if pushed[0]:
+        return Row(what, node, True, f"the node may not push on its own queue: {pushed[1]}")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with log.open("rb") as lines:
+            lines.seek(offset)
+            said = [line for line in lines.read().decode(errors="replace").splitlines()
+                    if "refusing a command" in line and "replay" in line]  # fmt: skip
+        if said:
+            return Row(what, node, True, said[-1][said[-1].index("refusing") :][:120])
+        time.sleep(0.25)
+    return Row(what, node, False, "pushed again and not refused as a replay within 20 s")
+
+
+def monitor_args(line: str) -> list[bytes]:
+    """The arguments of one raw ``MONITOR`` line, as they were sent: Redis quotes each and
+    escapes quotes, backslashes and unprintable bytes (``sdscatrepr``)."""
+    rest = line.partition("] ")[2]
+    escapes = {"n": b"\n", "r": b"\r", "t": b"\t", "a": b"\a", "b": b"\b"}
+    args, at = [], rest.find('"')
+    while at >= 0:
+        out, at = bytearray(), at + 1
+        while at < len(rest) and rest[at] != '"':
+            if rest[at] == "\\" and rest[at + 1] == "x":
+                out.append(int(rest[at + 2 : at + 4], 16))
+                at += 4
+            elif rest[at] == "\\":
+                out += escapes.get(rest[at + 1], rest[at + 1].encode())
+                at += 2
+            else:
+                out += rest[at].encode()
+                at += 1
+        args.append(bytes(out))
+        at = rest.find('"', at + 1)
+    return args
 
 
 def node_broker_url(fleet: Fleet, node: str) -> str:
@@ -84,7 +149,8 @@ class Watch:
     """``MONITOR`` on the fleet's Redis, as the control plane, on a thread of its own."""
 
     def __init__(self) -> None:
-        self.lines: list[str] = []
+        self.lines: list[str] = []  # each command, as redis-py shows it
+        self.raw: list[str] = []  # each line as Redis wrote it (monitor_args reads one)
         self.running = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -105,9 +171,12 @@ class Watch:
             ready.set()
             while not self._stop.is_set():
                 try:
-                    self.lines.append(str(monitor.next_command().get("command", "")))
+                    line = monitor.connection.read_response()
                 except (redis.RedisError, OSError):
                     return
+                line = line.decode(errors="replace") if isinstance(line, bytes) else str(line)
+                self.raw.append(line)
+                self.lines.append(b" ".join(monitor_args(line)).decode(errors="replace"))
 
     def stop(self) -> None:
         self._stop.set()

@@ -6,10 +6,9 @@ groups, read from ``/proc/<pid>/status``; a compromised engine has exactly these
 - run as root at all (every process of the shard's group);
 - read the node's key (``/etc/llmgw/node-key.pem`` on an installed node; the bundle's in
   the sim), the agent's environment, and another shard's secret file;
-- list the node's weights store, where other shards' fetched weights are, and write to
-  the weights it was given (read-only to it). (Reading another shard's weights by their
-  path is not walled: weights are the node's, shared by the replicas of one model, and
-  readable by every engine; docs/security.md.)
+- list the node's weights store, read another model's weights in it by their path (an
+  entry planted as a fetch leaves one: its group is given only to the shards that name
+  it), and write to the weights it was given (read-only to it).
 
 and from any host of the node (``ps``, which every user may run): find a replica's secret
 on an engine's command line.
@@ -27,6 +26,8 @@ from pathlib import Path
 
 import psutil
 
+from agent_worker.weights.access import restrict
+from agent_worker.weights.names import cache_name
 from bench import sim
 from bench.hostile.rows import Row
 from bench.hostile.scene import Rank, Scene
@@ -59,15 +60,27 @@ def as_engine(fleet: Fleet, scene: Scene, rank: Rank) -> Iterator[Row]:
     ]
     targets += [(f"read {o.model} rank {o.rank}'s secret file", SHARD_FILES / o.shard / "api-key")
                 for o in others if o.serves_http][:1]  # fmt: skip
+    targets.append(("read another model's weights by their path", other_models_weights(env)))
     for what, path in targets:
         if what.startswith("read /etc") and not path.exists():
             continue  # a simulated node keeps its key in its bundle: the row above
-        reader = "/bin/ls" if what.endswith("store") else "/bin/cat"  # a directory: list it
+        reader = "/bin/ls" if path.is_dir() else "/bin/cat"  # the store: list it
         yield attempt(f"{what} as {who}", rank.node, uid, gid, groups, [reader, str(path)])
     weights = model_path(rank.pid)
     if weights:
         yield attempt(f"write to its own weights as {who}", rank.node, uid, gid, groups,
                       ["/bin/sh", "-c", ': >> "$1"', "sh", weights])  # fmt: skip
+
+
+def other_models_weights(env: dict[str, str]) -> Path:
+    """A file in the node's store as a fetch of a model no shard here serves leaves it."""
+    store = Path(env["LLMGW_WEIGHTS_DIR"])
+    path = store / cache_name("https://models.example/another-teams-model.gguf")
+    if not path.exists():
+        store.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"GGUF another team's fine-tune\n")
+        restrict(path)
+    return path
 
 
 def runs_as_root(rank: Rank, who: str) -> Row:

@@ -4,8 +4,9 @@ A node's agent consumes its commands from the broker, a Redis the control plane 
 its leases, liveness, quotas, sign-in lockouts, traffic, pub/sub and its own ``control``
 queue on. With the control plane's password, one compromised node could read every other
 node's commands and rewrite all of that. So ``onboard`` gives each node a user of its own
-(``ACL SETUSER``), allowed the commands kombu and Celery's result backend send and only
-the keys of its own queue (``protocol.commands.node_broker_keys``: the list and its
+(``ACL SETUSER``), allowed the commands kombu and Celery's result backend send (the
+scripts they run loaded by the control plane: a node loads none) and only the keys of its
+own queue (``protocol.commands.node_broker_keys``: the list and its
 priority lists, its bindings, its own unacknowledged-message keys, its results) and the
 channels its results are announced on. Anything else answers ``NOPERM``.
 
@@ -46,8 +47,26 @@ NODE_COMMANDS = (
     "get", "set", "setex", "del", "exists", "pexpire", "expire",
     "multi", "exec", "discard", "watch", "unwatch",
     "publish",
-    "evalsha", "script|load",
+    "evalsha",
 )  # fmt: skip
+
+
+def node_scripts() -> tuple[str, ...]:
+    """The Lua scripts a node's worker runs by EVALSHA: redis-py's lock (kombu's around
+    restoring unacknowledged messages) and kombu's binding refresh. A node may not load a
+    script (one that loops would stall the broker for the whole fleet), so the control
+    plane loads these for it, with each user it makes and on every pass of
+    ``sync_broker_users`` (a restarted Redis keeps no script)."""
+    from kombu.transport.redis import REFRESH_BINDING, SWEEP_BINDINGS
+    from redis.lock import Lock
+
+    return (Lock.LUA_RELEASE_SCRIPT, Lock.LUA_EXTEND_SCRIPT, Lock.LUA_REACQUIRE_SCRIPT,
+            REFRESH_BINDING, SWEEP_BINDINGS)  # fmt: skip
+
+
+def load_node_scripts(client: redis.Redis) -> None:
+    for script in node_scripts():
+        client.script_load(script)
 
 
 class BrokerUserError(RuntimeError):
@@ -104,6 +123,7 @@ def set_user(client: redis.Redis, node_id: str, sha256: str) -> None:
             rules.append(NAMES_ITSELF)
         client.execute_command("ACL", "SETUSER", user_name(node_id, database_of(client)),
                                *rules)  # fmt: skip
+        load_node_scripts(client)
     except redis.ResponseError as exc:
         raise BrokerUserError(
             f"the broker refused to make {node_id}'s user ({exc}): the control plane's "
@@ -158,6 +178,8 @@ def sync_broker_users(client: redis.Redis | None = None) -> dict[str, list[str]]
     delete those of nodes no longer let in; what was made and deleted."""
     client = client or redis_client()
     expected = expected_users()
+    if expected:
+        load_node_scripts(client)
     present = existing_users(client)
     made = sorted(set(expected) - present)
     for node_id in made:

@@ -57,6 +57,9 @@ REDIS_TIMEOUT = 0.5
 # After Redis answers again, the totals are raised to the ledger once at once and once this
 # much later, when every router has written what it counted (the ledger lags a second).
 MERGE_AGAIN_SECONDS = 3.0
+# Requests admitted in Redis and settled while it did not answer, kept to give their places
+# back: past this many (a long outage), their holds run out on their own.
+MAX_UNRELEASED = 10_000
 # A router counts among those sharing a key's budget for this long after it admitted it.
 ROUTER_SHARE_SECONDS = 600
 
@@ -98,6 +101,8 @@ class RateLimiter:
     # Requests admitted and not settled yet, by id: their holds are renewed while they run.
     _holding: dict[str, CounterKeys] = field(default_factory=dict)
     _merge_again_at: float = 0.0
+    # Requests admitted in Redis and settled here while it did not answer.
+    _unreleased: list[tuple[CounterKeys, str]] = field(default_factory=list)
 
     async def admit(self, caller: Caller, reserve: int = 0) -> Admission | None:
         """Count the request against its key, reserving ``reserve`` tokens (its worst case)
@@ -140,6 +145,10 @@ class RateLimiter:
                 return
             except Exception as exc:  # any failure of Redis: count here rather than lose it
                 self._redis_failed(now, exc)
+        if admission.shared and len(self._unreleased) < MAX_UNRELEASED:
+            # Its place in flight and its reservation in Redis, given back when Redis
+            # answers: else they hold the key's concurrency and budget for two minutes.
+            self._unreleased.append((keys, admission.request_id))
         self.local.charge(keys, now, admission.request_id, tokens, prefix)
 
     async def renew_holds(self) -> None:
@@ -274,8 +283,25 @@ class RateLimiter:
             spent = (totals.get(keys.day, 0), totals.get(keys.month, 0))
             await self._raise_to(keys, day, month, now, spent)
         self.local.forget_spent()
+        await self._release_settled_here()
         if charged:
             logger.info("Redis answers again: %d keys' totals merged", len(charged))
+
+    async def _release_settled_here(self) -> None:
+        """The places in flight and reservations, in Redis, of the requests it admitted
+        and that were settled here while it did not answer."""
+        unreleased, self._unreleased = self._unreleased, []
+        if not unreleased:
+            return
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for keys, request_id in unreleased:
+                    pipe.zrem(keys.inflight, request_id)
+                    pipe.hdel(keys.reserved, request_id)
+                await pipe.execute()
+        except Exception:
+            self._unreleased = unreleased + self._unreleased  # with the next merge
+            raise
 
     def _use_redis(self, now: float) -> bool:
         if now < self._redis_down_until:

@@ -4,17 +4,21 @@ read their own secrets, and neither another shard's, nor the agent's files or en
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 
 from agent_worker.engines.command import LaunchCommand, SecretFile
-from agent_worker.supervision.engine_user import SHARD_GID_BASE, engine_user
+from agent_worker.supervision.engine_user import engine_user
 from agent_worker.supervision.gpu_holders import sweep_gpu_holders
+from agent_worker.supervision.groups import SHARD_GID_BASE, weights_gid
 from agent_worker.supervision.shard_files import SHARED_FILES
 from agent_worker.supervisor import Supervisor
+from agent_worker.weights.access import restrict_store
 from protocol.shard import ShardSpec
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
@@ -48,7 +52,10 @@ def as_identity(uid: int, gid: int, *argv: str) -> subprocess.CompletedProcess[s
 
 @pytest.fixture
 def engines(tmp_path):
-    user = engine_user("", tmp_path / "agent")
+    # A store the engine user can reach, as /var/lib/llmgw's is (the test's home is 0700).
+    store = Path(tempfile.mkdtemp(prefix="llmgw-weights-"))
+    store.chmod(0o711)
+    user = engine_user("", tmp_path / "agent", store / "weights")
     assert user is not None
     seen = []
     sup = Supervisor(tmp_path / "agent" / "shards", tmp_path / "agent" / "logs", seen.append,
@@ -57,13 +64,15 @@ def engines(tmp_path):
     for shard in sup.running():
         sup.stop(shard.spec.shard_id, grace=1.0)
     sup.shutdown()
+    shutil.rmtree(store)
 
 
-def start(sup: Supervisor, seen: list, tmp_path: Path, shard_id: str) -> tuple[ShardSpec, int]:
+def start(sup: Supervisor, seen: list, tmp_path: Path, shard_id: str,
+          argv: tuple[str, ...] = READS_ITS_SECRET) -> tuple[ShardSpec, int]:  # fmt: skip
     shard = spec(f"{shard_id}-{uuid.uuid4().hex[:12]}")
     shard_id = shard.shard_id
-    secret = SecretFile("", "api-key", shard.api_key)  # its path alone, as $1
-    command = LaunchCommand(argv=READS_ITS_SECRET, name="rpc-server", secret_files=(secret,))
+    secret = SecretFile("", "api-key", shard.api_key)  # its path alone, after argv
+    command = LaunchCommand(argv=argv, name="rpc-server", secret_files=(secret,))
     sup.start(shard, [command], serves_http=False)
     ready = wait_until(lambda: next((t for t in seen if t.shard_id == shard_id and
                                      t.state in ("ready", "failed")), None),
@@ -119,3 +128,38 @@ def test_the_gpu_sweep_kills_only_the_engine_users_processes():
     finally:
         root_engine.kill()
         root_engine.wait()
+
+
+# Reads the weights named by -m (a file, or a directory's config.json) into its log, then
+# its secret, and stays up.
+READS_ITS_WEIGHTS = ("/bin/sh", "-c", 'cat "$2" "$3" && echo && exec sleep 600', "sh", "-m")
+
+
+def test_an_engine_reads_the_weights_it_names_and_no_other_models(engines):
+    """Each entry of the store has a group of its own, which only the shards whose command
+    line names it get: another model's weights stay closed, even to an engine that knows
+    their path. Entries already in the store when the agent starts are closed too."""
+    user, sup, seen, tmp_path = engines
+    store = user.weights_dir
+    mine, other = store / "mine.gguf", store / "other-model"
+    mine.write_text("weights of mine\n")
+    other.mkdir()
+    (other / "config.json").write_text("weights of another model\n")
+    restrict_store(store)  # as the agent's start does (and a fetch, for each new file)
+
+    shard, pid = start(sup, seen, tmp_path, "reader", (*READS_ITS_WEIGHTS, str(mine)))
+
+    log = tmp_path / "agent" / "logs" / f"{shard.shard_id}.log"
+    assert "weights of mine" in log.read_text()
+    uid, gid, groups = status_ids(pid)
+    assert groups == str(weights_gid(mine.name))  # that entry's group, and no other
+    for path in (other / "config.json", mine.with_name("mine.gguf.source.json")):
+        read = subprocess.run(["/bin/cat", str(path)], user=uid, group=gid,
+                              extra_groups=[int(g) for g in groups.split()],
+                              capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+        assert read.returncode != 0, f"{path} was readable: {read.stdout[:80]!r}"
+    assert "Permission denied" in read.stderr or "No such file" in read.stderr
+    write = subprocess.run(["/bin/sh", "-c", ': >> "$1"', "sh", str(mine)], user=uid, group=gid,
+                           extra_groups=[weights_gid(mine.name)], capture_output=True, text=True,
+                           timeout=30, check=False)  # fmt: skip
+    assert write.returncode != 0 and "Permission denied" in write.stderr  # read, never write

@@ -102,6 +102,10 @@ def test_a_nodes_user_reaches_its_own_queue_and_results_only(nodes):
         "flushing": lambda: node.flushdb(),
         "its own rights": lambda: node.execute_command("ACL", "SETUSER", "x", "on"),
         "listening on the routing channel": lambda: listen(node, ROUTING_CHANNEL),
+        # A script that loops stalls the broker for every node and the control plane.
+        "loading a script": lambda: node.script_load("while true do end"),
+        "running a script of its own": lambda: node.eval("while true do end", 0),
+        "flushing the scripts": lambda: node.script_flush(),
     }
     for what, attempt in attempts.items():
         try:
@@ -109,6 +113,25 @@ def test_a_nodes_user_reaches_its_own_queue_and_results_only(nodes):
         except pytest.fail.Exception:
             pytest.fail(f"{what}: not refused")
     admin.delete(node_queue(other), "unacked", result, *unacked.values())
+
+
+def test_a_nodes_worker_runs_the_scripts_it_needs_though_it_may_load_none(nodes):
+    """kombu holds a lock around restoring unacknowledged messages; redis-py releases it
+    by EVALSHA, which works on the scripts the control plane loaded, also after Redis
+    forgot them (the next sync loads them again)."""
+    mine = nodes[0]
+    password, sha256 = broker_users.new_password()
+    admin = redis_client()
+    broker_users.set_user(admin, mine, sha256)
+    node = as_node(mine, password)
+    mutex = unacked_keys(mine)["unacked_mutex_key"]
+    admin.script_flush()  # as a restarted Redis: no script cached
+    lock = node.lock(mutex, timeout=10)
+    assert lock.acquire(blocking=False)
+    refused(lock.release)  # not cached, and the node may not load it
+    broker_users.load_node_scripts(admin)  # what each pass of sync_broker_users does
+    lock.release()  # EVALSHA of redis-py's release script, loaded for the node
+    assert node.get(mutex) is None
 
 
 def onboard(node_id: str, bundle, *extra: str) -> dict:

@@ -210,6 +210,23 @@ async def test_what_a_router_spent_alone_reaches_redis_before_the_ledger_has_it(
     assert refused.value.type == "insufficient_quota"
 
 
+async def test_a_request_settled_while_redis_was_away_gives_its_place_back(routers, fast_retry):
+    """Admitted in Redis, answered while Redis did not answer: its place in flight and its
+    reservation go when Redis answers again, not two minutes later."""
+    a = routers(settings.REDIS_URL)
+    key = caller(concurrency=1, tokens_per_day=1000)
+    admission = await a.limiter.admit(key, 400)  # reserves 400 of the 1000
+    a.redis_url = "redis://127.0.0.1:1/0"  # Redis stalls before the answer is settled
+    await a.limiter.close()
+    await a.limiter.charge(admission, 50)
+    a.redis_url = settings.REDIS_URL
+    await a.limiter.close()
+    await a.serve(key, 10, reserve=900)  # neither the place nor the 400 are still held
+    keys = counter_keys(key.prefix, time.time())
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    assert client.zcard(keys.inflight) == 0 and not client.hgetall(keys.reserved)
+
+
 # -- reservations (item 2) -----------------------------------------------------------------
 
 

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("fleet", "0016_node_broker_user"),
+        ("fleet", "0017_provider_identities"),
     ]
 
     operations = [
