@@ -4,7 +4,7 @@ An agent running as root (apt, the firewall) starts every engine process, rpc-se
 included, as a dedicated unprivileged user, ``llmgw-engine`` unless the agent file says
 ``engine_user:`` (``LLMGW_AGENT_ENGINE_USER``), created here at the agent's start when
 missing, with its home under the agent's directory. Each shard's processes also take a
-group of their own (agent_worker/supervision/groups.py, from a hash of the shard's id), which
+group of their own (``SHARD_GID_BASE`` + 24 bits of a hash of the shard's id), which
 alone may enter the shard's own directory (the secrets it reads): the kernel lets one
 process read another's memory or environment only when both ids match, so two shards of
 the same user cannot read each other's either. Engines cannot read ``/etc/llmgw`` (0700),
@@ -19,6 +19,7 @@ user in ``engine_user:`` does the same for a root agent (an accepted risk, logge
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import pwd
@@ -29,10 +30,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent_worker.supervision.groups import shard_gid
 from agent_worker.weights.access import groups_for, restrict_store
 
 log = logging.getLogger("llmgw.agent")
+
+# Shard groups: nameless, far above any distribution's own and any user namespace's usual
+# range; the weights' groups follow (agent_worker/weights/access.py).
+SHARD_GID_BASE = 1_000_000_000
 
 DEFAULT_ENGINE_USER = "llmgw-engine"
 HOME_NAME = "engine-home"
@@ -53,7 +57,11 @@ class EngineUser:
     weights_dir: Path | None = None  # the store: its entries' groups go to their shards
 
     def shard_gid(self, shard_id: str) -> int:
-        return shard_gid(shard_id)
+        """The group of shard ``shard_id``: one of 2**24, from its id, so two shards share
+        one with odds of about one in 300,000 on a node of ten (ports would be unique on
+        a node, but not on a machine that runs several agents: a simulated fleet)."""
+        digest = hashlib.sha256(shard_id.encode()).digest()
+        return SHARD_GID_BASE + int.from_bytes(digest[:3], "big")
 
     def weights_groups(self, argv: Iterable[str]) -> list[int]:
         """The groups of the store's entries ``argv`` names: what the process may read."""

@@ -9,16 +9,27 @@ and the records beside each file are the agent's alone.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from agent_worker.supervision.groups import weights_gid
 from agent_worker.weights.names import PARTIAL_SUFFIX, SIDECAR_SUFFIX
 
 log = logging.getLogger("llmgw.agent")
+
+# Nameless groups, one per entry: the 2**24 after the shards' own (SHARD_GID_BASE in
+# agent_worker/supervision/engine_user.py), far above any distribution's groups.
+WEIGHTS_GID_BASE = 1_000_000_000 + 2**24
+
+
+def weights_gid(entry_name: str) -> int:
+    """The group that may read the store entry ``entry_name`` (a fetched file, a model's
+    directory), given to the shards whose command line names it."""
+    digest = hashlib.sha256(entry_name.encode()).digest()
+    return WEIGHTS_GID_BASE + int.from_bytes(digest[:3], "big")
 
 
 def restrict(entry: Path) -> None:

@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 
 from agent_worker.engines.command import LaunchCommand, SecretFile
-from agent_worker.supervision.engine_user import engine_user
+from agent_worker.supervision.engine_user import SHARD_GID_BASE, engine_user
 from agent_worker.supervision.gpu_holders import sweep_gpu_holders
-from agent_worker.supervision.groups import SHARD_GID_BASE, weights_gid
 from agent_worker.supervision.shard_files import SHARED_FILES
 from agent_worker.supervisor import Supervisor
-from agent_worker.weights.access import restrict_store
+from agent_worker.weights.access import WEIGHTS_GID_BASE, restrict_store, weights_gid
 from protocol.shard import ShardSpec
 from tests.support.polling import wait_until
 from tests.support.ports import free_port
@@ -153,6 +152,7 @@ def test_an_engine_reads_the_weights_it_names_and_no_other_models(engines):
     assert "weights of mine" in log.read_text()
     uid, gid, groups = status_ids(pid)
     assert groups == str(weights_gid(mine.name))  # that entry's group, and no other
+    assert WEIGHTS_GID_BASE >= SHARD_GID_BASE + 2**24  # never a shard's
     for path in (other / "config.json", mine.with_name("mine.gguf.source.json")):
         read = subprocess.run(["/bin/cat", str(path)], user=uid, group=gid,
                               extra_groups=[int(g) for g in groups.split()],
