@@ -3,13 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from catalog.models import Model
 from core.tables import render_json, render_table
-from fleet.models import Replica, ReplicaState
-from fleet.traffic import buckets
-from protocol.shard import adapter_id, loras_of
+from fleet.selectors import adapter_rows
 
 
 def add_parsers(subparsers) -> None:
@@ -18,45 +13,6 @@ def add_parsers(subparsers) -> None:
     )
     adapters.add_argument("--json", action="store_true")
     adapters.set_defaults(handler=adapters_command)
-
-
-def adapter_rows() -> list[dict[str, Any]]:
-    """One row per adapter: its id, base, scale, the ready replicas that loaded it at start
-    and those that load it when asked (vLLM), and its requests in the last hour."""
-    ready = list(
-        Replica.objects.filter(state=ReplicaState.READY, draining_since__isnull=True)
-        .select_related("profile__model")
-        .order_by("created_at")
-    )
-    rows = []
-    for model in Model.objects.prefetch_related("profiles"):
-        for adapter in model.adapters:
-            serving = [
-                replica for replica in ready
-                if replica.profile is not None and replica.model_name == model.name
-                and adapter in model.adapters_for(replica.profile)
-            ]  # fmt: skip
-            loaded = [r for r in serving if adapter["name"] in (r.adapters or [])]
-            on_demand = [r for r in serving if r not in loaded and _loads_on_demand(r)]
-            name = adapter_id(model.name, adapter["name"])
-            rows.append(
-                {
-                    "adapter": name,
-                    "model": model.name,
-                    "scale": adapter.get("scale", 1.0),
-                    "source": adapter["source"],
-                    "loaded": [str(r.id) for r in loaded],
-                    "on_demand": [str(r.id) for r in on_demand],
-                    "requests_last_hour": sum(c.get("requests", 0) for _t, c in buckets(name)),
-                }
-            )
-    return rows
-
-
-def _loads_on_demand(replica: Replica) -> bool:
-    """Say whether ``replica`` loads adapters while it runs (vLLM with max_loras)."""
-    profile = replica.profile
-    return profile is not None and loras_of(replica.engine).at_runtime and profile.max_loras > 0
 
 
 def adapters_command(options, out) -> None:

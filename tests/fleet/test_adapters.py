@@ -8,6 +8,7 @@ import json
 import time
 
 import pytest
+from django.test import Client
 
 from audit.redis import redis_client
 from catalog.actions.entries import apply_catalog
@@ -116,3 +117,18 @@ def test_llmgw_ctl_adapters_lists_where_each_is_loaded_and_its_traffic(
     assert (rows["gemma:late"]["loaded"], rows["gemma:late"]["on_demand"]) == ([], [])
     table = ctl("adapters")
     assert "gemma:sql" in table and str(replica.id)[:8] in table
+
+
+def test_the_model_page_lists_each_adapter_and_where_it_is_loaded(
+    node_ids, django_capture_on_commit_callbacks, reader
+):
+    connect(node_ids[0])
+    apply_catalog(catalog("sql"), actor=SETUP)
+    run(django_capture_on_commit_callbacks)
+    replica = Replica.objects.get()
+    make_ready(replica)
+    client = Client()
+    client.force_login(reader)
+    html = client.get("/models/gemma/").content.decode()
+    assert '<tr data-adapter="gemma:sql">' in html
+    assert f"<code>{str(replica.id)[:8]}</code>" in html
