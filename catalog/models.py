@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
@@ -215,7 +218,7 @@ class Profile(models.Model):
         shape = self.model.shape()
         if shape is None:
             return None
-        return estimate(
+        fit = estimate(
             shape,
             engine=self.engine,
             context=self.context,
@@ -224,6 +227,20 @@ class Profile(models.Model):
             nodes=self.nodes,
             serves=self.served_kinds,
         )
+        return replace(fit, adapters=self.adapters_bytes())
+
+    def adapters_bytes(self) -> int:
+        """What its LoRA adapters hold per rank, as their local files' sizes say (a URL's
+        or a hub id's is not known here): every adapter on llama.cpp, which loads them all
+        at start; ``max_loras`` of the largest on vLLM. 0 without adapters."""
+        sizes = []
+        for adapter in self.model.adapters_for(self):
+            with contextlib.suppress(OSError):
+                if adapter["source"].startswith("/"):
+                    sizes.append(os.stat(adapter["source"]).st_size)
+        if self.max_loras:
+            return self.max_loras * max(sizes, default=0)
+        return sum(sizes)
 
     def needs(self, fit: MemoryEstimate | None = None) -> Needs:
         """What a rank asks of a node: the declared sizes, else the estimate."""

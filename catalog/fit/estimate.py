@@ -97,10 +97,11 @@ class MemoryEstimate:
     tokens: int  # the KV cache holds
     on_gpu: bool
     trained_context: bool = False  # tokens is the model's trained context: none was set
+    adapters: int = 0  # the LoRA adapters it holds, as far as their files are known
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.buffers
+        return self.weights + self.kv_cache + self.buffers + self.adapters
 
     def describe(self) -> str:
         """ "needs 6.1 GiB per GPU: weights 4.4, KV cache at 8192 tokens 1.3, buffers 0.4"."""
@@ -118,10 +119,11 @@ class MemoryEstimate:
         tokens = f"{self.tokens} tokens"
         if self.trained_context:
             tokens += " (the model's trained context)"
-        return (
+        parts = (
             f"weights {amount(self.weights)}, KV cache at {tokens} {amount(self.kv_cache)}, "
             f"buffers {amount(self.buffers)}"
         )
+        return parts + (f", LoRA adapters {amount(self.adapters)}" if self.adapters else "")
 
 
 def estimate(

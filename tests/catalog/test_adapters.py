@@ -12,6 +12,7 @@ from catalog.models import Model, Profile
 from catalog.plan import export_catalog
 from catalog.schema import CatalogError, ModelEntry, ProfileEntry
 from tests.factories import SETUP, make_profile, make_replica
+from tests.gguf_files import llama_model
 
 pytestmark = pytest.mark.django_db
 
@@ -134,3 +135,19 @@ def test_a_form_that_shows_no_adapters_keeps_the_models_own():
     apply_model(form, creating=False, actor=SETUP)
     model = Model.objects.get()
     assert (model.description, model.adapter_ids()) == ("edited on its page", ["smol:test"])
+
+
+def test_the_estimate_adds_the_adapters_a_rank_holds(tmp_path):
+    model = llama_model(tmp_path / "m.gguf", layers=8, embedding=512, heads=8, kv_heads=2,
+                        feed_forward=1024, vocab=8000, context=4096, kind="f16")  # fmt: skip
+    for name, size in (("a", 3 * 2**20), ("b", 5 * 2**20)):
+        (tmp_path / f"{name}.gguf").write_bytes(b"\0" * size)
+    adapters = [{"name": n, "source": str(tmp_path / f"{n}.gguf")} for n in ("a", "b")]
+    apply_catalog(catalog(*adapters, source=str(model)), actor=SETUP)
+    profile = Profile.objects.get()
+    fit = profile.fit()
+    assert fit.adapters == 8 * 2**20  # llama.cpp holds every adapter it loaded
+    assert fit.total == fit.weights + fit.kv_cache + fit.buffers + fit.adapters
+    assert "LoRA adapters " in profile.fit_line
+    profile.engine, profile.max_loras = "vllm", 3
+    assert profile.adapters_bytes() == 3 * 5 * 2**20  # max_loras of the largest at once
