@@ -151,3 +151,15 @@ def test_the_estimate_adds_the_adapters_a_rank_holds(tmp_path):
     assert "LoRA adapters " in profile.fit_line
     profile.engine, profile.max_loras = "vllm", 3
     assert profile.adapters_bytes() == 3 * 5 * 2**20  # max_loras of the largest at once
+
+
+def test_the_rest_api_shows_a_models_adapters_and_an_edit_keeps_them(api_client, operator):
+    apply_catalog(catalog(ADAPTER), actor=SETUP)
+    model = Model.objects.get()
+    api_client.force_authenticate(operator)
+    shown = api_client.get(f"/api/v1/models/{model.id}/").json()
+    assert [adapter["name"] for adapter in shown["adapters"]] == ["test"]
+    edited = api_client.patch(f"/api/v1/models/{model.id}/", {"description": "edited"},
+                              format="json")  # fmt: skip
+    assert edited.status_code == 200, edited.json()
+    assert Model.objects.get().adapter_ids() == ["smol:test"]
