@@ -144,3 +144,18 @@ def test_an_adapter_at_a_url_is_fetched_like_weights_and_loaded_by_llama_server(
     assert len(fetched) == 1
     loaded = httpx.get(f"http://127.0.0.1:{spec.port}/lora-adapters", timeout=10).json()
     assert [(entry["id"], entry["path"]) for entry in loaded] == [(0, str(fetched[0]))]
+
+
+def test_an_adapter_file_that_is_not_on_the_node_fails_the_shard_at_once(launcher, tmp_path):
+    launcher, transitions, binary = launcher
+    if binary is None:
+        pytest.skip("llama-server is not installed (make installs it)")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    missing = AdapterSpec(name="gone", source=str(tmp_path / "gone.gguf"))
+    spec = ShardSpec(shard_id="s-gone", replica_id="r-gone", model="m", source=str(model),
+                     engine="llama.cpp", port=free_port(), adapters=[missing])  # fmt: skip
+    assert launcher.start(spec) == "failed"
+    assert f"adapter gone's file {tmp_path / 'gone.gguf'} is not on this node" in (
+        transitions[-1].reason
+    )
