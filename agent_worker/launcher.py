@@ -117,11 +117,9 @@ class ShardLauncher:
             problems += adapter.binary_problems(spec, binary)
         if check_file and spec.model_path and not Path(spec.model_path).exists():
             problems.append(f"model file {spec.model_path} is not on this node")
-        for adapter in spec.adapters:  # a path source is used as is: it must be here now
-            if adapter.source.startswith("/") and not Path(adapter.source).exists():
-                problems.append(
-                    f"adapter {adapter.name}'s file {adapter.source} is not on this node"
-                )
+        for lora in spec.adapters:  # a path source is used as is: it must be here now
+            if lora.source.startswith("/") and not Path(lora.source).exists():
+                problems.append(f"adapter {lora.name}'s file {lora.source} is not on this node")
         return problems
 
     def _launch(self, spec: ShardSpec) -> ShardState:
