@@ -218,6 +218,12 @@ def _running_version(replica, rank0) -> str:
     return install.version if install is not None else ""
 
 
+def endpoint_url_of(replica) -> str | None:
+    """Where routers reach ``replica`` (its rank 0), as the snapshot says it; None when its
+    node or shard has not said."""
+    return _endpoint_url(replica.shards.select_related("node").filter(rank=0).first())
+
+
 def _endpoint_url(shard) -> str | None:
     if shard is None or shard.node is None or not shard.node.address or not shard.port:
         return None

@@ -8,10 +8,13 @@ import json
 import time
 
 import pytest
+from django.core.management import CommandError
 from django.test import Client
 
+from audit.models import Event
 from audit.redis import redis_client
 from catalog.actions.entries import apply_catalog
+from catalog.models import Profile
 from fleet.models import Node, Replica, Shard
 from fleet.routing_table import routing_snapshot
 from protocol.routing import traffic_key
@@ -20,6 +23,7 @@ from tests.ctl import ctl
 from tests.factories import SETUP
 from tests.fleet.cluster import connect, run
 from tests.fleet.queues import queued_commands
+from tests.router.harness import Harness
 
 pytestmark = pytest.mark.django_db
 
@@ -132,3 +136,36 @@ def test_the_model_page_lists_each_adapter_and_where_it_is_loaded(
     html = client.get("/models/gemma/").content.decode()
     assert '<tr data-adapter="gemma:sql">' in html
     assert f"<code>{str(replica.id)[:8]}</code>" in html
+
+
+@pytest.mark.process
+def test_llmgw_ctl_loads_and_unloads_an_adapter_by_hand_on_vllm_only(
+    node_ids, django_capture_on_commit_callbacks, tmp_path
+):
+    connect(node_ids[0], engines=("vllm",))
+    lora_on = "\n        max_loras: 2"
+    apply_catalog(catalog("sql", engine="vllm", extra=lora_on), actor=SETUP)
+    run(django_capture_on_commit_callbacks)
+    replica = Replica.objects.get()
+    harness = Harness(tmp_path)
+    try:
+        engine = harness.engine("vllm", replica.secret)  # it wants the replica's secret
+        make_ready(replica)
+        Node.objects.update(address="127.0.0.1")
+        Shard.objects.update(port=int(engine.url.rsplit(":", 1)[1]))
+        said = ctl("adapters", "load", "gemma:sql", str(replica.id)[:8])
+        assert "the engine answered 200" in said
+        assert engine.state()["loras"] == {"gemma:sql": "/loras/sql.gguf"}
+        ctl("adapters", "unload", "gemma:sql", str(replica.id))
+        assert engine.state()["loras"] == {}
+        assert (
+            Event.objects.filter(subject=str(replica.id), reason__contains="by hand").count() == 2
+        )
+    finally:
+        harness.cleanup()
+    Profile.objects.update(engine="llama.cpp", max_loras=0)
+    Replica.objects.update(engine="llama.cpp")
+    with pytest.raises(CommandError, match="loads adapters only at its start"):
+        ctl("adapters", "load", "gemma:sql", str(replica.id)[:8])
+    with pytest.raises(CommandError, match="no adapter is named 'gemma:nope'"):
+        ctl("adapters", "load", "gemma:nope", str(replica.id)[:8])
