@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import getpass
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -74,3 +77,28 @@ def recorded_as(actor: Actor) -> tuple[AbstractBaseUser | None, str]:
     if isinstance(actor, ShellUser):
         return actor.account, actor.username
     return None, ""
+
+
+# Who is acting in this request or command, for changes Django reports by signal (a
+# group changed in the admin), which carry no request: set by ``audit.middleware`` for
+# every request, or by ``acting_as`` around a change made elsewhere.
+_acting: ContextVar[Actor | None] = ContextVar("llmgw_acting", default=None)
+
+
+@contextmanager
+def acting_as(actor: Actor) -> Iterator[None]:
+    """Name ``actor`` as who acts for the changes made inside (an identity provider's
+    sign-in mapping a claim to groups says so with its own SystemActor)."""
+    token = _acting.set(actor)
+    try:
+        yield
+    finally:
+        _acting.reset(token)
+
+
+def acting_now() -> Actor:
+    """Who is acting here: the request's user, or what ``acting_as`` named; else the
+    account at the control plane's shell (a signal heard outside any request comes from
+    a command or a shell there)."""
+    actor = _acting.get()
+    return actor if actor is not None else shell_operator()

@@ -19,7 +19,7 @@ from catalog.actions.api_keys import update_key
 from catalog.actions.entries import delete_row, save_entry
 from catalog.engine_admin import EngineAdminRequired, check_row
 from catalog.keys import LIMIT_FIELDS, ApiKeyRefused
-from catalog.models import ApiKey, Engine, Fabric, Model, Pool, Profile
+from catalog.models import ApiKey, Engine, Fabric, Membership, Model, Pool, Profile, Team
 from catalog.permissions import is_operator
 from catalog.plan import profile_values
 from catalog.schema import EngineEntry, ModelEntry, NamedEntry, ProfileEntry, validate_fields
@@ -178,10 +178,13 @@ class ApiKeyAdmin(admin.ModelAdmin):
     at once; keys are created where they can be shown once (`llmgw_ctl keys create`, the
     API), and revoked rather than deleted, so their usage keeps a name."""
 
-    list_display = ["name", "prefix", *LIMIT_FIELDS, "priority", "expires_at", "revoked_at"]
-    readonly_fields = ["name", "prefix", "hashed_key", "created_at", "revoked_at"]
-    fields = ["name", "prefix", "allowed_models", *LIMIT_FIELDS, "priority", "expires_at",
-              "created_at", "revoked_at"]  # fmt: skip
+    list_display = ["name", "prefix", "team", *LIMIT_FIELDS, "priority", "expires_at",
+                    "revoked_at"]  # fmt: skip
+    list_filter = ["team"]
+    readonly_fields = ["name", "prefix", "team", "member", "hashed_key", "created_at",
+                       "revoked_at"]  # fmt: skip
+    fields = ["name", "prefix", "team", "member", "allowed_models", *LIMIT_FIELDS, "priority",
+              "expires_at", "created_at", "revoked_at"]  # fmt: skip
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -205,3 +208,38 @@ class ApiKeyAdmin(admin.ModelAdmin):
             )
         except ApiKeyRefused as exc:
             self.message_user(request, str(exc), level=messages.ERROR)
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    fields = ["user", "role"]
+    readonly_fields = ["user", "role"]
+    extra = 0
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    """Shown, not changed here: teams change through their verbs (`llmgw_ctl teams`, the
+    REST API), which check roles, record Events and tell routers (catalog/teams/)."""
+
+    list_display = ["name", *LIMIT_FIELDS, "key_cap"]
+    readonly_fields = ["name", "description", *LIMIT_FIELDS, "key_cap", "created_at"]
+    inlines = [MembershipInline]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

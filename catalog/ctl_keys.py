@@ -7,6 +7,7 @@ import time
 from datetime import datetime, timedelta
 
 import redis
+from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 from django.utils import timezone
 
@@ -44,6 +45,8 @@ def add_parsers(subparsers) -> None:
     create.add_argument(
         "--models", default="", help="comma-separated models the key may use (default: all)"
     )
+    create.add_argument("--team", help="the team it spends for (default: default)")
+    create.add_argument("--member", help="the team member it is for (their username)")
     _add_terms(create)
     create.set_defaults(handler=create_command)
 
@@ -111,13 +114,25 @@ def create_command(options, out) -> None:
             limits=_limits(options),
             expires_at=_expiry(options.get("expires")),
             priority=options.get("priority") or "normal",
+            team=options.get("team"),
+            member=_member(options.get("member")),
             actor=shell_operator(),
         )
     except ApiKeyRefused as exc:
         raise CommandError(str(exc)) from None
     out.write(key)
     models = ", ".join(row.allowed_models) or "all models"
-    out.write(f"created key {row.prefix}… for {row.name} ({models}); it is not shown again")
+    out.write(f"created key {row.prefix}… for {row.name} in team {row.team.name} ({models}); "
+              "it is not shown again")  # fmt: skip
+
+
+def _member(username: str | None):
+    if not username:
+        return None
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise CommandError(f"--member: no account {username!r}")
+    return user
 
 
 def update_command(options, out) -> None:
@@ -137,7 +152,7 @@ def update_command(options, out) -> None:
 
 
 def list_command(options, out) -> None:
-    rows = list(ApiKey.objects.all())
+    rows = list(ApiKey.objects.select_related("team"))
     if options["json"]:
         out.write(render_json([_as_json(r) for r in rows]))
         return
@@ -145,6 +160,7 @@ def list_command(options, out) -> None:
         [
             r.name,
             r.prefix,
+            r.team.name,
             ",".join(r.allowed_models) or "all",
             _describe_limits(r),
             r.created_at.strftime("%Y-%m-%d %H:%M"),
@@ -152,7 +168,8 @@ def list_command(options, out) -> None:
         ]
         for r in rows
     ]
-    out.write(render_table(["NAME", "PREFIX", "MODELS", "LIMITS", "CREATED", "REVOKED"], table))
+    out.write(render_table(["NAME", "PREFIX", "TEAM", "MODELS", "LIMITS", "CREATED", "REVOKED"],
+                           table))  # fmt: skip
 
 
 def show_command(options, out) -> None:
@@ -194,6 +211,7 @@ def _as_json(row: ApiKey) -> dict:
     return {
         "name": row.name,
         "prefix": row.prefix,
+        "team": row.team.name,
         "models": row.allowed_models,
         "limits": key_limits(row).as_dict(),
         "priority": row.priority,

@@ -16,9 +16,10 @@ from typing import Any
 from django.db.models import Q
 from django.utils import timezone
 
-from catalog.models import ApiKey, Model
+from catalog.models import ApiKey, Model, Team
 from protocol.rate_limits import Limits, counter_keys
 from protocol.routing import EXPIRED_KEYS_KEPT_SECONDS
+from protocol.shard import adapter_id
 
 KEY_START = "llmgw-"
 # "llmgw-" and 8 random characters: enough to tell keys apart in a list, never to use one.
@@ -49,12 +50,27 @@ def key_limits(key: ApiKey) -> Limits:
     return Limits(**{name: getattr(key, name) for name in LIMIT_FIELDS})
 
 
+def capped(own: Limits, cap: Limits) -> tuple[Limits, list[str]]:
+    """The smaller of a key's own limits and its team's cap, field by field, and the
+    fields where the cap is the smaller (a refusal then names the team's cap)."""
+    merged: dict[str, int | None] = {}
+    by_cap = []
+    for name in LIMIT_FIELDS:
+        mine, theirs = getattr(own, name), getattr(cap, name)
+        if theirs is not None and (mine is None or theirs < mine):
+            merged[name] = theirs
+            by_cap.append(name)
+        else:
+            merged[name] = mine
+    return Limits(**merged), by_cap
+
+
 def enforced_limits(key: ApiKey) -> Limits:
-    """The limits routers hold the key to: its own, and the default cap on requests in
-    flight (``LLMGW_KEY_CONCURRENCY``) where it sets none."""
+    """The limits routers hold the key to: its own within its team's cap per key, and the
+    default cap on requests in flight (``LLMGW_KEY_CONCURRENCY``) where neither sets one."""
     from django.conf import settings
 
-    limits = key_limits(key)
+    limits, _by_cap = capped(key_limits(key), Limits.from_dict(key.team.key_cap))
     if limits.concurrency is None and settings.KEY_CONCURRENCY > 0:
         limits = replace(limits, concurrency=settings.KEY_CONCURRENCY)
     return limits
@@ -107,10 +123,19 @@ EXPIRED_KEYS_KEPT = timedelta(seconds=EXPIRED_KEYS_KEPT_SECONDS)
 
 def active_keys() -> list[dict[str, Any]]:
     """Every key that is not revoked nor expired for over ``EXPIRED_KEYS_KEPT``, as the
-    router caches it (hashes, never keys)."""
+    router caches it (hashes, never keys), with its team: the team's name, budgets, the
+    limits its cap set (``capped``), and the models it may use (None: every model)."""
     recently = timezone.now() - EXPIRED_KEYS_KEPT
-    return [
-        {
+    usable = open_model_names()
+    keys = (
+        ApiKey.objects.filter(revoked_at__isnull=True)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=recently))
+        .select_related("team")
+    )
+    loaded = []
+    for key in keys:
+        team_models = usable.get(key.team.name)
+        loaded.append({
             "name": key.name,
             "prefix": key.prefix,
             "sha256": key.hashed_key,
@@ -119,30 +144,71 @@ def active_keys() -> list[dict[str, Any]]:
             "expires_at": _timestamp(key.expires_at),
             "priority": key.priority,
             "user": key.user_id,
-        }
-        for key in ApiKey.objects.filter(revoked_at__isnull=True).filter(
-            Q(expires_at__isnull=True) | Q(expires_at__gt=recently)
-        )
-    ]
+            "team": key.team.name,
+            "team_limits": team_limits(key.team).as_dict(),
+            "capped": capped(key_limits(key), Limits.from_dict(key.team.key_cap))[1],
+            "team_models": sorted(team_models) if team_models is not None else None,
+        })  # fmt: skip
+    return loaded
 
 
 def _timestamp(moment: datetime | None) -> float | None:
     return moment.timestamp() if moment is not None else None
 
 
+def team_limits(team: Team) -> Limits:
+    """What all the team's keys may spend together."""
+    return Limits(**{name: getattr(team, name) for name in LIMIT_FIELDS})
+
+
+def open_model_names() -> dict[str, set[str] | None]:
+    """Each team's usable models by name and alias; None for a team that may use every
+    model (no model in the catalog is closed to it)."""
+    everyone: set[str] = set()
+    named: dict[int, set[str]] = {}
+    closed_somewhere = False
+    for model in Model.objects.prefetch_related("teams"):
+        names = {model.name, *model.aliases, *adapter_names(model.adapters, model.name)}
+        team_ids = [team.id for team in model.teams.all()]
+        if not team_ids:
+            everyone |= names
+            continue
+        closed_somewhere = True
+        for team_id in team_ids:
+            named.setdefault(team_id, set()).update(names)
+    teams = Team.objects.values_list("id", "name")
+    return {
+        name: (everyone | named.get(team_id, set())) if closed_somewhere else None
+        for team_id, name in teams
+    }
+
+
 def known_model_names() -> set[str]:
     names: set[str] = set()
-    for name, aliases in Model.objects.values_list("name", "aliases"):
+    for name, aliases, adapters in Model.objects.values_list("name", "aliases", "adapters"):
         names.add(name)
         names.update(aliases)
+        names.update(adapter_names(adapters, name))  # a key may be for an adapter alone
     return names
+
+
+def adapter_names(adapters: list[dict], model: str) -> list[str]:
+    """Every name a model's LoRA adapters are asked for by: each id and alias. A model
+    closed to a team closes its adapters with it."""
+    return [n for a in adapters for n in (adapter_id(model, a["name"]), *a.get("aliases", []))]
 
 
 def key_usage(key: ApiKey, now: float) -> dict[str, int]:
     """What the routers counted against a key's limits, read from their Redis counters."""
+    return counted_usage(key.prefix, now)
+
+
+def counted_usage(counted_as: str, now: float) -> dict[str, int]:
+    """What the routers counted under a key's prefix (or a team's counter name,
+    ``protocol.rate_limits.team_counter_name``), read from their Redis counters."""
     from audit.redis import redis_client
 
-    counters = counter_keys(key.prefix, now)
+    counters = counter_keys(counted_as, now)
     client = redis_client()
     with client.pipeline(transaction=False) as pipe:
         pipe.zcount(counters.requests, int((now - 60) * 1000) + 1, "+inf")

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
-from catalog.fit.estimate import MemoryEstimate, ModelShape, Needs, estimate, needs
+from catalog.fit.estimate import MemoryEstimate, ModelShape, Needs, adapter_bytes, estimate, needs
 from core.humanize import format_bytes
 from protocol.engine_serves import effective_serves
 from protocol.engines import DEFAULT_ENGINES, WantedEngine, newest_version
 from protocol.serving import DEFAULT_SERVES
-from protocol.shard import AdapterSpec, adapter_id, loras_of
+from protocol.shard import AdapterSpec, adapter_id, served_adapters, start_specs
 
 KNOWN_ENGINES = ("llama.cpp", "vllm", "sglang")
 LAUNCH_MODES = ("native", "ray", "mp")
@@ -71,6 +68,57 @@ class Fabric(models.Model):
         return self.name
 
 
+class Team(models.Model):
+    """A group of people and their keys: which models they may use (``Model.teams``) and
+    what they may spend together. The limits hold every key of the team together; the
+    ``key_cap`` holds each key of it alone, on top of the key's own limits (the smaller
+    of the two applies). Every key belongs to one; keys from before teams are ``default``'s."""
+
+    name = models.SlugField(max_length=64, unique=True)
+    description = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The team's budgets, for all its keys together (Redis counters, as a key's); empty: none.
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_day = models.PositiveBigIntegerField(null=True, blank=True)
+    tokens_per_month = models.PositiveBigIntegerField(null=True, blank=True)
+    concurrency = models.PositiveIntegerField(null=True, blank=True)
+    # Each key's limits at most ({"tokens_per_day": 100000, …}, catalog.keys.LIMIT_FIELDS).
+    key_cap = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    """A person's role in a team: a ``viewer`` sees its models, usage and keys' names; a
+    ``member`` also makes keys for themselves within its limits; a ``lead`` manages its
+    keys, members and limits per key. Fleet-wide roles are groups (catalog.permissions)."""
+
+    class Role(models.TextChoices):
+        VIEWER = "viewer"
+        MEMBER = "member"
+        LEAD = "lead"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="team_memberships"
+    )
+    role = models.CharField(max_length=8, choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        ordering = ["team__name", "user__username"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "user"], name="catalog_membership_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.role} of {self.team})"
+
+
 class Model(models.Model):
     """A model clients ask for by ``name`` (or an alias), and where its weights come from."""
 
@@ -87,10 +135,11 @@ class Model(models.Model):
     # {"source", "shape"} once read, {"source", "reading"} while a task downloads a URL's
     # header, {"source", "unreadable"} with the reason. A changed source is read again.
     file_shape = models.JSONField(default=dict, blank=True, editable=False)
-    # LoRA adapters served on its replicas, as the catalog file lists them: [{"name",
-    # "source", "sha256", "aliases", "scale", "profiles", "description"}]. Not in any
-    # profile's fingerprint: adding one restarts no replica.
+    # LoRA adapters on its replicas, as the catalog file lists them ({"name", "source", …}).
+    # In no profile's fingerprint: adding one restarts no replica.
     adapters = models.JSONField(default=list, blank=True)
+    # The teams whose keys may use it; none named: every team's.
+    teams = models.ManyToManyField(Team, blank=True, related_name="models")
 
     class Meta:
         ordering = ["name"]
@@ -103,28 +152,12 @@ class Model(models.Model):
         return [adapter_id(self.name, adapter["name"]) for adapter in self.adapters]
 
     def adapters_for(self, profile: Profile) -> list[dict]:
-        """The adapters ``profile`` serves: those naming it, or naming no profile, when
-        its engine can serve adapters at all."""
-        if loras_of(profile.engine).refused:
-            return []
-        return [
-            adapter
-            for adapter in self.adapters
-            if not adapter.get("profiles") or profile.name in adapter["profiles"]
-        ]
+        """The adapters ``profile`` serves (protocol.shard.served_adapters)."""
+        return served_adapters(self.adapters, profile.name, profile.engine)
 
     def adapter_specs(self, profile: Profile) -> list[AdapterSpec]:
         """What a replica of ``profile`` loads at start, in the catalog's order."""
-        return [
-            AdapterSpec(
-                name=adapter["name"],
-                source=adapter["source"],
-                sha256=adapter.get("sha256", ""),
-                scale=adapter.get("scale", 1.0),
-            )  # fmt: skip
-            for adapter in self.adapters_for(profile)
-            if loras_of(profile.engine).at_start
-        ]
+        return start_specs(self.adapters_for(profile), profile.engine)
 
     def shape(self) -> ModelShape | None:
         """What the file of its current source says (catalog/fit/); None until read."""
@@ -188,8 +221,7 @@ class Profile(models.Model):
     drain_timeout = models.PositiveIntegerField(
         default=30, help_text="seconds a replica being replaced may finish its requests"
     )
-    # vLLM's --max-loras and --max-lora-rank: adapters one replica holds in a batch, and
-    # their highest rank. 0: LoRA off, and vLLM's own rank.
+    # vLLM's --max-loras and --max-lora-rank (0: LoRA off, and vLLM's own rank).
     max_loras = models.PositiveIntegerField(default=0)
     max_lora_rank = models.PositiveIntegerField(default=0)
 
@@ -218,7 +250,7 @@ class Profile(models.Model):
         shape = self.model.shape()
         if shape is None:
             return None
-        fit = estimate(
+        return estimate(
             shape,
             engine=self.engine,
             context=self.context,
@@ -226,21 +258,8 @@ class Profile(models.Model):
             gpus_per_rank=self.gpus_per_rank,
             nodes=self.nodes,
             serves=self.served_kinds,
+            adapters=adapter_bytes(self.model.adapters_for(self), self.max_loras),
         )
-        return replace(fit, adapters=self.adapters_bytes())
-
-    def adapters_bytes(self) -> int:
-        """What its LoRA adapters hold per rank, as their local files' sizes say (a URL's
-        or a hub id's is not known here): every adapter on llama.cpp, which loads them all
-        at start; ``max_loras`` of the largest on vLLM. 0 without adapters."""
-        sizes = []
-        for adapter in self.model.adapters_for(self):
-            with contextlib.suppress(OSError):
-                if adapter["source"].startswith("/"):
-                    sizes.append(os.stat(adapter["source"]).st_size)
-        if self.max_loras:
-            return self.max_loras * max(sizes, default=0)
-        return sum(sizes)
 
     def needs(self, fit: MemoryEstimate | None = None) -> Needs:
         """What a rank asks of a node: the declared sizes, else the estimate."""
@@ -354,9 +373,7 @@ def profile_fingerprint(model: Model, profile: Profile, engine_version: str) -> 
         # they were before serves: existed (no rolling restart for nothing).
         facts["serves"] = list(profile.serves)
     for name in ("max_loras", "max_lora_rank"):
-        if getattr(profile, name):
-            # Only when set, as serves: the adapters themselves are never here, so adding
-            # one restarts nothing; turning vLLM's LoRA on does change its command line.
+        if getattr(profile, name):  # only when set, as serves:; adapters are never here
             facts[name] = getattr(profile, name)
     encoded = json.dumps(facts, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:16]
@@ -394,6 +411,14 @@ class ApiKey(models.Model):
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
         related_name="playground_keys",
+    )  # fmt: skip
+    # The team it spends for (its models, budgets and cap); keys from before teams are
+    # ``default``'s. PROTECT: a team with keys is emptied before it goes.
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="api_keys")
+    # The member it was made for (a member's own key); empty: the team's.
+    member = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="member_keys",
     )  # fmt: skip
 
     class Meta:

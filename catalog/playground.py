@@ -25,7 +25,9 @@ from django.utils import timezone
 
 from audit.actors import Actor
 from catalog.actions.api_keys import create_key, revoke_key
+from catalog.keys import open_model_names
 from catalog.models import ApiKey, Model
+from catalog.teams.roles import DEFAULT_TEAM
 from protocol.rate_limits import counter_keys
 
 
@@ -93,11 +95,15 @@ def key_name(user: Actor) -> str:
 
 def playground_models(rules: PlaygroundRules) -> list[str]:
     """The models a playground key covers: the operator's list, else every model that
-    serves chat (the playground only chats)."""
+    serves chat (the playground only chats); of those, the ones open to the team its keys
+    are made in (``default``)."""
     if rules.models:
-        return sorted(rules.models)
-    models = Model.objects.prefetch_related("profiles")
-    return sorted(model.name for model in models if "chat" in model.served_kinds)
+        named = sorted(rules.models)
+    else:
+        models = Model.objects.prefetch_related("profiles")
+        named = sorted(model.name for model in models if "chat" in model.served_kinds)
+    usable = open_model_names().get(DEFAULT_TEAM)
+    return named if usable is None else [name for name in named if name in usable]
 
 
 def issue_playground_key(user, rules: PlaygroundRules) -> PlaygroundKey:

@@ -4,6 +4,7 @@ from django.urls import path
 
 from fleet.link.consumer import AgentConsumer
 from fleet.pages.consumers import (
+    AuditPageConsumer,
     ClusterPageConsumer,
     LogsPageConsumer,
     MirrorPageConsumer,
@@ -19,4 +20,5 @@ websocket_urlpatterns = [
     path("ws/pages/nodes/<str:node_id>/logs/", LogsPageConsumer.as_asgi()),
     path("ws/pages/models/<path:name>/", ModelPageConsumer.as_asgi()),
     path("ws/pages/weights/<path:name>/", MirrorPageConsumer.as_asgi()),
+    path("ws/pages/audit/", AuditPageConsumer.as_asgi()),
 ]

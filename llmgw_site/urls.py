@@ -4,8 +4,8 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
-from audit import api as audit_api
 from catalog import api as catalog_api
+from catalog.teams import api as catalog_teams_api
 from fleet.api import views as fleet_api
 from fleet.pages import oidc as oidc_views
 from fleet.pages import views as fleet_views
@@ -18,10 +18,11 @@ router.register("fabrics", catalog_api.FabricViewSet)
 router.register("models", catalog_api.ModelViewSet)
 router.register("profiles", catalog_api.ProfileViewSet)
 router.register("keys", catalog_api.ApiKeyViewSet)
+router.register("teams", catalog_teams_api.TeamViewSet)
 router.register("nodes", fleet_api.NodeViewSet)
 router.register("replicas", fleet_api.ReplicaViewSet)
 router.register("shards", fleet_api.ShardViewSet)
-router.register("events", audit_api.EventViewSet)
+router.register("events", fleet_api.EventLogViewSet)
 
 urlpatterns = [
     path("", include("fleet.pages.urls")),

@@ -1,4 +1,5 @@
-"""Per-key limits as routers enforce them together, and where their counters live.
+"""Per-key (and per-team) limits as routers enforce them together, and where their
+counters live.
 
 Routers admit and charge requests against counters in Redis (``router/intake/limits.py``),
 shared by every router process; the control plane reads the same counters to show a
@@ -64,6 +65,21 @@ def counter_keys(key_prefix: str, now: float) -> CounterKeys:
         base + "requests", base + "tokens", f"{base}day:{day}", f"{base}month:{month}",
         base + "inflight", base + "reserved", base + "routers",
     )  # fmt: skip
+
+
+# A team's counters are named for it beside its keys' prefixes, which start "llmgw-": a
+# team's budgets hold all its keys together, by the same scripts as a key's (issue 43).
+TEAM_COUNTER_START = "team:"
+
+
+def team_counter_name(team: str) -> str:
+    """The name a team's counters go by, where a key's prefix would be."""
+    return TEAM_COUNTER_START + team
+
+
+def counted_team(name: str) -> str:
+    """The team whose counters these are; "" for a key's."""
+    return name.removeprefix(TEAM_COUNTER_START) if name.startswith(TEAM_COUNTER_START) else ""
 
 
 def day_ends(now: float) -> float:

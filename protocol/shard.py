@@ -88,6 +88,29 @@ ENGINE_LORAS: dict[str, EngineLoras] = {
 VLLM_DEFAULT_MAX_LORA_RANK: Final = 16
 
 
+def served_adapters(adapters: list[dict], profile: str, engine: str) -> list[dict]:
+    """The adapters (a model's ``adapters:`` entries) that profile ``profile`` on ``engine``
+    serves: those naming it, or naming no profile, when its engine serves adapters at all."""
+    if loras_of(engine).refused:
+        return []
+    return [a for a in adapters if not a.get("profiles") or profile in a["profiles"]]
+
+
+def start_specs(adapters: list[dict], engine: str) -> list[AdapterSpec]:
+    """What a replica on ``engine`` loads at start of ``adapters``, in their order."""
+    if not loras_of(engine).at_start:
+        return []
+    return [
+        AdapterSpec(
+            name=a["name"],
+            source=a["source"],
+            sha256=a.get("sha256", ""),
+            scale=a.get("scale", 1.0),
+        )  # fmt: skip
+        for a in adapters
+    ]
+
+
 def loras_of(engine: str) -> EngineLoras:
     """The engine's row; an engine the table does not name serves no adapter."""
     return ENGINE_LORAS.get(

@@ -16,7 +16,7 @@ import os
 import time
 from pathlib import Path
 
-from protocol.rate_limits import day_starts, month_starts
+from protocol.rate_limits import counted_team, day_starts, month_starts, team_counter_name
 from protocol.serving import KIND_OF_PATH, TOKENIZE_PATHS
 from router import endpoints, errors
 from router.balance.balancer import Balancer
@@ -85,7 +85,7 @@ class Router:
         self.limiter = RateLimiter(
             redis_url, self.metrics, ledger=self._ledger if source.mode == "database" else None
         )
-        self.accounting.adopted = self.limiter.raise_from_ledger
+        self.accounting.adopted = self._adopted
         self.response_ids = ResponseIds(redis_url=redis_url)
         self.conversations = ConversationStore(
             redis_url, max_bytes=config.conversation_bytes, seconds=config.conversation_seconds
@@ -122,9 +122,18 @@ class Router:
         what this one counted and has not written yet."""
         day_start, month_start = day_starts(now), month_starts(now)
         day, month = await self.source.ledger_totals(key_prefix, day_start, month_start)  # type: ignore[union-attr]
-        unwritten_day, unwritten_month = self.accounting.unwritten(key_prefix, day_start,
-                                                                   month_start)  # fmt: skip
-        return day + unwritten_day, month + unwritten_month
+        team = counted_team(key_prefix)  # a team's: what its keys counted here
+        for prefix in self.tables.keys.team_keys(team) if team else [key_prefix]:
+            unwritten_day, unwritten_month = self.accounting.unwritten(prefix, day_start,
+                                                                       month_start)  # fmt: skip
+            day, month = day + unwritten_day, month + unwritten_month
+        return day, month
+
+    async def _adopted(self, key_prefixes: set[str]) -> None:
+        """A gone router's journal is in the rows: its keys' totals raised to the ledger's,
+        and their teams'."""
+        teams = {team_counter_name(team) for team in self.tables.keys.teams_of(key_prefixes)}
+        await self.limiter.raise_from_ledger(key_prefixes | teams)
 
     def _table_changed(self, table: RoutingTable) -> None:
         self.waiting.table_changed()  # a replica may have become ready

@@ -24,8 +24,8 @@ from django.db import transaction
 from core.secret_files import read_or_create_secret
 
 # What routing_snapshot() and active_keys() read.
-READS = ("catalog_model", "catalog_profile", "catalog_apikey",
-         "fleet_replica", "fleet_shard", "fleet_node")  # fmt: skip
+READS = ("catalog_model", "catalog_profile", "catalog_apikey", "catalog_team",
+         "catalog_model_teams", "fleet_replica", "fleet_shard", "fleet_node")  # fmt: skip
 # What write_usage() adds to (an upsert: it reads the row it adds to).
 WRITES = ("router_usage",)
 # Where the password comes from without --password-file (docker compose's .env).

@@ -7,6 +7,6 @@ the reconciler call these and never save catalog rows themselves.
 engine, pool, fabric, model or profile), ``profiles`` (scale a profile, note its low
 demand, pause and resume a model's rollout), ``api_keys`` (create, update and revoke API
 keys), ``shapes`` (learn what a model's file says of the memory it needs) and, under
-them all, ``changes`` (how a change is recorded and announced). The fleet's verbs are in
-``fleet.actions``.
+them all, ``changes`` (how a change is recorded and announced). Teams' verbs are in
+``catalog.teams.actions``; the fleet's are in ``fleet.actions``.
 """

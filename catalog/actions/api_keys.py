@@ -26,8 +26,10 @@ from catalog.keys import (
     key_limits,
     key_prefix,
     known_model_names,
+    open_model_names,
 )  # fmt: skip
-from catalog.models import ApiKey
+from catalog.models import ApiKey, Team
+from catalog.teams.roles import DEFAULT_TEAM, find_team
 
 
 def create_key(
@@ -38,6 +40,8 @@ def create_key(
     expires_at: datetime | None = None,
     priority: str = "normal",
     user: User | None = None,
+    team: Team | str | None = None,
+    member: User | None = None,
     actor: Actor,
 ) -> tuple[ApiKey, str]:
     """Create a key for ``name``; return the row and the key, which is never shown again.
@@ -45,12 +49,22 @@ def create_key(
     ``allowed_models`` limits the key to those models (names or aliases); empty allows
     every model. Names the catalog does not know are refused, so a typo cannot leave a
     key that silently works for nothing. ``limits`` are enforced by the routers together.
-    ``user`` is the account the key is issued to (the playground's keys).
+    ``user`` is the account the key is issued to (the playground's keys). ``team`` is the
+    team it spends for (``default`` when none is named); its models must be open to it.
+    ``member`` is the team member it is made for. Who may ask is the caller's to check
+    (``catalog.teams``: a lead for the team, a member for themselves).
     """
     name = name.strip()
     if not name:
         raise ApiKeyRefused("a key needs a name saying who or what uses it")
     allowed = _known_models(allowed_models)
+    owner = find_team(team) if team is not None else _default_team()
+    _open_to(owner, allowed)
+    if member is not None and not owner.memberships.filter(user=member).exists():
+        raise ApiKeyRefused(
+            f"member: {member.get_username()} is not in team {owner.name}; its lead adds them "
+            f"first (`llmgw_ctl teams add-member {owner.name} {member.get_username()}`)"
+        )
     checked = check_limits(limits or {})
     check_priority(priority)
     if expires_at is not None and expires_at <= timezone.now():
@@ -67,11 +81,15 @@ def create_key(
                     expires_at=expires_at,
                     priority=priority,
                     user=user,
+                    team=owner,
+                    member=member,
                     **checked,
                 )
                 scope = ", ".join(allowed) or "every model"
+                of = f" of team {owner.name}" + (f" for {member.get_username()}" if member else "")
                 record_event(
-                    EventKind.KEY, row.prefix, f"created for {name} ({scope}){_terms(row)}",
+                    EventKind.KEY, row.prefix,
+                    f"created for {name}{of} ({scope}){_terms(row)}",
                     actor=actor,
                 )  # fmt: skip
                 notices.routers_reload_on_commit("keys")
@@ -108,6 +126,7 @@ def update_key(
             )
         changes: dict[str, Any] = {**checked}
         if allowed is not None:
+            _open_to(row.team, allowed)
             changes["allowed_models"] = allowed
         if expires_at is not UNCHANGED:
             changes["expires_at"] = expires_at
@@ -136,6 +155,24 @@ def _known_models(allowed_models: Iterable[str]) -> list[str]:
             "Apply the model first, or fix the name."
         )
     return allowed
+
+
+def _default_team() -> Team:
+    """``default``, made again where the database was emptied by hand since it migrated."""
+    team, _made = Team.objects.get_or_create(name=DEFAULT_TEAM)
+    return team
+
+
+def _open_to(team: Team, allowed: list[str]) -> None:
+    """A key cannot name a model closed to its team: it would never be served."""
+    usable = open_model_names().get(team.name)
+    closed = sorted(set(allowed) - usable) if usable is not None else []
+    if closed:
+        raise ApiKeyRefused(
+            f"model(s) {', '.join(closed)} are not open to team {team.name}; it may use: "
+            f"{', '.join(sorted(usable or ())) or 'none'}. An operator opens a model to it "
+            "(`llmgw_ctl teams open`)."
+        )
 
 
 def _terms(row: ApiKey) -> str:

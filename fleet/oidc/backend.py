@@ -19,9 +19,18 @@ from django.core.exceptions import ImproperlyConfigured, SuspiciousOperation
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from audit.actors import PROVIDER_SIGN_IN
+from catalog.teams.actions import set_provider_team_roles
 from fleet.actions.sign_ins import admit_provider_user
 from fleet.oidc import provider
-from fleet.oidc.roles import READER, claim_values, group_roles, role_map, roles_from_claims
+from fleet.oidc.roles import (
+    READER,
+    claim_values,
+    group_roles,
+    mapped_teams,
+    role_map,
+    roles_from_claims,
+    team_roles,
+)  # fmt: skip
 
 log = logging.getLogger("llmgw.fleet.oidc")
 
@@ -36,6 +45,10 @@ class SignInRefused(Exception):
 
 class ProviderBackend(OIDCAuthenticationBackend):
     """Signs in the person the provider's verified ID token names."""
+
+    # admit_provider_user records its sign-ins, naming the provider, and its refusals with
+    # their reason: audit's receivers, which record every other backend's, leave them be.
+    records_sign_ins = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Not the library's __init__: it reads every endpoint from settings at once, and
@@ -112,7 +125,8 @@ class ProviderBackend(OIDCAuthenticationBackend):
             raise SignInRefused("the provider's user info names another subject than its token")
         # The signed token's claims win over the user info's where both say something.
         claims = {**userinfo, **payload}
-        roles = roles_from_claims(claims, role_map())
+        mapping = role_map()
+        roles = roles_from_claims(claims, mapping)
         if not roles and settings.OIDC_REQUIRE_ROLE:
             values = ", ".join(claim_values(claims)) or "none"
             raise SignInRefused(
@@ -131,6 +145,11 @@ class ProviderBackend(OIDCAuthenticationBackend):
         )
         if not user.is_active:
             raise SignInRefused(f"the account {user.username} is disabled here")
+        # Team roles, beside the groups: in the teams the map names, as the claims give now.
+        set_provider_team_roles(
+            user, team_roles(roles), mapped_teams(mapping),
+            provider=settings.OIDC_PROVIDER_NAME, actor=PROVIDER_SIGN_IN,
+        )  # fmt: skip
         return user
 
 

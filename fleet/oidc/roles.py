@@ -3,8 +3,8 @@ values to llmgw's roles, so the company's directory says who operates the fleet.
 
 ``roles_from_claims`` is the one place claims become roles. Today a role is one of the
 fleet-wide groups (``operators``, ``engine-admin``, the playground's group) or ``reader``
-(admitted, no group). Teams plug in here once they exist: a value such as
-``team:<name>:<role>`` becomes one more kind of role, applied beside the groups.
+(admitted, no group) or a role in a team, ``team:<name>:<role>`` (``team:research:lead``),
+applied beside the groups by ``catalog.teams.actions.set_provider_team_roles``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from catalog.models import Membership
 from catalog.permissions import ENGINE_ADMINS_GROUP, OPERATORS_GROUP
 
 # Admitted with no group: sees what every signed-in user sees.
@@ -38,13 +39,42 @@ def role_map(entries: Iterable[str] | None = None) -> dict[str, frozenset[str]]:
     for entry in settings.OIDC_ROLE_MAP if entries is None else entries:
         value, sep, role = entry.rpartition("=")
         value, role = value.strip(), role.strip()
-        if not sep or not value or role not in known:
+        if not sep or not value or (role not in known and team_role(role) is None):
             raise ImproperlyConfigured(
                 f"LLMGW_OIDC_ROLE_MAP entry {entry!r}: write claim-value=role, the role one "
-                f"of {', '.join(sorted(known))}"
+                f"of {', '.join(sorted(known))}, or team:NAME:ROLE with ROLE one of "
+                f"{', '.join(Membership.Role.values)}"
             )
         found.setdefault(value, set()).add(role)
     return {value: frozenset(roles) for value, roles in found.items()}
+
+
+def team_role(role: str) -> tuple[str, str] | None:
+    """``team:research:lead`` read as (team, role); None for any other role."""
+    kind, _sep, rest = role.partition(":")
+    team, _sep, held = rest.partition(":")
+    if kind != "team" or not team or held not in Membership.Role.values:
+        return None
+    return team, held
+
+
+def team_roles(roles: Iterable[str]) -> dict[str, str]:
+    """Each team's role among ``roles``: the highest, where several claim values give one."""
+    ranks = {role: rank for rank, role in enumerate(Membership.Role.values)}
+    found: dict[str, str] = {}
+    for role in roles:
+        parsed = team_role(role)
+        if parsed is not None:
+            team, held = parsed
+            if team not in found or ranks[held] > ranks[found[team]]:
+                found[team] = held
+    return found
+
+
+def mapped_teams(mapping: Mapping[str, frozenset[str]]) -> frozenset[str]:
+    """The teams the map can give roles in: a sign-in sets the person's role in these, and
+    only these (a role in another team is its lead's to give)."""
+    return frozenset(team_roles(role for roles in mapping.values() for role in roles))
 
 
 def claim_values(claims: Mapping[str, Any], claim: str | None = None) -> list[str]:

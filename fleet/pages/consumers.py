@@ -22,6 +22,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from audit import notices
 from catalog.permissions import is_operator
 from fleet.pages import fragments
+from fleet.pages.audit_page import audit_key
 
 log = logging.getLogger("llmgw.fleet.pages")
 
@@ -131,6 +132,14 @@ class ClusterPageConsumer(PageConsumer):
     def page_key(self) -> str:
         """The page's filter and page number, as its URL's query string says them."""
         return self.scope.get("query_string", b"").decode(errors="replace")
+
+
+class AuditPageConsumer(PageConsumer):
+    page = "audit"
+
+    def page_key(self) -> str:
+        """The reader and the page's filter: each socket shows what its own user may read."""
+        return audit_key(self.scope["user"], self.scope.get("query_string", b"").decode())
 
 
 class NodePageConsumer(PageConsumer):

@@ -19,6 +19,7 @@ from django.utils import timezone
 from fleet import history, selectors, traffic
 from fleet.models import Node
 from fleet.pages import mirror
+from fleet.pages.audit_page import audit_context, audit_outline, may_show
 from fleet.pages.node_filter import PER_PAGE, STATES, NodeFilter
 
 # The cluster page's models table: each shows its replicas whole, so a catalog of hundreds
@@ -183,6 +184,12 @@ def _mirror_touched(key: str, kind: str, subjects: list[str], shown: frozenset[s
     return {"holders"} if kind in MODEL_KINDS else set()
 
 
+def _audit_touched(key: str, kind: str, subjects: list[str], shown: frozenset[str]) -> set[str]:
+    # Whether the new Event is one its reader may read, and within the filter, is the
+    # outline's to say: the newest such Event's id, one indexed row.
+    return {OUTLINE} if may_show(key, kind) else set()
+
+
 def _logs_touched(key: str, kind: str, subjects: list[str], shown: frozenset[str]) -> set[str]:
     return {"node-state"} if kind in ("node", "usage") and key in subjects else set()
 
@@ -228,6 +235,14 @@ PAGES: dict[str, Page] = {
     ),
     "logs": Page("fleet/logs.html", ("node-state",), logs_context, _logs_touched),
     "mirror": Page("fleet/mirror.html", ("holders",), mirror_context, _mirror_touched),
+    "audit": Page(
+        "fleet/audit.html",
+        ("events",),
+        audit_context,
+        _audit_touched,
+        window="events",
+        outline=audit_outline,
+    ),
 }
 
 

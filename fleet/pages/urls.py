@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from fleet.pages import action_views, deploy_views, playground, views
+from fleet.pages import action_views, audit_views, deploy_views, playground, views
 
 urlpatterns = [
     path("", views.cluster, name="cluster"),
@@ -19,6 +19,9 @@ urlpatterns = [
     path("deploy/", deploy_views.new_model, name="model-new"),
     path("profiles/<int:profile_id>/edit/", deploy_views.edit_profile, name="profile-edit"),
     path("catalog/models/<int:model_id>/delete/", action_views.delete_model, name="model-delete"),
+    path("audit/", audit_views.audit, name="audit"),
+    path("audit/events.csv", audit_views.audit_export, {"fmt": "csv"}, name="audit-csv"),
+    path("audit/events.json", audit_views.audit_export, {"fmt": "json"}, name="audit-json"),
     path("playground/", playground.playground, name="playground"),
     path("playground/key/", playground.key, name="playground-key"),
     # Last: a model's name may hold slashes (org/model), so it takes the rest of the path.

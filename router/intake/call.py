@@ -188,7 +188,7 @@ def resolve(table: RoutingTable, body: bytes, caller: Caller) -> tuple[ModelRout
             "missing_model",
         )
     route = table.by_name.get(model)
-    if route is None:
+    if route is None or not caller.sees(route.names):  # closed to its team: not there for it
         raise errors.unknown_model(model, visible_models(table, caller))
     if not caller.may_use(route.names):
         raise errors.model_not_allowed(model, caller.name, sorted(caller.models))

@@ -1,6 +1,6 @@
-"""The per-key counters, where they live: the Lua scripts that admit and settle requests
-in Redis, shared by every router (router/intake/limits.py runs them), and the same rules
-in one process's memory for while Redis does not answer (``LocalCounters``).
+"""The per-key (and per-team) counters, where they live: the Lua scripts that admit and
+settle requests in Redis, shared by every router (router/intake/limits.py runs them), and
+the same rules in one process's memory for while Redis does not answer (``LocalCounters``).
 """
 
 from __future__ import annotations
@@ -132,6 +132,16 @@ return 1
 """
 
 
+# An admission given back: a request that one subject admitted and the next refused (the
+# key admitted it, its team did not) leaves no trace on the first's counters.
+RELEASE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+return 1
+"""
+
+
 class Tally(NamedTuple):
     """A key's counters as one admission found them (after counting it, if admitted)."""
 
@@ -224,6 +234,12 @@ class LocalCounters:
             refused, len(requests), tokens, day, month, len(inflight),
             int((oldest + 60 - now) * 1000), tokens_reset, held, routers,
         )  # fmt: skip
+
+    def release(self, keys: CounterKeys, request_id: str) -> None:
+        """RELEASE's rules: the admission leaves no trace."""
+        self.requests.get(keys.requests, {}).pop(request_id, None)
+        self.inflight.get(keys.inflight, {}).pop(request_id, None)
+        self.reserved.get(keys.reserved, {}).pop(request_id, None)
 
     def charge(self, keys: CounterKeys, now: float, request_id: str, tokens: int,
                key_prefix: str = "") -> None:  # fmt: skip

@@ -43,7 +43,8 @@ from protocol.rate_limits import (
     month_ends,
 )  # fmt: skip
 from router.errors import RouterError
-from router.intake.counters import ADMIT, MERGE, SETTLE, LocalCounters, Tally
+from router.intake.counters import ADMIT, MERGE, RELEASE, SETTLE, LocalCounters, Tally
+from router.intake.limited import Subject, counted_subjects, limit_headers, refusal
 from router.metrics import RouterMetrics
 from router.table.keys import Caller
 
@@ -78,6 +79,8 @@ class Admission:
     shared: bool  # counted in Redis, not only in this process
     limits: Limits = field(default_factory=Limits)
     reserved: int = 0  # tokens reserved for it until it is settled
+    # The same request's admissions by the other subjects it is counted against (its team).
+    also: list[Admission] = field(default_factory=list)
 
 
 def _has_budget(limits: Limits) -> bool:
@@ -95,7 +98,7 @@ class RateLimiter:
     ledger: Ledger | None = None
     router_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     _client: Any = None
-    _scripts: tuple[Any, Any, Any] | None = None
+    _scripts: tuple[Any, Any, Any, Any] | None = None
     _redis_down_until: float = 0.0
     _outage: bool = False  # Redis failed since it last answered: merge back when it does
     # Requests admitted and not settled yet, by id: their holds are renewed while they run.
@@ -105,27 +108,72 @@ class RateLimiter:
     _unreleased: list[tuple[CounterKeys, str]] = field(default_factory=list)
 
     async def admit(self, caller: Caller, reserve: int = 0) -> Admission | None:
-        """Count the request against its key, reserving ``reserve`` tokens (its worst case)
-        for it, or raise the 429 to answer; None: the key has no limits."""
-        limits = caller.limits
-        if not limits:
+        """Count the request against its key and its key's team, reserving ``reserve``
+        tokens (its worst case) for it in each, or raise the 429 to answer, naming the
+        limit reached (the key's, or the team's); None: neither has limits.
+
+        The key is counted first, then the team, each by its own script (their counters
+        live apart, each in its own Redis Cluster slot); a request the team refuses is
+        given back to the key's counters, so it leaves no trace there."""
+        subjects = counted_subjects(caller)
+        if not subjects:
             return None
+        now = self.clock()
+        admitted: list[Admission] = []
+        for subject in subjects:
+            try:
+                admitted.append(await self._admit_one(caller, subject, now, reserve))
+            except RouterError:
+                for earlier in admitted:
+                    await self._release(earlier, now)
+                raise
+        first, *others = admitted
+        first.also = others
+        named = {name for name, _value in first.headers}
+        first.headers += [h for other in others for h in other.headers if h[0] not in named]
+        return first
+
+    async def _admit_one(
+        self, caller: Caller, subject: Subject, now: float, reserve: int
+    ) -> Admission:
+        limits = subject.limits
         if not (limits.tokens_per_minute or _has_budget(limits)):
             reserve = 0  # nothing to reserve against
-        now = self.clock()
         request_id = uuid.uuid4().hex
-        keys = counter_keys(caller.prefix, now)
-        tally, shared = await self._admit(caller.prefix, keys, limits, now, request_id, reserve)
+        keys = counter_keys(subject.counted_as, now)
+        tally, shared = await self._admit(subject.counted_as, keys, limits, now, request_id,
+                                          reserve)  # fmt: skip
         headers = limit_headers(limits, tally)
         if tally.refused:
             self.metrics.rate_limited.labels(tally.refused).inc()
-            raise refusal(caller, tally, now, headers)
+            raise refusal(caller, tally, now, headers, subject)
         self._holding[request_id] = keys
         return Admission(request_id, keys, headers, shared, limits, reserve)
 
+    async def _release(self, admission: Admission, now: float) -> None:
+        """Give an admission back: the request was refused by the next subject."""
+        self._holding.pop(admission.request_id, None)
+        keys = admission.keys
+        if admission.shared and self._use_redis(now):
+            try:
+                await self._scripts[3](  # type: ignore[index]
+                    keys=[keys.requests, keys.inflight, keys.reserved],
+                    args=[admission.request_id],
+                )
+                return
+            except Exception as exc:  # any failure of Redis: given back when it answers
+                self._redis_failed(now, exc)
+                if len(self._unreleased) < MAX_UNRELEASED:
+                    self._unreleased.append((keys, admission.request_id))
+        self.local.release(keys, admission.request_id)
+
     async def charge(self, admission: Admission, tokens: int) -> None:
         """Settle a request: its reservation becomes the tokens its answer used, and its
-        place in flight goes."""
+        place in flight goes, for its key and its team."""
+        for one in (admission, *admission.also):
+            await self._settle(one, tokens)
+
+    async def _settle(self, admission: Admission, tokens: int) -> None:
         now = self.clock()
         limits = admission.limits
         args = (int(now), tokens, admission.request_id,
@@ -323,7 +371,7 @@ class RateLimiter:
             )  # fmt: skip
             self._scripts = (
                 self._client.register_script(ADMIT), self._client.register_script(SETTLE),
-                self._client.register_script(MERGE),
+                self._client.register_script(MERGE), self._client.register_script(RELEASE),
             )  # fmt: skip
         self.metrics.limits_shared.set(1)
         return True
@@ -370,64 +418,3 @@ def worst_case(path: str, payload: dict[str, Any], body: bytes, default: int) ->
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def limit_headers(limits: Limits, tally: Tally) -> list[tuple[bytes, bytes]]:
-    """OpenAI's ``x-ratelimit-*`` headers for the per-minute limits the key has."""
-    headers = []
-    for kind, limit, used, reset_ms in (
-        ("requests", limits.requests_per_minute, tally.requests, tally.requests_reset_ms),
-        ("tokens", limits.tokens_per_minute, tally.tokens, tally.tokens_reset_ms),
-    ):
-        if limit:
-            headers += [
-                (f"x-ratelimit-limit-{kind}".encode(), str(limit).encode()),
-                (f"x-ratelimit-remaining-{kind}".encode(), str(max(0, limit - used)).encode()),
-                (f"x-ratelimit-reset-{kind}".encode(), reset_text(reset_ms).encode()),
-            ]
-    return headers
-
-
-def reset_text(ms: int) -> str:
-    """A wait as OpenAI writes it in ``x-ratelimit-reset-*``: 20ms, 1s, 6m0s."""
-    if ms < 1000:
-        return f"{max(0, ms)}ms"
-    seconds = math.ceil(ms / 1000)
-    return f"{seconds // 60}m{seconds % 60}s" if seconds >= 60 else f"{seconds}s"
-
-
-def refusal(
-    caller: Caller, tally: Tally, now: float, headers: list[tuple[bytes, bytes]]
-) -> RouterError:
-    """The 429 for the limit ``tally`` says was reached, with how long to wait."""
-    limits, name = caller.limits, caller.name
-    kind = tally.refused
-    if kind == "requests":
-        wait = tally.requests_reset_ms / 1000
-        message = f"its limit of {limits.requests_per_minute} requests per minute"
-    elif kind == "tokens":
-        wait = tally.tokens_reset_ms / 1000
-        message = (
-            f"its limit of {limits.tokens_per_minute} tokens per minute "
-            f"({tally.tokens} used in the last minute)"
-        )
-    elif kind == "day":
-        wait = day_ends(now) - now
-        message = f"its budget of {limits.tokens_per_day} tokens for today (UTC)"
-    elif kind == "month":
-        wait = month_ends(now) - now
-        message = f"its budget of {limits.tokens_per_month} tokens for this month (UTC)"
-    else:
-        wait = 1.0
-        message = f"its limit of {limits.concurrency} requests in flight at once"
-    retry_after = max(1, math.ceil(wait))
-    budget = kind in ("day", "month")
-    error = "insufficient_quota" if budget else "rate_limit_exceeded"
-    return RouterError(
-        429,
-        f"Key {name} reached {message}; try again in {retry_after} s"
-        + (", or ask an operator to raise it (`llmgw_ctl keys update`)." if budget else "."),
-        error,
-        error,
-        headers=[*headers, (b"retry-after", str(retry_after).encode())],
-    )

@@ -33,6 +33,13 @@ class Caller:
     # The account a key was issued to (the playground's keys), "" for a key of its own:
     # what the key makes (kept responses) belongs to the account, through every renewal.
     user: str = ""
+    # The team it spends for ("" in a table from before teams): its budgets, held for all
+    # its keys together, and the models it may use (None: every model).
+    team: str = ""
+    team_limits: Limits = field(default_factory=Limits)
+    team_models: frozenset[str] | None = None
+    # The limits of ``limits`` that the team's cap per key set (a refusal names the cap).
+    capped: frozenset[str] = frozenset()
 
     @property
     def owner(self) -> str:
@@ -41,8 +48,18 @@ class Caller:
         return f"user:{self.user}" if self.user else f"{self.prefix}:{self.name}"
 
     def may_use(self, names: frozenset[str]) -> bool:
-        """Whether the key covers a model known by any of ``names`` (its name and aliases)."""
-        return not self.models or not self.models.isdisjoint(names)
+        """Whether the key covers a model known by any of ``names`` (its name and aliases)
+        and the model is open to its team."""
+        return self.sees(names) and (not self.models or not self.models.isdisjoint(names))
+
+    def sees(self, names: frozenset[str]) -> bool:
+        """Whether the model known by ``names`` is open to the key's team: a model closed
+        to it does not exist for it (404, as a name nobody serves)."""
+        return self.team_models is None or not self.team_models.isdisjoint(names)
+
+
+def _names(names: Iterable[str] | None) -> frozenset[str] | None:
+    return None if names is None else frozenset(names)
 
 
 # Requests when the static file says `auth: false`.
@@ -70,6 +87,10 @@ class KeyCache:
                 expires_at=k.get("expires_at"),
                 priority=k.get("priority") or "normal",
                 user=str(k.get("user") or ""),
+                team=k.get("team") or "",
+                team_limits=Limits.from_dict(k.get("team_limits")),
+                team_models=_names(k.get("team_models")),
+                capped=frozenset(k.get("capped") or ()),
             )
             for k in keys
             if k.get("expires_at") is None or k["expires_at"] > gone_before
@@ -77,6 +98,14 @@ class KeyCache:
 
     def __len__(self) -> int:
         return 0 if self._by_hash is None else len(self._by_hash)
+
+    def team_keys(self, team: str) -> list[str]:
+        """The prefixes of the team's keys this router knows (its ledger is theirs)."""
+        return sorted(c.prefix for c in (self._by_hash or {}).values() if c.team == team)
+
+    def teams_of(self, prefixes: set[str]) -> set[str]:
+        """The teams these keys spend for."""
+        return {c.team for c in (self._by_hash or {}).values() if c.prefix in prefixes and c.team}
 
     def authenticate(self, authorization: bytes | None, api_key: bytes | None = None) -> Caller:
         """The caller behind an Authorization header (or, without one, an ``x-api-key``

@@ -227,16 +227,32 @@ FROM router_usage WHERE key_prefix = %s AND hour >= %s
 """
 
 
+# A team's: every key it ever held, revoked ones too (their spending today still counts).
+TEAM_LEDGER = """
+SELECT COALESCE(SUM(prompt_tokens + completion_tokens) FILTER (WHERE hour >= %s), 0),
+       COALESCE(SUM(prompt_tokens + completion_tokens), 0)
+FROM router_usage WHERE key_prefix IN (
+    SELECT k.prefix FROM catalog_apikey k JOIN catalog_team t ON t.id = k.team_id
+    WHERE t.name = %s
+) AND hour >= %s
+"""
+
+
 def ledger_totals(key_prefix: str, day_start: float, month_start: float) -> tuple[int, int]:
     """A key's tokens since ``day_start`` and since ``month_start`` (hour boundaries), as
-    the usage rows of every router hold them (Django's connection, sync)."""
+    the usage rows of every router hold them (Django's connection, sync); a team's (its
+    counter name, ``protocol.rate_limits.team_counter_name``) are all its keys'."""
     from datetime import UTC, datetime
 
     from django.db import connection
 
+    from protocol.rate_limits import counted_team
+
+    team = counted_team(key_prefix)
+
     day = datetime.fromtimestamp(day_start, tz=UTC)
     month = datetime.fromtimestamp(month_start, tz=UTC)
     with connection.cursor() as cursor:
-        cursor.execute(LEDGER, (day, key_prefix, month))
+        cursor.execute(TEAM_LEDGER if team else LEDGER, (day, team or key_prefix, month))
         found = cursor.fetchone()
     return int(found[0]), int(found[1])

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from catalog.actions.entries import apply_catalog, apply_model
-from catalog.models import Model, Profile
+from catalog.keys import known_model_names, open_model_names
+from catalog.models import Model, Profile, Team
 from catalog.plan import export_catalog
 from catalog.schema import CatalogError, ModelEntry, ProfileEntry
 from tests.factories import SETUP, make_profile, make_replica
@@ -150,7 +151,7 @@ def test_the_estimate_adds_the_adapters_a_rank_holds(tmp_path):
     assert fit.total == fit.weights + fit.kv_cache + fit.buffers + fit.adapters
     assert "LoRA adapters " in profile.fit_line
     profile.engine, profile.max_loras = "vllm", 3
-    assert profile.adapters_bytes() == 3 * 5 * 2**20  # max_loras of the largest at once
+    assert profile.fit().adapters == 3 * 5 * 2**20  # max_loras of the largest at once
 
 
 def test_the_rest_api_shows_a_models_adapters_and_an_edit_keeps_them(api_client, operator):
@@ -163,3 +164,13 @@ def test_the_rest_api_shows_a_models_adapters_and_an_edit_keeps_them(api_client,
                               format="json")  # fmt: skip
     assert edited.status_code == 200, edited.json()
     assert Model.objects.get().adapter_ids() == ["smol:test"]
+
+
+def test_a_model_closed_to_other_teams_closes_its_adapters_with_it():
+    apply_catalog(catalog({**ADAPTER, "aliases": ["smol-test"]}), actor=SETUP)
+    Team.objects.create(name="theirs")
+    Model.objects.get().teams.add(Team.objects.create(name="ours"))
+    usable = open_model_names()
+    assert {"smol", "smol:test", "smol-test"} <= usable["ours"]
+    assert not {"smol", "smol:test", "smol-test"} & usable["theirs"]
+    assert {"smol:test", "smol-test"} <= known_model_names()  # a key may name an adapter

@@ -7,6 +7,7 @@ import json
 import pytest
 from django.contrib.auth.models import Group, Permission
 
+from audit.filters import ACCOUNT_KINDS
 from audit.models import Event
 from catalog.models import Engine, Pool, Profile
 from catalog.permissions import ENGINE_ADMINS_GROUP
@@ -98,7 +99,7 @@ def test_an_operators_admin_save_is_checked_like_an_apply_and_saves_nothing(
     assert said in errors, errors
     profile.refresh_from_db()
     assert (profile.replicas, profile.args, profile.env) == (1, ["--threads", "2"], {})
-    assert not Event.objects.exists()
+    assert not Event.objects.exclude(kind__in=ACCOUNT_KINDS).exists()  # the scene aside
 
 
 def test_an_operators_admin_save_goes_through_the_verb(client, operator):
@@ -112,7 +113,7 @@ def test_an_operators_admin_save_goes_through_the_verb(client, operator):
     assert response.status_code == 302, form_errors(response)
     profile.refresh_from_db()
     assert profile.replicas == 3
-    assert Event.objects.get().actor == operator
+    assert Event.objects.exclude(kind__in=ACCOUNT_KINDS).get().actor == operator
 
 
 def test_only_an_engine_admin_adds_an_engine_build_through_the_admin(client, operator):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from audit.filters import ACCOUNT_KINDS
 from audit.models import Event
 from catalog.actions.entries import apply_model
 from catalog.models import Model, Profile
@@ -37,7 +38,7 @@ def test_a_new_model_is_placed_on_paper_and_nothing_is_written(operator):
     assert [d.ranks[0].node for d in profile.decisions] == ["node01", "node02"]
     assert not plan.restarts
     assert not Model.objects.exists() and not Replica.objects.exists()
-    assert not Event.objects.exists()
+    assert not Event.objects.exclude(kind__in=ACCOUNT_KINDS).exists()  # the operator made aside
 
 
 def test_a_replica_no_node_can_take_comes_with_every_refusal_node_by_node(operator):

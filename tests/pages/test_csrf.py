@@ -47,6 +47,7 @@ def samples(fleet) -> dict[str, tuple[str, ...]]:
         "id": ("1",),
         "content_type_id": ("1",),
         "url": ("anywhere/",),
+        "username": ("olga",),  # a team member (/api/v1/teams/NAME/members/USERNAME/)
     }
 
 

@@ -87,10 +87,13 @@ def test_five_wrong_passwords_lock_the_pair_even_against_the_right_one(
     )
     assert len(password_checks) == checked, "a locked pair's password was checked"
 
-    (event,) = Event.objects.filter(kind=EventKind.SIGN_IN)
-    assert event.subject == "olga" and event.to_state == "locked"
+    (event,) = Event.objects.filter(kind=EventKind.SIGN_IN, to_state="locked")
+    assert event.subject == "olga"
     assert event.reason == "locked out from 10.0.0.5 for 15 minutes after 5 failed sign-ins"
     assert event.actor is None
+    # Each wrong password is an Event of its own; the locked pair's try never reached one.
+    refused = Event.objects.filter(kind=EventKind.SIGN_IN, to_state="refused")
+    assert [e.reason for e in refused] == ["sign-in refused from 10.0.0.5"] * 5
 
 
 def test_another_address_still_signs_in(operator):

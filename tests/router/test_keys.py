@@ -54,7 +54,8 @@ def test_a_key_is_stored_only_as_its_hash_and_prefix():
     assert active_keys() == [
         {"name": "team-a", "prefix": row.prefix, "sha256": hash_key(key), "models": ["gemma"],
          "limits": {"concurrency": 64}, "expires_at": None, "priority": "normal",
-         "user": None}
+         "user": None, "team": "default", "team_limits": {}, "capped": [],
+         "team_models": None}
     ]  # fmt: skip
 
 
@@ -114,7 +115,7 @@ def test_ctl_create_prints_the_key_once_and_list_shows_only_the_prefix():
     assert "it is not shown again" in output
     listing = ctl("keys", "list")
     header = listing.splitlines()[0].split()
-    assert header == ["NAME", "PREFIX", "MODELS", "LIMITS", "CREATED", "REVOKED"]
+    assert header == ["NAME", "PREFIX", "TEAM", "MODELS", "LIMITS", "CREATED", "REVOKED"]
     assert key[:14] in listing and key not in listing
     assert "gemma" in listing
 

@@ -15,7 +15,8 @@ from django.conf import settings
 
 from protocol.rate_limits import Limits, day_ends
 from router.errors import RouterError
-from router.intake.limits import RateLimiter, reset_text
+from router.intake.limited import reset_text
+from router.intake.limits import RateLimiter
 from router.metrics import RouterMetrics
 from router.table.keys import Caller
 

@@ -291,3 +291,26 @@ def test_roles_come_from_the_claim_through_the_map(settings):
         role_map(["llm-ops=root"])
     with pytest.raises(ImproperlyConfigured, match="'operators'"):
         role_map(["operators"])
+
+
+def test_a_group_that_maps_to_a_team_lead_signs_in_as_that_teams_lead(idp, settings):
+    """Teams (issue 43): lena's `staff` group makes her red's lead; she sees red's keys
+    through the API with the session the sign-in gave her, and none of blue's."""
+    from catalog.actions.api_keys import create_key
+    from catalog.models import Membership
+    from catalog.teams.actions import create_team
+    from tests.factories import SETUP
+
+    settings.OIDC_ROLE_MAP = ["staff=team:red:lead", "readers=team:red:viewer"]
+    create_team("red", actor=SETUP)
+    create_team("blue", actor=SETUP)
+    create_key("red-svc", team="red", actor=SETUP)
+    create_key("blue-svc", team="blue", actor=SETUP)
+    client = Client()
+    sign_in(client, "lena")
+    lena = User.objects.get(username="lena")
+    assert Membership.objects.get(team__name="red", user=lena).role == "lead"
+    assert not lena.groups.exists()  # a team's lead, no fleet-wide role
+    keys = client.get("/api/v1/keys/").json()["results"]
+    assert [key["name"] for key in keys] == ["red-svc"]
+    assert [team["name"] for team in client.get("/api/v1/teams/").json()["results"]] == ["red"]

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("catalog", "0009_playground_keys"),
+        ("catalog", "0010_teams"),
     ]
 
     operations = [
