@@ -66,12 +66,30 @@ class ShardLauncher:
             return self.refuse(spec, str(exc))
         if resolved.model_path and not spec.model_path:
             spec = spec.model_copy(update={"model_path": resolved.model_path})
+        try:
+            spec, adapters_missing = self._resolve_adapters(spec)
+        except WeightSourceError as exc:
+            return self.refuse(spec, str(exc))
         problems = self.problems(spec, check_file=resolved.kind == "local")
         if problems:
             return self.refuse(spec, "; ".join(problems))
-        if resolved.kind == "fetched" and resolved.path and not resolved.path.exists():
+        missing = resolved.kind == "fetched" and resolved.path and not resolved.path.exists()
+        if missing or adapters_missing:
             return self._fetch_then_launch(spec)
         return self._launch(spec)
+
+    def _resolve_adapters(self, spec: ShardSpec) -> tuple[ShardSpec, bool]:
+        """The spec with each adapter's place on this node (a hub id has none: the engine
+        fetches it), and whether a URL's file is still to be fetched, like the weights."""
+        adapters, missing = [], False
+        for adapter in spec.adapters:
+            resolved = self.weights.resolve(adapter.source)
+            if resolved.kind == "fetched" and resolved.path and not resolved.path.exists():
+                missing = True
+            adapters.append(adapter.model_copy(update={"path": resolved.model_path}))
+        if not adapters:
+            return spec, False
+        return spec.model_copy(update={"adapters": adapters}), missing
 
     def downloading(self) -> list[Download]:
         """Shards waiting for their weights: the register must report them too."""
@@ -99,6 +117,9 @@ class ShardLauncher:
             problems += adapter.binary_problems(spec, binary)
         if check_file and spec.model_path and not Path(spec.model_path).exists():
             problems.append(f"model file {spec.model_path} is not on this node")
+        for lora in spec.adapters:  # a path source is used as is: it must be here now
+            if lora.source.startswith("/") and not Path(lora.source).exists():
+                problems.append(f"adapter {lora.name}'s file {lora.source} is not on this node")
         return problems
 
     def _launch(self, spec: ShardSpec) -> ShardState:
@@ -146,7 +167,15 @@ class ShardLauncher:
             )
 
         try:
-            path = self.weights.fetch(spec.source, spec.sha256, on_progress=progress, cancel=cancel)
+            path = spec.model_path
+            if self.weights.resolve(spec.source).kind == "fetched":
+                fetched = self.weights.fetch(
+                    spec.source, spec.sha256, on_progress=progress, cancel=cancel
+                )
+                path = str(fetched)
+            for adapter in spec.adapters:  # fetched like the weights, each once per node
+                if self.weights.resolve(adapter.source).kind == "fetched":
+                    self.weights.fetch(adapter.source, adapter.sha256, cancel=cancel)
         except FetchCancelled:
             self._transition(spec, "stopped", "stopped while its weights were downloading")
             return
@@ -158,7 +187,7 @@ class ShardLauncher:
             # The stop came as the download finished: it is answered all the same.
             self._transition(spec, "stopped", "stopped as its weights finished downloading")
             return
-        self._launch(spec.model_copy(update={"model_path": str(path)}))
+        self._launch(spec.model_copy(update={"model_path": path}))
 
     def _forget(self, shard_id: str) -> bool:
         with self._lock:

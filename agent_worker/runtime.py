@@ -420,9 +420,11 @@ class AgentRuntime:
 
     def collect_weights(self, keep: list[str]) -> list[str]:
         """Delete fetched weights no model needs; what runs or downloads is always kept."""
-        running = [shard.spec.source for shard in self.supervisor.running()]
-        downloading = [download.spec.source for download in self.launcher.downloading()]
-        return self.held_weights.collect([*keep, *running, *downloading])
+        specs = [shard.spec for shard in self.supervisor.running()]
+        specs += [download.spec for download in self.launcher.downloading()]
+        # A running engine's LoRA adapters are its weights too.
+        held = [s for spec in specs for s in (spec.source, *(a.source for a in spec.adapters))]
+        return self.held_weights.collect([*keep, *held])
 
     def prefetch(self, source: str, sha256: str = "") -> dict:
         """Fetch ``source`` ahead of need (``NodeWeights.prefetch``)."""

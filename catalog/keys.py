@@ -19,6 +19,7 @@ from django.utils import timezone
 from catalog.models import ApiKey, Model, Team
 from protocol.rate_limits import Limits, counter_keys
 from protocol.routing import EXPIRED_KEYS_KEPT_SECONDS
+from protocol.shard import adapter_id
 
 KEY_START = "llmgw-"
 # "llmgw-" and 8 random characters: enough to tell keys apart in a list, never to use one.
@@ -167,7 +168,7 @@ def open_model_names() -> dict[str, set[str] | None]:
     named: dict[int, set[str]] = {}
     closed_somewhere = False
     for model in Model.objects.prefetch_related("teams"):
-        names = {model.name, *model.aliases}
+        names = {model.name, *model.aliases, *adapter_names(model.adapters, model.name)}
         team_ids = [team.id for team in model.teams.all()]
         if not team_ids:
             everyone |= names
@@ -184,10 +185,17 @@ def open_model_names() -> dict[str, set[str] | None]:
 
 def known_model_names() -> set[str]:
     names: set[str] = set()
-    for name, aliases in Model.objects.values_list("name", "aliases"):
+    for name, aliases, adapters in Model.objects.values_list("name", "aliases", "adapters"):
         names.add(name)
         names.update(aliases)
+        names.update(adapter_names(adapters, name))  # a key may be for an adapter alone
     return names
+
+
+def adapter_names(adapters: list[dict], model: str) -> list[str]:
+    """Every name a model's LoRA adapters are asked for by: each id and alias. A model
+    closed to a team closes its adapters with it."""
+    return [n for a in adapters for n in (adapter_id(model, a["name"]), *a.get("aliases", []))]
 
 
 def key_usage(key: ApiKey, now: float) -> dict[str, int]:

@@ -10,11 +10,12 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
-from catalog.fit.estimate import MemoryEstimate, ModelShape, Needs, estimate, needs
+from catalog.fit.estimate import MemoryEstimate, ModelShape, Needs, adapter_bytes, estimate, needs
 from core.humanize import format_bytes
 from protocol.engine_serves import effective_serves
 from protocol.engines import DEFAULT_ENGINES, WantedEngine, newest_version
 from protocol.serving import DEFAULT_SERVES
+from protocol.shard import AdapterSpec, adapter_id, served_adapters, start_specs
 
 KNOWN_ENGINES = ("llama.cpp", "vllm", "sglang")
 LAUNCH_MODES = ("native", "ray", "mp")
@@ -134,6 +135,9 @@ class Model(models.Model):
     # {"source", "shape"} once read, {"source", "reading"} while a task downloads a URL's
     # header, {"source", "unreadable"} with the reason. A changed source is read again.
     file_shape = models.JSONField(default=dict, blank=True, editable=False)
+    # LoRA adapters on its replicas, as the catalog file lists them ({"name", "source", …}).
+    # In no profile's fingerprint: adding one restarts no replica.
+    adapters = models.JSONField(default=list, blank=True)
     # The teams whose keys may use it; none named: every team's.
     teams = models.ManyToManyField(Team, blank=True, related_name="models")
 
@@ -142,6 +146,18 @@ class Model(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def adapter_ids(self) -> list[str]:
+        """Each adapter's model id, ``<model>:<adapter>``, in catalog order."""
+        return [adapter_id(self.name, adapter["name"]) for adapter in self.adapters]
+
+    def adapters_for(self, profile: Profile) -> list[dict]:
+        """The adapters ``profile`` serves (protocol.shard.served_adapters)."""
+        return served_adapters(self.adapters, profile.name, profile.engine)
+
+    def adapter_specs(self, profile: Profile) -> list[AdapterSpec]:
+        """What a replica of ``profile`` loads at start, in the catalog's order."""
+        return start_specs(self.adapters_for(profile), profile.engine)
 
     def shape(self) -> ModelShape | None:
         """What the file of its current source says (catalog/fit/); None until read."""
@@ -205,6 +221,9 @@ class Profile(models.Model):
     drain_timeout = models.PositiveIntegerField(
         default=30, help_text="seconds a replica being replaced may finish its requests"
     )
+    # vLLM's --max-loras and --max-lora-rank (0: LoRA off, and vLLM's own rank).
+    max_loras = models.PositiveIntegerField(default=0)
+    max_lora_rank = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -239,6 +258,7 @@ class Profile(models.Model):
             gpus_per_rank=self.gpus_per_rank,
             nodes=self.nodes,
             serves=self.served_kinds,
+            adapters=adapter_bytes(self.model.adapters_for(self), self.max_loras),
         )
 
     def needs(self, fit: MemoryEstimate | None = None) -> Needs:
@@ -352,6 +372,9 @@ def profile_fingerprint(model: Model, profile: Profile, engine_version: str) -> 
         # Only when named, so the fingerprints of profiles that serve the default stay as
         # they were before serves: existed (no rolling restart for nothing).
         facts["serves"] = list(profile.serves)
+    for name in ("max_loras", "max_lora_rank"):
+        if getattr(profile, name):  # only when set, as serves:; adapters are never here
+            facts[name] = getattr(profile, name)
     encoded = json.dumps(facts, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:16]
 

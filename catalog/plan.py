@@ -22,6 +22,7 @@ from catalog.models import (
     newest_engine_versions,
 )
 from catalog.schema import (
+    AdapterEntry,
     CatalogError,
     CatalogFile,
     ModelEntry,
@@ -35,10 +36,11 @@ PROFILE_FIELDS = (
     "engine", "engine_version", "replicas", "gpus_per_rank", "tensor_parallel", "nodes",
     "memory", "gpu_memory", "disk", "context", "pool", "launch_mode", "strategy", "serves",
     "args", "env", "startup_timeout", "drain_timeout", "routing", "concurrency", "autoscale",
+    "max_loras", "max_lora_rank",
 )  # fmt: skip
 # The file's ``rollout:`` block is two columns of the profile row.
 ROLLOUT_COLUMNS = {"rollout_surge": "surge", "rollout_unavailable": "unavailable"}
-MODEL_FIELDS = ("source", "sha256", "aliases", "description")
+MODEL_FIELDS = ("source", "sha256", "aliases", "description", "adapters")
 SIZE_FIELDS = {"memory", "gpu_memory", "disk"}
 DURATION_FIELDS = {"startup_timeout", "drain_timeout"}
 
@@ -143,7 +145,7 @@ def plan_changes(catalog: CatalogFile, *, prune: bool) -> list[Change]:
     existing_models = {m.name: m for m in Model.objects.prefetch_related("profiles")}
     for model_entry in catalog.models:
         model = existing_models.pop(model_entry.name, None)
-        wanted = {name: getattr(model_entry, name) for name in MODEL_FIELDS}
+        wanted = model_values(model_entry)
         if model is None:
             changes.append(Change("create", "model", model_entry.name))
             changes += [
@@ -273,6 +275,13 @@ def _newest_version_change(
     return {f"engine_version (the catalog's newest {entry.engine})": (old, new)}
 
 
+def model_values(entry: ModelEntry) -> dict[str, Any]:
+    """The model row's columns as the file's entry sets them (adapters as plain dicts)."""
+    values = {name: getattr(entry, name) for name in MODEL_FIELDS}
+    values["adapters"] = [adapter.model_dump() for adapter in entry.adapters]
+    return values
+
+
 def profile_values(entry: ProfileEntry) -> dict[str, Any]:
     """The profile row's columns as the file's entry sets them."""
     values = {name: getattr(entry, name) for name in PROFILE_FIELDS}
@@ -319,6 +328,8 @@ def export_catalog() -> dict[str, Any]:
             value = getattr(model, name)
             if value != ModelEntry.model_fields[name].default:
                 entry[name] = value
+        if model.adapters:
+            entry["adapters"] = [_exported_adapter(adapter) for adapter in model.adapters]
         profiles = []
         for profile in model.profiles.all():
             item: dict[str, Any] = {"name": profile.name, "engine": profile.engine}
@@ -340,6 +351,16 @@ def export_catalog() -> dict[str, Any]:
     if models:
         data["models"] = models
     return data
+
+
+def _exported_adapter(adapter: dict[str, Any]) -> dict[str, Any]:
+    """One adapter as the file writes it: its name and source, then what is not a default."""
+    fields = AdapterEntry.model_fields
+    return {
+        name: value
+        for name, value in adapter.items()
+        if name in ("name", "source") or (name in fields and value != fields[name].default)
+    }
 
 
 def spans_nodes_problem(engine: str, version: str, nodes: int) -> str | None:

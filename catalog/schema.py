@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -27,12 +28,14 @@ from protocol.engine_args import common_flag_problems
 from protocol.engine_serves import (
     ENGINE_SERVES,
     effective_serves,
+    prefix_cache_switched_off,
     serve_arg_problems,
     serve_problems,
 )
 from protocol.engines import PIP_ENGINES, EngineBuild, check_path_token
 from protocol.routing import PREFIX, ROUTING_POLICIES
-from protocol.sources import HUB_ID, is_loopback_url
+from protocol.shard import ADAPTER_SEPARATOR, adapter_id, loras_of
+from protocol.sources import check_source
 from protocol.units import parse_duration, parse_size
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
@@ -67,39 +70,7 @@ def _check_name(value: str) -> str:
     return value
 
 
-# What switches each engine's prefix cache off, as a profile's args or env would say it;
-# prefix routing to such an engine pins requests to a replica for nothing. vLLM
-# (--enable-prefix-caching / --no-enable-prefix-caching) and llama.cpp (--cache-prompt /
-# --no-cache-prompt, or LLAMA_ARG_CACHE_PROMPT=0) cache by default; SGLang's radix cache
-# only has an off switch.
-PREFIX_CACHE_SWITCHES: dict[str, tuple[str, str | None]] = {
-    "vllm": ("--no-enable-prefix-caching", "--enable-prefix-caching"),
-    "sglang": ("--disable-radix-cache", None),
-    "llama.cpp": ("--no-cache-prompt", "--cache-prompt"),
-}
-LLAMA_CACHE_PROMPT_ENV = "LLAMA_ARG_CACHE_PROMPT"
-FALSE_WORDS = ("0", "false", "off", "no", "disabled")
-
-
-def prefix_cache_switched_off(engine: str, args: list[str], env: dict[str, str]) -> str | None:
-    """What in ``args`` or ``env`` turns the engine's prefix cache off, as written; None
-    when it stays on. Of an on and an off flag the last wins, as in the engines' parsers,
-    and a flag wins over llama.cpp's environment variable."""
-    if engine not in PREFIX_CACHE_SWITCHES:
-        return None
-    off, on = PREFIX_CACHE_SWITCHES[engine]
-    said: tuple[str, bool] | None = None  # the last on or off flag, and whether it is off
-    for arg in args:
-        # Python engines' parsers also take --no_enable_prefix_caching.
-        flag = arg.split("=", 1)[0].replace("_", "-")
-        if flag in (off, on):
-            said = (arg, flag == off)
-    if said is not None:
-        return said[0] if said[1] else None
-    value = env.get(LLAMA_CACHE_PROMPT_ENV, "") if engine == "llama.cpp" else ""
-    if value.strip().lower() in FALSE_WORDS:
-        return f"{LLAMA_CACHE_PROMPT_ENV}={value}"
-    return None
+Name = Annotated[str, AfterValidator(_check_name)]
 
 
 def _check_engine(value: str) -> str:
@@ -207,6 +178,10 @@ class ProfileEntry(_Entry):
     # Requests one replica serves at once; more wait in the routers. 0: no limit.
     concurrency: int = Field(default=0, ge=0, le=INTEGER_MAX)
     autoscale: AutoscaleEntry | None = None
+    # LoRA adapters one vLLM replica holds in a batch (--max-loras), and their highest rank;
+    # 0: vLLM's LoRA stays off (adapters then need it set) and its default rank (16).
+    max_loras: int = Field(default=0, ge=0, le=INTEGER_MAX)
+    max_lora_rank: int = Field(default=0, ge=0, le=INTEGER_MAX)
     # Last: its check reads engine, args and env, which pydantic validates first.
     routing: str = "least_outstanding"
 
@@ -267,6 +242,11 @@ class ProfileEntry(_Entry):
             raise ValueError("tensor_parallel above 1 needs gpus_per_rank; a CPU rank has none")
         if self.engine == "sglang" and self.launch_mode == "ray":
             raise ValueError("sglang has no ray launch mode; use native")
+        if (self.max_loras or self.max_lora_rank) and not loras_of(self.engine).at_runtime:
+            raise ValueError(
+                f"max_loras and max_lora_rank are vLLM's; {self.engine} loads every adapter "
+                "its model lists at start; remove them"
+            )
         return self
 
     @model_validator(mode="after")
@@ -284,34 +264,46 @@ class ProfileEntry(_Entry):
         return self
 
 
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+class AdapterEntry(_Entry):
+    """A LoRA adapter served on its model's replicas, asked for as ``<model>:<name>``."""
+
+    name: str
+    source: str
+    sha256: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
+    aliases: list[Name] = []
+    scale: float = Field(default=1.0, gt=0, le=100)  # 1: as trained
+    # The model's profiles that serve it; empty: every one whose engine can.
+    profiles: list[str] = []
+    description: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def name_is_usable(cls, value: str) -> str:
+        if not ADAPTER_NAME.match(value):
+            raise ValueError(
+                f"{value!r} is not a usable adapter name; use letters, digits and . _ - "
+                f"(64 at most): clients ask for it as <model>{ADAPTER_SEPARATOR}<adapter>"
+            )
+        return value
+
+    _source = field_validator("source")(check_source)
+
+
 class ModelEntry(_Entry):
     name: str
     source: str
     sha256: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
-    aliases: list[str] = []
+    aliases: list[Name] = []
     description: str = ""
     profiles: list[ProfileEntry] = []
+    adapters: list[AdapterEntry] = []
 
     _name = field_validator("name")(_check_name)
 
-    @field_validator("aliases")
-    @classmethod
-    def aliases_are_names(cls, value: list[str]) -> list[str]:
-        return [_check_name(alias) for alias in value]
-
-    @field_validator("source")
-    @classmethod
-    def source_is_usable(cls, value: str) -> str:
-        if value.startswith("/") or value.startswith("https://") or HUB_ID.match(value):
-            return value
-        if value.startswith("http://") and is_loopback_url(value):
-            return value  # this machine's own server: nothing on the way to read or alter
-        if value.startswith("http://"):
-            raise ValueError(f"source {value!r} uses plain http; use https://")
-        raise ValueError(
-            f"source {value!r} is neither an absolute path, an https:// URL nor a hub id "
-            "like org/repo"
-        )
+    _source = field_validator("source")(check_source)
 
     @model_validator(mode="after")
     def profile_names_unique(self) -> ModelEntry:
@@ -320,6 +312,42 @@ class ModelEntry(_Entry):
         if duplicates:
             raise ValueError(f"profile {duplicates[0]!r} is named twice")
         return self
+
+    @model_validator(mode="after")
+    def adapters_can_be_served(self) -> ModelEntry:
+        """Every problem of every adapter at once, each naming the adapter and its fix."""
+        problems = []
+        profiles = {profile.name: profile for profile in self.profiles}
+        seen: set[str] = set()
+        for adapter in self.adapters:
+            where = f"adapters: {adapter.name}"
+            if adapter.name in seen:
+                problems.append(f"{where}: named twice; give each adapter its own name")
+            seen.add(adapter.name)
+            unknown = [name for name in adapter.profiles if name not in profiles]
+            if unknown:
+                problems.append(
+                    f"{where}: profiles: {', '.join(map(repr, unknown))} not among this "
+                    f"model's profiles ({', '.join(profiles) or 'none'}); list only those"
+                )
+            named = [profiles[name] for name in adapter.profiles if name in profiles]
+            for profile in named or self.profiles:
+                problems += _adapter_on_profile(adapter, profile, where, bool(named))
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+def _adapter_on_profile(
+    adapter: AdapterEntry, profile: ProfileEntry, where: str, named: bool
+) -> list[str]:
+    """Why ``profile`` cannot serve ``adapter``; a profile the adapter does not name only
+    when its engine could (an SGLang profile beside a vLLM one just leaves it out)."""
+    loras = loras_of(profile.engine)
+    if loras.refused and not named:
+        return []
+    why = loras.problem(adapter.source, profile.max_loras)
+    return [f"{where}: profile {profile.name} runs {profile.engine}: {why}"] if why else []
 
 
 class CatalogFile(_Entry):
@@ -404,13 +432,18 @@ def _cross_check(catalog: CatalogFile, filename: str) -> list[str]:
             if key in seen:
                 problems.append(f"{filename}: {section}[{index}] ({entry.name}): named twice")
             seen.add(key)
-    served: dict[str, str] = {}
+    served: dict[str, str] = {}  # name -> "model 'x'" or "adapter 'x:y'"
     for index, model in enumerate(catalog.models):
-        for name in [model.name, *model.aliases]:
-            if name in served and served[name] != model.name:
+        # (name, what it names): a model's own names, then each adapter's.
+        names = [(name, f"model {model.name!r}") for name in [model.name, *model.aliases]]
+        for adapter in model.adapters:
+            full = adapter_id(model.name, adapter.name)
+            names += [(name, f"adapter {full!r}") for name in [full, *adapter.aliases]]
+        for name, owner in names:
+            if name in served and served[name] != owner:
                 problems.append(
                     f"{filename}: models[{index}] ({model.name}): {name!r} is already a name "
-                    f"of model {served[name]!r}; clients could not tell them apart"
+                    f"of {served[name]}; clients could not tell them apart"
                 )
-            served.setdefault(name, model.name)
+            served.setdefault(name, owner)
     return problems

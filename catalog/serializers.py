@@ -100,7 +100,10 @@ class ModelSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Model
-        fields = ["id", "name", "aliases", "source", "sha256", "description", "profiles"]
+        fields = ["id", "name", "aliases", "source", "sha256", "description", "profiles",
+                  "adapters"]  # fmt: skip
+        # Checked against the model's profiles, as the catalog file and its apply do.
+        read_only_fields = ["adapters"]
 
     def validate(self, attrs):
         current = {}
@@ -108,4 +111,4 @@ class ModelSerializer(serializers.ModelSerializer):
             current = {name: getattr(self.instance, name) for name in
                        ("name", "aliases", "source", "sha256", "description")}  # fmt: skip
         current.update(attrs)
-        return _validate_with(ModelEntry, current, exclude=("profiles",))
+        return _validate_with(ModelEntry, current, exclude=("profiles", "adapters"))

@@ -188,8 +188,11 @@ def collect_weights(node_id: str) -> dict:
     """Have the node delete fetched weights that no catalog model uses any more."""
     from catalog.models import Model
 
-    keep = sorted(set(Model.objects.values_list("source", flat=True)))
-    return _ask(node_id, CollectWeights(keep=keep))
+    keep = {source for source, _adapters in Model.objects.values_list("source", "adapters")}
+    # A LoRA adapter fetched like the weights is kept like them while its model lists it.
+    for adapters in Model.objects.values_list("adapters", flat=True):
+        keep.update(adapter["source"] for adapter in adapters or [])
+    return _ask(node_id, CollectWeights(keep=sorted(keep)))
 
 
 def fetch_weights(node_id: str, source: str, sha256: str = "") -> dict:

@@ -308,6 +308,7 @@ class Replica(models.Model):
     # When a rolling restart took it out of the routing table to finish its requests;
     # it stays ready (its engines still answer) until the drain is over and it is stopped.
     draining_since = models.DateTimeField(null=True, blank=True)
+    adapters = models.JSONField(default=list, blank=True)  # LoRA ones it started with, in order
 
     class Meta:
         ordering = ["model_name", "created_at"]

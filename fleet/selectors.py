@@ -23,9 +23,11 @@ from catalog.models import (
 from core.humanize import format_bytes, format_progress
 from fleet.models import Node, NodeState, Replica, ReplicaState, Shard, without_reports
 from fleet.planning.backoff import replacement_backoffs
+from fleet.traffic import buckets
 from protocol.engines import EngineInstall, is_default
 from protocol.inventory import Filesystem, Inventory, NodeUsage
 from protocol.serving import DEFAULT_SERVES
+from protocol.shard import adapter_id, loras_of
 
 
 def live_replicas():
@@ -408,3 +410,28 @@ def last_scalings() -> dict[str, str]:
     for subject, reason in events.order_by("-id").values_list("subject", "reason"):
         latest.setdefault(subject, reason)
     return latest
+
+
+def adapter_rows(model: str | None = None) -> list[dict[str, Any]]:
+    """Each LoRA adapter (of ``model``, or of every model): its id, base, scale, the ready
+    replicas that loaded it at start and those that load it when asked (vLLM with
+    max_loras), and its requests in the last hour."""
+    ready = Replica.objects.filter(state=ReplicaState.READY, draining_since__isnull=True)
+    ready = ready.select_related("profile__model").order_by("created_at")
+    models = Model.objects.prefetch_related("profiles")
+    rows = []
+    for row in models.filter(name=model) if model else models:
+        for adapter in row.adapters:
+            serving = [r for r in ready if r.model_name == row.name and r.profile is not None
+                       and adapter in row.adapters_for(r.profile)]  # fmt: skip
+            loaded = [str(r.id) for r in serving if adapter["name"] in (r.adapters or [])]
+            name = adapter_id(row.name, adapter["name"])
+            rows.append({
+                "adapter": name, "model": row.name, "scale": adapter.get("scale", 1.0),
+                "source": adapter["source"], "loaded": loaded,
+                "on_demand": [str(r.id) for r in serving if str(r.id) not in loaded
+                              and r.profile is not None and r.profile.max_loras > 0
+                              and loras_of(r.engine).at_runtime],
+                "requests_last_hour": sum(c.get("requests", 0) for _t, c in buckets(name)),
+            })  # fmt: skip
+    return rows

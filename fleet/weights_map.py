@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from catalog.models import Model
 from fleet.models import Node, Shard, ShardState
+from protocol.shard import adapter_id
 
 # Past these, the agent has resolved a path source and an engine runs (or is loading) from
 # it: the file is on that node, listed or not.
@@ -130,6 +131,19 @@ def model_weights(mapped: WeightsMap | None = None) -> list[ModelWeights]:
                 fetching=fetching.get(model.name, {}),
             )
         )
+        # Its LoRA adapters are weights too: fetched, held and kept like the model's.
+        for adapter in model.adapters:
+            holders = mapped.holders(adapter["source"])
+            rows.append(
+                ModelWeights(
+                    model=adapter_id(model.name, adapter["name"]),
+                    source=adapter["source"],
+                    nodes=holders,
+                    fabrics=sorted({f for node in holders for f in mapped.fabrics.get(node, [])}),
+                    stores=sorted(mapped.stores_of.get(adapter["source"], ())),
+                    size=mapped.held_bytes.get(adapter["source"], 0),
+                )
+            )
     return rows
 
 

@@ -249,3 +249,38 @@ def _in_order(kinds: Sequence[str] | frozenset[str]) -> list[str]:
 
 def _flag(arg: str) -> str:
     return arg.split("=", 1)[0] if arg.startswith("-") else ""
+
+
+# What switches each engine's prefix cache off, as a profile's args or env would say it;
+# prefix routing to such an engine pins requests to a replica for nothing. vLLM
+# (--enable-prefix-caching / --no-enable-prefix-caching) and llama.cpp (--cache-prompt /
+# --no-cache-prompt, or LLAMA_ARG_CACHE_PROMPT=0) cache by default; SGLang's radix cache
+# only has an off switch.
+PREFIX_CACHE_SWITCHES: dict[str, tuple[str, str | None]] = {
+    "vllm": ("--no-enable-prefix-caching", "--enable-prefix-caching"),
+    "sglang": ("--disable-radix-cache", None),
+    "llama.cpp": ("--no-cache-prompt", "--cache-prompt"),
+}
+LLAMA_CACHE_PROMPT_ENV = "LLAMA_ARG_CACHE_PROMPT"
+FALSE_WORDS = ("0", "false", "off", "no", "disabled")
+
+
+def prefix_cache_switched_off(engine: str, args: list[str], env: dict[str, str]) -> str | None:
+    """What in ``args`` or ``env`` turns the engine's prefix cache off, as written; None
+    when it stays on. Of an on and an off flag the last wins, as in the engines' parsers,
+    and a flag wins over llama.cpp's environment variable."""
+    if engine not in PREFIX_CACHE_SWITCHES:
+        return None
+    off, on = PREFIX_CACHE_SWITCHES[engine]
+    said: tuple[str, bool] | None = None  # the last on or off flag, and whether it is off
+    for arg in args:
+        # Python engines' parsers also take --no_enable_prefix_caching.
+        flag = arg.split("=", 1)[0].replace("_", "-")
+        if flag in (off, on):
+            said = (arg, flag == off)
+    if said is not None:
+        return said[0] if said[1] else None
+    value = env.get(LLAMA_CACHE_PROMPT_ENV, "") if engine == "llama.cpp" else ""
+    if value.strip().lower() in FALSE_WORDS:
+        return f"{LLAMA_CACHE_PROMPT_ENV}={value}"
+    return None

@@ -67,6 +67,15 @@ class ReplicaEndpoint(_Snapshot):
         description="the chat APIs its engine serves itself (messages, responses); the "
         "router translates the others onto its chat completions",
     )
+    adapters: list[str] = Field(
+        default_factory=list,
+        description="the LoRA adapters (names in its model's adapters:) it was started with, "
+        "in load order: llama.cpp's adapter ids",
+    )
+    max_loras: int = Field(
+        default=0, ge=0, description="adapters it holds at once when it loads them while it "
+        "runs (vLLM); 0: only those it was started with"
+    )  # fmt: skip
 
 
 class RoutableModel(_Snapshot):
@@ -98,6 +107,14 @@ class RoutableModel(_Snapshot):
         default=False, description="its replicas follow demand: with none ready, requests wait "
         "for one instead of being refused"
     )  # fmt: skip
+    parent: str = Field(
+        default="", description="for a LoRA adapter, its base model, whose replicas serve it"
+    )
+    adapter: str = Field(default="", description="the adapter's name in its parent's adapters:")
+    scale: float = Field(default=1.0, description="how strongly the adapter is applied")
+    source: str = Field(
+        default="", description="where a replica that loads adapters while it runs finds it"
+    )
 
 
 class RoutingSnapshot(_Snapshot):

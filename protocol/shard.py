@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.sources import HUB_ID
 
 ShardState = Literal["pending", "fetching", "starting", "ready", "failed", "stopped"]
 # The names a reader outside Django (a bench, a SQL query) compares with; fleet's
@@ -19,6 +21,114 @@ SHARD_READY: ShardState = "ready"
 # Holds its node's GPUs and port: running, or on its way to running.
 SHARD_LIVE: tuple[ShardState, ...] = ("pending", "fetching", "starting", "ready")
 LaunchMode = Literal["native", "ray", "mp"]
+
+
+# LoRA adapters served on their base model's replicas: what each engine can do with them,
+# and how one travels to a node. One table for both sides, like ENGINE_RANKS below: the
+# catalog refuses an adapter on a profile whose engine cannot serve it, and the agent's
+# engine adapters build the flags. An adapter is asked for by its own model id,
+# ``<model>:<adapter>`` (``adapter_id``), which is also the name vLLM serves it under;
+# llama.cpp serves every adapter under the base model's name and is told which to apply
+# per request (the router's ``lora`` field).
+
+# Between a model's name and its adapter's in the adapter's model id.
+ADAPTER_SEPARATOR: Final = ":"
+
+
+def adapter_id(model: str, adapter: str) -> str:
+    """The model id clients send for ``adapter`` of ``model``."""
+    return f"{model}{ADAPTER_SEPARATOR}{adapter}"
+
+
+@dataclass(frozen=True)
+class EngineLoras:
+    """What one engine does with LoRA adapters."""
+
+    # Adapters named at start are loaded with the engine (llama.cpp: --lora, vLLM:
+    # --lora-modules).
+    at_start: bool
+    # Adapters are loaded and unloaded while it runs (vLLM's /v1/load_lora_adapter).
+    at_runtime: bool
+    # The source must be a file on the node (llama.cpp reads a LoRA GGUF, no hub id).
+    needs_file: bool
+    # Why it cannot serve adapters at all; "" when it can.
+    refused: str = ""
+
+    def problem(self, source: str, max_loras: int) -> str:
+        """Why it cannot serve an adapter from ``source`` with ``max_loras``; "" if it can."""
+        if self.refused:
+            return self.refused
+        if self.needs_file and HUB_ID.match(source) and not source.startswith("/"):
+            return (
+                f"it loads a LoRA GGUF file and cannot fetch the hub id {source!r}; give a path "
+                "or https:// URL of a .gguf adapter (llama.cpp's convert_lora_to_gguf.py makes one)"
+            )
+        if self.at_runtime and not max_loras:
+            return (
+                "its LoRA is off; set the profile's max_loras: to the adapters one replica "
+                "holds at once (such as 4)"
+            )
+        return ""
+
+
+ENGINE_LORAS: dict[str, EngineLoras] = {
+    "llama.cpp": EngineLoras(at_start=True, at_runtime=False, needs_file=True),
+    "vllm": EngineLoras(at_start=True, at_runtime=True, needs_file=False),
+    "sglang": EngineLoras(
+        at_start=False,
+        at_runtime=False,
+        needs_file=False,
+        refused="llmgw does not yet give SGLang its LoRA flags (--enable-lora, --lora-paths); "
+        "serve the adapter from a llama.cpp or vLLM profile, or list only those under its "
+        "profiles:",
+    ),  # fmt: skip
+}
+
+# vLLM's own default for --max-lora-rank: an adapter of a higher rank is refused at load.
+VLLM_DEFAULT_MAX_LORA_RANK: Final = 16
+
+
+def served_adapters(adapters: list[dict], profile: str, engine: str) -> list[dict]:
+    """The adapters (a model's ``adapters:`` entries) that profile ``profile`` on ``engine``
+    serves: those naming it, or naming no profile, when its engine serves adapters at all."""
+    if loras_of(engine).refused:
+        return []
+    return [a for a in adapters if not a.get("profiles") or profile in a["profiles"]]
+
+
+def start_specs(adapters: list[dict], engine: str) -> list[AdapterSpec]:
+    """What a replica on ``engine`` loads at start of ``adapters``, in their order."""
+    if not loras_of(engine).at_start:
+        return []
+    return [
+        AdapterSpec(
+            name=a["name"],
+            source=a["source"],
+            sha256=a.get("sha256", ""),
+            scale=a.get("scale", 1.0),
+        )  # fmt: skip
+        for a in adapters
+    ]
+
+
+def loras_of(engine: str) -> EngineLoras:
+    """The engine's row; an engine the table does not name serves no adapter."""
+    return ENGINE_LORAS.get(
+        engine,
+        EngineLoras(False, False, False, refused=f"{engine} serves no LoRA adapter in llmgw"),
+    )
+
+
+class AdapterSpec(BaseModel):
+    """One adapter a replica loads at start, as the node is told it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="the adapter's name in the catalog, unique in its model")
+    source: str = Field(description="absolute path, https:// URL or hub id as the catalog says")
+    sha256: str = Field(default="", description="hex SHA-256 of a URL source's file, if known")
+    path: str = Field(default="", description="where it is on this node, once resolved or fetched")
+    scale: float = Field(default=1.0, description="how strongly it is applied when asked for")
 
 
 class FabricAssignment(BaseModel):
@@ -94,6 +204,15 @@ class ShardSpec(BaseModel):
         "on the broker; the agent opens it into api_key before anything uses the spec",
     )
     startup_timeout: int = Field(default=600, ge=1, description="seconds")
+    adapters: list[AdapterSpec] = Field(
+        default_factory=list,
+        description="LoRA adapters loaded at start, in order (llama.cpp's ids count from 0)",
+    )
+    max_loras: int = Field(
+        default=0, ge=0, description="adapters one batch holds (vLLM's --max-loras); 0: LoRA "
+        "off unless adapters are loaded at start"
+    )  # fmt: skip
+    max_lora_rank: int = Field(default=0, ge=0, description="vLLM's --max-lora-rank; 0: its own")
     epoch: int = Field(default=0, ge=0, description="the leader's epoch that issued this spec")
 
 

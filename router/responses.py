@@ -15,17 +15,20 @@ MESSAGES_PATH = "/v1/messages"
 
 def model_entry(route: ModelRoute, created: float) -> dict[str, Any]:
     replicas = {state: n for state, n in sorted(route.states.items()) if state != "ready"}
-    return {
+    entry: dict[str, Any] = {
         "id": route.name,
         "object": "model",
         "created": int(created),
         "owned_by": "llmgw",
-        "llmgw": {
-            "aliases": list(route.aliases),
-            "serves": list(route.serves),
-            "replicas": {"wanted": route.wanted, "ready": len(route.endpoints), **replicas},
-        },
     }
+    if route.parent:
+        entry["parent"] = route.parent  # a LoRA adapter on its base's replicas (as vLLM says)
+    entry["llmgw"] = {
+        "aliases": list(route.aliases),
+        "serves": list(route.serves),
+        "replicas": {"wanted": route.wanted, "ready": len(route.endpoints), **replicas},
+    }
+    return entry
 
 
 def header(scope: dict, wanted: bytes) -> bytes | None:

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 _SET_CONTEXT = "llmgw sets from the profile's context; set context: there instead"
 _MODEL = "llmgw sets to the weights it placed on this node"
+_LORA = "llmgw sets from the model's adapters:; list the adapter there instead"
 
 # Offload every layer: llama-server stops at the model's real layer count.
 ALL_LAYERS = "999"
@@ -56,6 +57,9 @@ class LlamaCppAdapter(EngineAdapter):
         "-c": _SET_CONTEXT,
         "--ctx-size": _SET_CONTEXT,
         "--rpc": "llmgw sets to the worker ranks placement chose; set nodes: instead",
+        "--lora": _LORA,
+        "--lora-scaled": _LORA,
+        "--lora-init-without-apply": _LORA,
         **serve_owned_flags(name),  # --embeddings, --reranking
     }
     owned_env = serve_owned_env(name)
@@ -73,6 +77,18 @@ class LlamaCppAdapter(EngineAdapter):
                 "would open rpc-server (no authentication, runs any tensor operation it is "
                 "sent) to every network; set the node's own address in its agent file"
             )
+        for adapter in spec.adapters if spec.rank == 0 else []:
+            if not adapter.path:
+                problems.append(
+                    f"llama.cpp loads a LoRA GGUF file, and adapter {adapter.name}'s source "
+                    f"{adapter.source!r} was not resolved to one on this node; give it a path "
+                    "or URL of a .gguf adapter"
+                )
+            elif "," in adapter.path:
+                problems.append(
+                    f"adapter {adapter.name}'s path {adapter.path} has a comma, which "
+                    "llama-server's --lora reads as two files; move it to a path without one"
+                )
         if spec.world_size > 1 and spec.rank == 0 and len(spec.workers) != spec.world_size - 1:
             problems.append(
                 f"rank 0 of a replica across {spec.world_size} nodes needs the address of "
@@ -107,6 +123,7 @@ class LlamaCppAdapter(EngineAdapter):
         # CPU shards also say -ngl 0: CUDA_VISIBLE_DEVICES="" hides NVIDIA cards, not a
         # Vulkan or ROCm build's, and a CPU profile must stay on the CPU.
         argv += ["-ngl", _offloaded_layers(spec)]
+        argv += _lora_flags(spec)
         argv += spec.args
         # By file: --api-key would show the replica's secret to anyone who runs ps.
         secrets = (SecretFile("--api-key-file", "api-key", spec.api_key),) if spec.api_key else ()
@@ -128,6 +145,15 @@ class LlamaCppAdapter(EngineAdapter):
 
     def version_command(self, binary: str) -> list[str]:
         return [binary, "--version"]
+
+
+def _lora_flags(spec: ShardSpec) -> list[str]:
+    """Each adapter loaded, in the spec's order (its id in requests' ``lora`` field), and
+    applied to none until a request asks: the router names every one in every request."""
+    if not spec.adapters:
+        return []
+    flags = [arg for adapter in spec.adapters for arg in ("--lora", adapter.path)]
+    return [*flags, "--lora-init-without-apply"]
 
 
 def rpc_server_beside(binary: str) -> str | None:

@@ -22,11 +22,15 @@ from agent_worker.engines.command import LaunchCommand
 from agent_worker.engines.validation import nccl_node_problems, parse_rendezvous
 from protocol.engine_args import COMMON_OWNED_FLAGS
 from protocol.engine_serves import serve_owned_flags
-from protocol.shard import ShardSpec
+from protocol.shard import VLLM_DEFAULT_MAX_LORA_RANK, ShardSpec, adapter_id
 
 _PARALLEL = "llmgw sets from the profile's tensor_parallel and nodes"
 _MULTI_NODE = "llmgw sets for a replica across nodes"
 _SET_CONTEXT = "llmgw sets from the profile's context; set context: there instead"
+
+_LORA = "llmgw sets from the model's adapters: and the profile's max_loras"
+# What lets routers load and unload adapters while vLLM runs (/v1/load_lora_adapter).
+RUNTIME_LORA = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
 # Seconds to wait for a Ray head to listen before failing the shard.
 RAY_HEAD_TIMEOUT = 60.0
@@ -54,11 +58,16 @@ class VllmAdapter(EngineAdapter):
         "--master-port": _MULTI_NODE,
         "--headless": _MULTI_NODE,
         "--max-model-len": _SET_CONTEXT,
+        "--enable-lora": _LORA,
+        "--max-loras": "llmgw sets from the profile's max_loras",
+        "--max-lora-rank": "llmgw sets from the profile's max_lora_rank",
+        "--lora-modules": _LORA,
         **serve_owned_flags(name),  # --runner, --convert, and the older --task
     }
     owned_env = {
         "RAY_ADDRESS": "llmgw points it at the replica's own Ray head",
         "VLLM_API_KEY": "llmgw sets to the replica's own secret, which only the router sends",
+        RUNTIME_LORA: "llmgw sets when the profile's max_loras turns LoRA on",
     }
 
     def engine_problems(self, spec: ShardSpec) -> list[str]:
@@ -82,6 +91,7 @@ class VllmAdapter(EngineAdapter):
         argv = [binary, "serve", _model(spec), *_parallel(spec), *flags, "--headless"]
         # A worker builds the same model as rank 0, pooling or generating alike.
         argv += self.serve_flags(spec.serves)
+        argv += lora_flags(spec)  # the same LoRA layers as rank 0's
         return [LaunchCommand(argv=(*argv, *spec.args), env=env, name="vllm-worker")]
 
     def _ray_commands(
@@ -114,12 +124,29 @@ class VllmAdapter(EngineAdapter):
         argv = [binary, "serve", _model(spec), "--served-model-name", spec.model]
         argv += ["--host", spec.host, "--port", str(spec.port), *_parallel(spec), *flags]
         argv += self.serve_flags(spec.serves)
+        argv += lora_flags(spec)
+        if spec.max_loras:
+            env = {**env, RUNTIME_LORA: "True"}
         # In its environment (vLLM reads VLLM_API_KEY): --api-key would show it to ps.
         secret = {"VLLM_API_KEY": spec.api_key} if spec.api_key else {}
         return LaunchCommand(argv=(*argv, *spec.args), env=env, name="vllm", secret_env=secret)
 
     def version_command(self, binary: str) -> list[str]:
         return [binary, "--version"]
+
+
+def lora_flags(spec: ShardSpec) -> list[str]:
+    """LoRA on with the profile's bounds, and the adapters named at start, each served
+    under its own model id: routers ask for it by that name."""
+    if not spec.max_loras and not spec.adapters:
+        return []
+    flags = ["--enable-lora", "--max-loras", str(spec.max_loras or max(len(spec.adapters), 1))]
+    flags += ["--max-lora-rank", str(spec.max_lora_rank or VLLM_DEFAULT_MAX_LORA_RANK)]
+    for adapter in spec.adapters:
+        # A hub id has no path here: vLLM fetches it itself, as it does a model's.
+        where = adapter.path or adapter.source
+        flags += ["--lora-modules", f"{adapter_id(spec.model, adapter.name)}={where}"]
+    return flags
 
 
 def _model(spec: ShardSpec) -> str:

@@ -17,13 +17,13 @@ from catalog.actions.shapes import MODEL_FILE_READER, learn_model_shape
 from catalog.engine_admin import check_planned, check_row
 from catalog.models import Engine, Fabric, Model, Pool, Profile
 from catalog.plan import (
-    MODEL_FIELDS,
     Change,
     check_references,
+    model_values,
     plan_changes,
     profile_values,
 )
-from catalog.schema import CatalogError, CatalogFile, ModelEntry, parse_catalog
+from catalog.schema import AdapterEntry, CatalogError, CatalogFile, ModelEntry, parse_catalog
 
 ENTRY_KINDS: dict[type[models.Model], str] = {
     Engine: "engine",
@@ -93,7 +93,7 @@ def _make_change(change: Change, catalog: CatalogFile) -> None:
         described = next(m for m in catalog.models if m.name == change.name)
         model, _created = Model.objects.update_or_create(
             name=described.name,
-            defaults={name: getattr(described, name) for name in MODEL_FIELDS},
+            defaults=model_values(described),
         )
         learn_model_shape(model, actor=MODEL_FILE_READER)
     elif change.kind == "profile":
@@ -122,6 +122,10 @@ def apply_model(
     refuses a name or alias the catalog already serves, so a form never overwrites a model
     it did not show.
     """
+    if not creating and "adapters" not in entry.model_fields_set:
+        # A form that shows no adapters keeps the model's: it describes what it shows.
+        kept = Model.objects.filter(name=entry.name).values_list("adapters", flat=True).first()
+        entry = entry.model_copy(update={"adapters": [AdapterEntry(**a) for a in kept or []]})
     catalog = CatalogFile(models=[entry])
     with transaction.atomic():
         if creating:

@@ -19,6 +19,8 @@ Reading the files is ``catalog.fit.model_files``'s; this module never touches on
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -97,10 +99,11 @@ class MemoryEstimate:
     tokens: int  # the KV cache holds
     on_gpu: bool
     trained_context: bool = False  # tokens is the model's trained context: none was set
+    adapters: int = 0  # the LoRA adapters it holds, as far as their files are known
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.buffers
+        return self.weights + self.kv_cache + self.buffers + self.adapters
 
     def describe(self) -> str:
         """ "needs 6.1 GiB per GPU: weights 4.4, KV cache at 8192 tokens 1.3, buffers 0.4"."""
@@ -118,10 +121,11 @@ class MemoryEstimate:
         tokens = f"{self.tokens} tokens"
         if self.trained_context:
             tokens += " (the model's trained context)"
-        return (
+        parts = (
             f"weights {amount(self.weights)}, KV cache at {tokens} {amount(self.kv_cache)}, "
             f"buffers {amount(self.buffers)}"
         )
+        return parts + (f", LoRA adapters {amount(self.adapters)}" if self.adapters else "")
 
 
 def estimate(
@@ -133,6 +137,7 @@ def estimate(
     gpus_per_rank: int = 0,
     nodes: int = 1,
     serves: list[str] | tuple[str, ...] = (),
+    adapters: int = 0,
 ) -> MemoryEstimate:
     """What each device of one rank of a profile needs for ``shape``.
 
@@ -173,6 +178,7 @@ def estimate(
         tokens=tokens,
         on_gpu=on_gpu,
         trained_context=trained,
+        adapters=adapters,  # bytes of the LoRA adapters it holds (adapter_bytes)
     )
 
 
@@ -254,3 +260,15 @@ def _count(parameters: int) -> str:
         if parameters >= unit:
             return f"{parameters / unit:.1f}{suffix}"
     return str(parameters)
+
+
+def adapter_bytes(adapters: list[dict], max_loras: int) -> int:
+    """What a rank's LoRA adapters hold, as their local files' sizes say (a URL's or a hub
+    id's is not known here): every one on llama.cpp, which loads them all at start;
+    ``max_loras`` of the largest on vLLM. 0 without adapters."""
+    sizes = []
+    for adapter in adapters:
+        with contextlib.suppress(OSError):
+            if adapter["source"].startswith("/"):
+                sizes.append(os.stat(adapter["source"]).st_size)
+    return max_loras * max(sizes, default=0) if max_loras else sum(sizes)

@@ -83,11 +83,14 @@ def start_replica(replica: Replica, decision: Decision, *, actor: Actor, epoch: 
         # node runs exactly this one and never the first it finds.
         version = replica.version_to_run() or version_on_nodes(engine, nodes.values())
         runs = f"{engine} {version}" if version else f"{engine} (its node reports no version)"
+        # The adapters it loads are those of the catalog now; the spec carries the same.
+        adapters = replica.profile.model.adapter_specs(replica.profile)
         if not transition(
             Replica, replica.id, ReplicaState.STARTING,
             f"placed on {', '.join(rank.node for rank in decision.ranks)}, running {runs}",
             actor=actor, reasons=[], reasons_at=None, starting_since=timezone.now(),
             engine=engine, engine_version=version,
+            adapters=[adapter.name for adapter in adapters],
         ):  # fmt: skip
             return False
         replica.engine, replica.engine_version = engine, version
@@ -107,7 +110,7 @@ def start_replica(replica: Replica, decision: Decision, *, actor: Actor, epoch: 
         callers = engine_callers()
         for shard, rank in zip(shards, decision.ranks, strict=True):
             spec = shard_spec(replica, shard, nodes[rank.node], len(shards), meeting,
-                              rank.fabric, epoch, callers)  # fmt: skip
+                              rank.fabric, epoch, callers, adapters)  # fmt: skip
             transaction.on_commit(partial(commands.send_start_shard, rank.node, spec))
     return True
 

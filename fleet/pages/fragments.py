@@ -133,6 +133,8 @@ def model_context(key: str, fragments: Iterable[str]) -> dict[str, Any] | None:
     detail = selectors.model_detail(key)
     if detail is not None and "traffic" in fragments:
         detail["traffic"] = traffic.model_traffic(key)
+    if detail is not None and "profiles" in fragments:
+        detail["adapters"] = selectors.adapter_rows(key)
     return detail
 
 

@@ -12,7 +12,7 @@ from django.db.models import Q
 from fleet.models import Node, Replica, Shard, ShardState
 from placement import FabricSnapshot
 from protocol.engines import newest_version
-from protocol.shard import FabricAssignment, LaunchMode, ShardSpec
+from protocol.shard import AdapterSpec, FabricAssignment, LaunchMode, ShardSpec
 
 
 def allocate_port(node_id: str) -> int:
@@ -112,9 +112,11 @@ def shard_spec(
     fabric: FabricSnapshot | None,
     epoch: int,
     callers: list[str] | None = None,
+    adapters: Sequence[AdapterSpec] = (),
 ) -> ShardSpec:
     """Build the spec of one rank; ``fabric`` is the rank's side of it, as placement chose;
-    ``callers`` the routers' and control planes' addresses its node's walls admit."""
+    ``callers`` the routers' and control planes' addresses its node's walls admit;
+    ``adapters`` the LoRA adapters it loads at start (rank 0 reads them)."""
     profile = replica.profile
     assert profile is not None
     return ShardSpec(
@@ -147,6 +149,9 @@ def shard_spec(
         env=dict(profile.env),
         api_key=replica.secret,
         startup_timeout=profile.startup_timeout,
+        adapters=list(adapters) if shard.rank == 0 else [],
+        max_loras=profile.max_loras,
+        max_lora_rank=profile.max_lora_rank,
         epoch=epoch,
     )
 

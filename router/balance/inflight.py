@@ -53,11 +53,16 @@ def inflight_report(
     which autoscaling follows."""
     routed = sorted({e.replica for route in table.routes.values() for e in route.endpoints})
     inflight = {r: balancer.inflight(r) for r in list(balancer.health) if balancer.inflight(r)}
-    queued = queued or {}
+    queued = dict(queued or {})
+    for name, route in table.routes.items():
+        if route.parent and queued.get(name):
+            # An adapter's replicas are its base's, whose in-flight counts hold its requests
+            # already; what waits for it is demand for the base's replicas too.
+            queued[route.parent] = queued.get(route.parent, 0) + queued.pop(name)
     models = {}
     for name, route in table.routes.items():
         carried = sum(balancer.inflight(e.replica) for e in route.endpoints)
-        if carried or queued.get(name):
+        if not route.parent and (carried or queued.get(name)):
             models[name] = {"inflight": carried, "queued": queued.get(name, 0)}
     failing = [r for r in balancer.failing() if r in routed]
     return {"at": now, "routed": routed, "inflight": inflight, "failing": failing,

@@ -53,7 +53,11 @@ def affinity_for(
     the empty id) leaves the pick to least outstanding."""
     if session or route.routing != PREFIX or len(route.endpoints) < 2:
         return session
-    return prefix_key(payload, path, config.prefix_bytes, config.prefix_block)
+    key = prefix_key(payload, path, config.prefix_bytes, config.prefix_block)
+    if key and route.adapter:
+        # An adapter's prefix cache is not its base's: the same prompt keys apart.
+        return f"{route.name}|{key}"
+    return key
 
 
 def _shared_text(payload: dict[str, Any], path: str) -> Iterator[str]:

@@ -22,6 +22,7 @@ from router import errors
 from router.balance.balancer import Balancer
 from router.balance.response_ids import ResponseIds
 from router.forward.counting import COUNT_SECONDS, Served, TokenCounter, estimate_prompt
+from router.forward.loras import LoraLoads
 from router.forward.migration import (
     Progress,
     Splice,
@@ -85,6 +86,7 @@ class Proxy:
         self.accounting = accounting  # None: tokens go to /metrics only (router-only mode)
         self.response_ids = response_ids or ResponseIds()
         self.counter = TokenCounter(self._post)
+        self.loras = LoraLoads(upstream)
 
     async def forward(self, call: Call) -> int:
         """Relay with retries; return the status the client got (499 if it left first)."""
@@ -125,7 +127,7 @@ class Proxy:
     async def _attempts(self, call: Call, served: Served) -> int:
         model = call.model
         tried: list[Endpoint] = []
-        endpoint = self.balancer.pick(call.route.endpoints, session=call.session)
+        endpoint = self.balancer.pick(self.loras.hot(call.route), session=call.session)
         last_problem = ""
         failures = moves = 0
         broken: BrokenStream | None = None
@@ -137,6 +139,7 @@ class Proxy:
             served.endpoint, served.path, served.body = endpoint, path, body
             try:
                 try:
+                    await self.loras.ensure(call.route, endpoint)
                     response = await self._post(endpoint, path, body, call.headers, call.upload)
                 except UpstreamUnreachable as exc:
                     ok = False
@@ -307,6 +310,7 @@ class Proxy:
                         f"after {sent} tokens")  # fmt: skip
             splice = Splice(progress, drop_usage_only=call.drop_usage_only, sent=sent)
             body = continuation_body(call.path, payload, progress, sent)
+            body = call.for_replica(body, target)  # its own adapter ids
             served.endpoint, served.path = target, call.path
             served.engine_usage = splice.engine_usage
             outcome = await self._continue_on(call, target, body, stream, splice)
@@ -372,6 +376,7 @@ class Proxy:
         ok: bool | None = None
         try:
             try:
+                await self.loras.ensure(call.route, target)
                 response = await self._post(target, call.path, body, call.headers)
             except UpstreamUnreachable as exc:
                 ok = False

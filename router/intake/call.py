@@ -16,6 +16,7 @@ from typing import Any
 
 from router import errors
 from router.conversations.chains import Chain
+from router.table.adapters import body_for, needs_rewrite
 from router.table.keys import Caller
 from router.table.routes import Endpoint, ModelRoute, RoutingTable
 from router.translate.plan import Translation
@@ -99,11 +100,18 @@ class Call:
         translation = self.translation
         if translation is not None and translation.applies_to(endpoint):
             path, body = translation.engine_request()
-            return path, body, translation
+            return path, self.for_replica(body, endpoint), translation
         path = self.path
         if self.query:
             path = f"{path}?{self.query.decode('latin-1')}"
-        return path, self.body, None
+        return path, self.for_replica(self.body, endpoint), None
+
+    def for_replica(self, body: bytes, endpoint: Endpoint) -> bytes:
+        """``body`` naming the LoRA adapters ``endpoint`` must apply, by its own ids: they
+        differ from replica to replica (router/table/adapters.py)."""
+        if self.upload is not None or not needs_rewrite(self.route, endpoint):
+            return body  # an upload goes as it came
+        return body_for(body, self.route, endpoint)
 
 
 async def read_body(receive: Receive, content_length: bytes | None, limit: int) -> bytes | None:

@@ -26,6 +26,7 @@ from protocol.routing import (
     RoutingSnapshot,
 )
 from protocol.serving import DEFAULT_SERVES, SERVE_KINDS, ServeKind, TranslatedApi
+from protocol.shard import adapter_id
 
 # Retry-After (seconds) by why no replica is ready: a starting engine is seconds away,
 # placement runs every few seconds, and nothing changes soon when nothing is wanted.
@@ -48,6 +49,10 @@ class Endpoint:
     # responses) its engine serves itself; the router translates the others.
     serves: frozenset[str] = frozenset(DEFAULT_SERVES)
     native: frozenset[str] = frozenset()
+    # The LoRA adapters it was started with, in load order (llama.cpp's ids), and how many
+    # it holds when it loads more while it runs (vLLM; 0: none).
+    adapters: tuple[str, ...] = ()
+    max_loras: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,12 @@ class ModelRoute:
     autoscaled: bool = False
     # What its profiles serve together (protocol.serving kinds).
     serves: tuple[str, ...] = DEFAULT_SERVES
+    # A LoRA adapter: its base model (whose replicas serve it), its name there, its scale,
+    # and where an engine that loads adapters while it runs finds it. "" for a model.
+    parent: str = ""
+    adapter: str = ""
+    scale: float = 1.0
+    source: str = ""
 
     @property
     def names(self) -> frozenset[str]:
@@ -147,6 +158,8 @@ class RoutingTable:
                     engine=e.engine,
                     serves=frozenset(e.serves),
                     native=frozenset(e.native),
+                    adapters=tuple(e.adapters),
+                    max_loras=e.max_loras,
                 )
                 for e in entry.endpoints
             )
@@ -161,6 +174,10 @@ class RoutingTable:
                 concurrency=entry.concurrency,
                 autoscaled=entry.autoscaled,
                 serves=tuple(entry.serves),
+                parent=entry.parent,
+                adapter=entry.adapter,
+                scale=entry.scale,
+                source=entry.source,
             )
         return cls(
             routes=routes, by_name=_by_name(routes),
@@ -209,6 +226,11 @@ class StaticEndpoint(BaseModel):
     secret: str = ""
     # The chat APIs the server there answers itself; the router translates the others.
     native: list[TranslatedApi] = []
+    # The server's engine, and the LoRA adapters it loaded, in its order (llama.cpp's ids).
+    engine: str = ""
+    adapters: list[str] = []
+    # vLLM: adapters it holds at once when the router loads them on demand; 0: none.
+    max_loras: int = Field(default=0, ge=0)
 
     @field_validator("url")
     @classmethod
@@ -216,6 +238,15 @@ class StaticEndpoint(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"{value!r} is not an http:// or https:// URL")
         return value
+
+
+class StaticAdapter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, pattern=r"^[^:]+$")
+    aliases: list[str] = []
+    scale: float = Field(default=1.0, gt=0)
+    # Where an engine that loads adapters while it runs (vLLM) finds it.
+    source: str = ""
 
 
 class StaticModel(BaseModel):
@@ -227,6 +258,8 @@ class StaticModel(BaseModel):
     # The router cannot know what a server it did not start serves: every kind, unless
     # the file says, and the server's own answer for what it does not.
     serves: list[ServeKind] = Field(default_factory=lambda: list(SERVE_KINDS), min_length=1)
+    # Served as <name>:<adapter> by the endpoints that list it under their adapters.
+    adapters: list[StaticAdapter] = []
 
 
 class StaticKey(BaseModel):
@@ -258,10 +291,17 @@ def load_static(path: str) -> tuple[RoutingSnapshot, list[dict[str, Any]] | None
             aliases: [g]
             routing: prefix                 # optional; least_outstanding by default
             serves: [chat]                  # optional; every kind by default (protocol/serving.py)
+            adapters:                       # optional: LoRA adapters, asked for as gemma:sql
+              - name: sql
+                scale: 1.0                  # optional
+                source: /loras/sql          # optional: where vLLM loads it from on demand
             endpoints:
               - url: http://10.0.0.5:9001
                 secret: engine-api-key      # optional
                 native: [messages, responses]  # optional: served there, not translated
+                engine: llama.cpp           # optional; with adapters, which it loaded
+                adapters: [sql]             # in the order of its --lora flags
+                max_loras: 4                # optional (vLLM): adapters loaded on demand
         keys:                               # required unless `auth: false`
           - name: team-a
             sha256: <hex>                   # printf %s KEY | sha256sum
@@ -291,28 +331,7 @@ def load_static(path: str) -> tuple[RoutingSnapshot, list[dict[str, Any]] | None
     if duplicates:
         raise StaticFileError(f"{path}: models: {', '.join(duplicates)} listed twice")
     snapshot = RoutingSnapshot(
-        models=[
-            RoutableModel(
-                name=m.name,
-                aliases=m.aliases,
-                wanted=len(m.endpoints),
-                # A static endpoint has no replica id: its URL stands for one.
-                endpoints=[
-                    ReplicaEndpoint(
-                        replica=e.url,
-                        url=e.url,
-                        secret=e.secret,
-                        serves=list(m.serves),
-                        native=list(e.native),
-                    )  # fmt: skip
-                    for e in m.endpoints
-                ],
-                states={"ready": len(m.endpoints)},
-                routing=m.routing,
-                serves=list(m.serves),
-            )
-            for m in parsed.models
-        ]
+        models=[_static_model(m, adapter) for m in parsed.models for adapter in [None, *m.adapters]]
     )
     keys = None
     if parsed.auth:
@@ -321,3 +340,43 @@ def load_static(path: str) -> tuple[RoutingSnapshot, list[dict[str, Any]] | None
             for k in parsed.keys or []
         ]
     return snapshot, keys
+
+
+def _static_model(model: StaticModel, adapter: StaticAdapter | None) -> RoutableModel:
+    """A static file's model, or one of its adapters on the endpoints that loaded it."""
+    # A static endpoint has no replica id: its URL stands for one.
+    endpoints = [
+        ReplicaEndpoint(
+            replica=e.url,
+            url=e.url,
+            secret=e.secret,
+            serves=list(model.serves),
+            native=list(e.native),
+            engine=e.engine,
+            adapters=list(e.adapters),
+            max_loras=e.max_loras,
+        )
+        for e in model.endpoints
+        if adapter is None or adapter.name in e.adapters or (e.max_loras and adapter.source)
+    ]
+    served = RoutableModel(
+        name=model.name,
+        aliases=model.aliases,
+        wanted=len(endpoints),
+        endpoints=endpoints,
+        states={"ready": len(endpoints)},
+        routing=model.routing,
+        serves=list(model.serves),
+    )
+    if adapter is None:
+        return served
+    return served.model_copy(
+        update={
+            "name": adapter_id(model.name, adapter.name),
+            "aliases": adapter.aliases,
+            "parent": model.name,
+            "adapter": adapter.name,
+            "scale": adapter.scale,
+            "source": adapter.source,
+        }
+    )

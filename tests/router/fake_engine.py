@@ -27,6 +27,9 @@ Tests steer it over HTTP:
 - ``GET /_state``: every request seen, with ``cancelled`` (the client hung up before the
   answer was whole), ``finished``, ``body`` and ``authorization``;
 - ``POST /_reset``: forget requests and settings.
+
+It also loads and unloads LoRA adapters as vLLM does (``/v1/load_lora_adapter``,
+``/v1/unload_lora_adapter``); ``/_state`` lists them and each call.
 """
 
 from __future__ import annotations
@@ -64,6 +67,10 @@ class Engine:
         self.tail_delay = 0.0
         # Tokens this engine processed (prompts) and generated (each text chunk written).
         self.counted = {"prompt_tokens": 0, "completion_tokens": 0}
+        # LoRA adapters loaded while it runs, as vLLM's API does: name -> path, and each
+        # ["load" | "unload", name] call in order.
+        self.loras: dict[str, str] = {}
+        self.lora_calls: list[list[str]] = []
 
     # -- steering ---------------------------------------------------------------------
 
@@ -85,8 +92,9 @@ class Engine:
 
     async def state(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"name": self.name, "requests": self.requests, "counted": self.counted}
-        )
+            {"name": self.name, "requests": self.requests, "counted": self.counted,
+             "loras": self.loras, "lora_calls": self.lora_calls}
+        )  # fmt: skip
 
     async def reset_handler(self, request: web.Request) -> web.Response:
         self.reset()
@@ -101,6 +109,26 @@ class Engine:
                 status=401,
             )
         return None
+
+    async def lora(self, request: web.Request) -> web.Response:
+        """vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter, with its answers."""
+        refused = self._refused(request)
+        if refused:
+            return refused
+        body = await request.json()
+        name, loading = body["lora_name"], request.path.endswith("/load_lora_adapter")
+        self.lora_calls.append(["load" if loading else "unload", name])
+        if loading and name in self.loras:
+            message = f"The lora adapter '{name}' has already been loaded."
+            return web.json_response({"error": {"message": message}}, status=400)
+        if not loading and name not in self.loras:
+            message = f"The lora adapter '{name}' cannot be found."
+            return web.json_response({"error": {"message": message}}, status=404)
+        if loading:
+            self.loras[name] = body["lora_path"]
+        else:
+            del self.loras[name]
+        return web.Response(text=f"Success: LoRA adapter '{name}' done")
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -357,6 +385,8 @@ def make_app(engine: Engine) -> web.Application:
     app.router.add_delete("/v1/responses/{id}", engine.inference)
     app.router.add_get("/v1/models", engine.models)
     app.router.add_get("/health", engine.health)
+    app.router.add_post("/v1/load_lora_adapter", engine.lora)
+    app.router.add_post("/v1/unload_lora_adapter", engine.lora)
     app.router.add_post("/_control", engine.control)
     app.router.add_post("/_release", engine.release)
     app.router.add_get("/_state", engine.state)

@@ -105,7 +105,10 @@ class FakeEngine:
         httpx.post(f"{self.url}/_reset", timeout=10).raise_for_status()
 
     def requests(self) -> list[dict[str, Any]]:
-        return httpx.get(f"{self.url}/_state", timeout=10).json()["requests"]
+        return self.state()["requests"]
+
+    def state(self) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/_state", timeout=10).json()
 
 
 class RouterProcess:

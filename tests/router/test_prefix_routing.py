@@ -12,9 +12,10 @@ import yaml
 from catalog.actions.entries import apply_catalog
 from catalog.models import Profile
 from catalog.plan import export_catalog
-from catalog.schema import CatalogError, parse_catalog, prefix_cache_switched_off
+from catalog.schema import CatalogError, parse_catalog
 from fleet.models import ReplicaState
 from fleet.routing_table import routing_snapshot
+from protocol.engine_serves import prefix_cache_switched_off
 from protocol.routing import RoutableModel, RoutingSnapshot
 from router.balance.balancer import Balancer
 from router.balance.prefix import affinity_for, prefix_key

@@ -8,7 +8,7 @@ from catalog import ctl as catalog_ctl
 from catalog import ctl_keys
 from catalog.teams import ctl as ctl_teams
 from catalog.tokens import ctl as ctl_tokens
-from fleet.ctl import engines, events, logs, nodes, pki, replicas, weights
+from fleet.ctl import adapters, engines, events, logs, nodes, pki, replicas, weights
 from fleet.planning.engine_restarts import restart_lines
 from router import database_role
 from router.usage import ctl as usage_ctl
@@ -19,8 +19,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         subparsers = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
-        for module in (catalog_ctl, ctl_keys, ctl_teams, ctl_tokens, replicas, nodes, engines, logs,
-                       weights, pki, usage_ctl, database_role, events):  # fmt: skip
+        for module in (catalog_ctl, ctl_keys, ctl_teams, ctl_tokens, replicas, adapters, nodes,
+                       engines, logs, weights, pki, usage_ctl, database_role, events):  # fmt: skip
             module.add_parsers(subparsers)
         # The catalog's apply says what the fleet's replicas would go through: wired here,
         # where both are in reach.
