@@ -33,7 +33,7 @@ from catalog.teams.roles import (
     has_role,
     keys_visible_to,
     may_manage_key,
-    require_role,
+    member_for_new_key,
     teams_of,
     within_cap,
 )  # fmt: skip
@@ -164,10 +164,7 @@ class ApiKeyViewSet(
             if team is None and not is_operator(request.user):
                 raise RoleRequired("name the team to make the key in")
             if team is not None:
-                require_role(request.user, team, Membership.Role.MEMBER, "making a key")
-            if team is not None and not has_role(request.user, team, Membership.Role.LEAD):
-                member = request.user  # a member's keys are their own
-                within_cap(team, limits, request.user.get_username())
+                member = member_for_new_key(request.user, team, member, limits)
             row, key = create_key(
                 data["name"],
                 data.get("allowed_models", []),

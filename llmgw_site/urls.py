@@ -28,6 +28,7 @@ urlpatterns = [
     path("", include("fleet.pages.urls")),
     path("metrics", fleet_views.metrics, name="metrics"),
     path("usage/", usage_views.usage, name="usage"),
+    path("usage/teams/<slug:name>/", usage_views.team_usage, name="team-usage"),
     path("accounts/login/", oidc_views.SignInPage.as_view(), name="login"),
     path("accounts/oidc/start/", oidc_views.StartProviderSignIn.as_view(), name="oidc_start"),
     path(

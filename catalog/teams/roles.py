@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from audit.actors import Actor, ShellUser, SystemActor
+from audit.actors import Actor, ShellUser, SystemActor, recorded_as
 from catalog.keys import ApiKeyRefused, check_limits
 from catalog.models import ApiKey, Membership, Team
 from catalog.permissions import is_operator
@@ -146,6 +146,17 @@ def within_cap(team: Team, limits: dict[str, int | None], who: str) -> None:
     ]
     if over:
         raise TeamRefused(f"{over[0]}; {who} may ask for at most the cap (its lead may raise it)")
+
+
+def member_for_new_key(actor: Actor, team: Team, member: Any, limits: dict[str, int | None]) -> Any:
+    """Who a key ``actor`` makes in ``team`` is for: a lead (or an operator) names anyone or
+    no one; a member's keys are their own, within the team's cap; a viewer makes none
+    (RoleRequired). The REST API and the team page both ask here."""
+    require_role(actor, team, Membership.Role.MEMBER, "making a key")
+    if has_role(actor, team, Membership.Role.LEAD):
+        return member
+    within_cap(team, limits, recorded_as(actor)[1])
+    return actor
 
 
 def names(teams: Iterable[Team]) -> list[str]:

@@ -21,6 +21,7 @@ from fleet.actions.sign_ins import record_refused_sign_in
 from fleet.oidc import provider
 from fleet.oidc.backend import REFUSAL_ATTRIBUTE, client_address
 from fleet.pages.sign_in import SignInForm
+from fleet.pages.team_page import landing
 
 # A callback this browser did not start, or one already used: a forged link, a replay, or
 # a sign-in page left open past its session.
@@ -40,6 +41,10 @@ class SignInPage(auth_views.LoginView):
         if provider.configured():
             context["provider_name"] = settings.OIDC_PROVIDER_NAME
         return context
+
+    def get_default_redirect_url(self) -> str:
+        # Without next=: a person in one team lands on its page (fleet.pages.team_page).
+        return landing(self.request.user)
 
 
 class StartProviderSignIn(OIDCAuthenticationRequestView):
@@ -63,6 +68,12 @@ class StartProviderSignIn(OIDCAuthenticationRequestView):
 
 class FinishProviderSignIn(OIDCAuthenticationCallbackView):
     """The provider sends the browser back here: sign the person in, or say why not."""
+
+    @property
+    def success_url(self) -> str:
+        # The next= the sign-in started with (the library checked it then), else the
+        # landing page: a person in one team, and no operator, lands on its page.
+        return self.request.session.get("oidc_login_next") or landing(self.request.user)
 
     def get(self, request: HttpRequest) -> HttpResponse:
         if not provider.configured():

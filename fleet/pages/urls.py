@@ -2,7 +2,14 @@
 
 from django.urls import path
 
-from fleet.pages import action_views, audit_views, deploy_views, playground, views
+from fleet.pages import (
+    action_views,
+    audit_views,
+    deploy_views,
+    playground,
+    team_views,
+    views,
+)
 
 urlpatterns = [
     path("", views.cluster, name="cluster"),
@@ -24,6 +31,12 @@ urlpatterns = [
     path("audit/events.json", audit_views.audit_export, {"fmt": "json"}, name="audit-json"),
     path("playground/", playground.playground, name="playground"),
     path("playground/key/", playground.key, name="playground-key"),
+    path("teams/", team_views.teams, name="teams"),
+    path("teams/<slug:name>/", team_views.team, name="team"),
+    path("teams/<slug:name>/keys/", team_views.new_key, name="team-key-new"),
+    path(
+        "teams/<slug:name>/keys/<str:prefix>/revoke/", team_views.revoke, name="team-key-revoke"
+    ),  # fmt: skip
     # Last: a model's name may hold slashes (org/model), so it takes the rest of the path.
     path("models/<path:name>/", views.model, name="model"),
 ]

@@ -8,6 +8,7 @@ from datetime import date, datetime, timedelta
 from django.db.models import Q, Sum
 from django.db.models.functions import TruncDate
 
+from catalog.models import ApiKey, Team
 from router.models import Usage
 
 
@@ -51,3 +52,37 @@ def since_days(days: int, now: datetime) -> datetime:
     """The start of the UTC day ``days - 1`` days before ``now``: 1 is today alone."""
     start = now - timedelta(days=max(days, 1) - 1)
     return start.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+@dataclass(frozen=True)
+class ModelUsage:
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def team_usage(team: Team, since: datetime) -> list[ModelUsage]:
+    """What the team's keys (revoked ones too) spent on each model from ``since`` on,
+    most requested first."""
+    prefixes = ApiKey.objects.filter(team=team).values("prefix")
+    totals = (
+        Usage.objects.filter(hour__gte=since, key_prefix__in=prefixes)
+        .values("model")
+        .annotate(
+            requests=Sum("requests"),
+            prompt_tokens=Sum("prompt_tokens"),
+            completion_tokens=Sum("completion_tokens"),
+        )
+        .order_by("-requests", "model")
+    )
+    return [ModelUsage(**row) for row in totals]
+
+
+def last_day(now: datetime) -> datetime:
+    """The start of the 24 hourly rows that end with the current hour's."""
+    return now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=23)

@@ -7,7 +7,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from router.usage.report import daily_usage, since_days
+from fleet.pages.team_page import readable_team
+from router.usage.report import daily_usage, last_day, since_days
+from router.usage.report import team_usage as team_usage_rows
 
 DAYS_SHOWN = (1, 7, 30, 90)
 
@@ -31,3 +33,18 @@ def usage(request: HttpRequest) -> HttpResponse:
         "total_tokens": sum(r.tokens for r in rows),
     }
     return render(request, "router/usage.html", context)
+
+
+@login_required
+def team_usage(request: HttpRequest, name: str) -> HttpResponse:
+    """A team's requests and tokens per model over the last day: the team page loads it
+    (the router's rows are the router's to read); 404 to whoever may not see the team."""
+    team = readable_team(request.user, name)
+    rows = team_usage_rows(team, last_day(timezone.now()))
+    context = {
+        "team": team,
+        "rows": rows,
+        "total_requests": sum(r.requests for r in rows),
+        "total_tokens": sum(r.tokens for r in rows),
+    }
+    return render(request, "router/team_usage.html", context)
