@@ -22,11 +22,13 @@ from tests.support.ports import free_port
 CLIENT_ID = "llmgw-test"
 PROVIDER_NAME = "Test IdP"
 # Who the provider knows, and their groups there: llm-ops maps to operators (and the
-# playground), readers to reader, and sales to nothing llmgw admits.
+# playground), readers to reader, and sales to nothing llmgw admits. ml-leads maps to
+# nothing here: the team pages' test adds ml-leads=team:research:lead to the map.
 PEOPLE = {
     "lena": ["llm-ops", "staff"],
     "rita": ["readers"],
     "otto": ["sales"],
+    "tess": ["ml-leads"],
 }
 ROLE_MAP = "llm-ops=operators,llm-ops=playground,readers=reader"
 
