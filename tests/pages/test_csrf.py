@@ -48,6 +48,7 @@ def samples(fleet) -> dict[str, tuple[str, ...]]:
         "content_type_id": ("1",),
         "url": ("anywhere/",),
         "username": ("olga",),  # a team member (/api/v1/teams/NAME/members/USERNAME/)
+        "prefix": ("llmgw-00000000",),  # a team's key (/teams/NAME/keys/PREFIX/revoke/)
     }
 
 
@@ -105,6 +106,8 @@ def test_the_walk_reaches_the_actions_sign_in_api_and_admin(fleet):
         f"/catalog/models/{fleet['profile'].model_id}/delete/",
         "/deploy/",
         "/playground/key/",
+        "/teams/gemma/keys/",
+        "/teams/gemma/keys/llmgw-00000000/revoke/",
         "/accounts/login/",
         "/accounts/logout/",
         "/api/v1/keys/",
