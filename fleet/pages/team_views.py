@@ -20,6 +20,7 @@ from catalog.keys import LIMIT_FIELDS, ApiKeyRefused
 from catalog.models import ApiKey, Membership
 from catalog.teams.roles import (
     RoleRequired,
+    has_role,
     may_manage_key,
     member_for_new_key,
     role_in,
@@ -53,7 +54,10 @@ def new_key(request: HttpRequest, name: str) -> HttpResponse:
     status, extra = 201, {}
     try:
         limits = _limits(form)
-        member = member_for_new_key(request.user, found, _member(found, form), limits)
+        # Only a lead names whom the key is for; a member's keys are their own.
+        lead = has_role(request.user, found, Membership.Role.LEAD)
+        member = member_for_new_key(request.user, found, _member(found, form) if lead else None,
+                                    limits)  # fmt: skip
         row, key = create_key(
             form.get("name", ""), form.getlist("models"), limits=limits,
             team=found, member=member, actor=request.user,
