@@ -15,6 +15,7 @@ from django.utils import timezone
 from audit.models import Event, EventKind
 from catalog.models import ApiKey
 from catalog.teams.actions import create_team, open_model
+from core.env import env_decimal
 from router.models import Usage
 from router.usage.cost import Prices, team_costs, to_cents
 from tests.ctl import ctl
@@ -135,3 +136,14 @@ def test_usage_by_team_with_cost_says_the_sum_is_the_fleets(teams, settings):
 
 def test_cost_without_prices_says_so(teams):
     assert "no prices set" in ctl("usage", "--by", "team", "--cost")
+
+
+def test_prices_are_read_exact_and_a_bad_one_is_refused(monkeypatch):
+    monkeypatch.setenv("LLMGW_COST_PER_GPU_HOUR", "2.10")
+    assert env_decimal("LLMGW_COST_PER_GPU_HOUR") == Decimal("2.10")
+    monkeypatch.delenv("LLMGW_COST_PER_GPU_HOUR")
+    assert env_decimal("LLMGW_COST_PER_GPU_HOUR") == 0
+    for bad in ("two", "-1", "NaN"):
+        monkeypatch.setenv("LLMGW_COST_PER_GPU_HOUR", bad)
+        with pytest.raises(ValueError, match="LLMGW_COST_PER_GPU_HOUR"):
+            env_decimal("LLMGW_COST_PER_GPU_HOUR")
