@@ -147,3 +147,10 @@ def test_prices_are_read_exact_and_a_bad_one_is_refused(monkeypatch):
         monkeypatch.setenv("LLMGW_COST_PER_GPU_HOUR", bad)
         with pytest.raises(ValueError, match="LLMGW_COST_PER_GPU_HOUR"):
             env_decimal("LLMGW_COST_PER_GPU_HOUR")
+
+
+def test_the_cost_bench_adds_up_on_its_own_rows(capsys):
+    from bench.cost import run
+
+    assert run(6, seed=3, gpu_hour=Decimal("2.40"), cpu_core_hour=Decimal("0.03"))
+    assert ": True; fleet = the bench's own count" in capsys.readouterr().out
