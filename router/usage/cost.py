@@ -20,11 +20,11 @@ from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
 
 from django.conf import settings
-from django.db.models import Sum
+from django.db.models import Prefetch, Sum
 
 from audit.models import Event, EventKind
 from catalog.models import Model
-from fleet.models import Replica, ReplicaState
+from fleet.models import Node, Replica, ReplicaState
 from router.models import Usage
 from router.usage.report import UNASSIGNED, key_teams
 
@@ -101,9 +101,18 @@ class CostReport:
 
 def held_stretches(since: datetime, until: datetime) -> list[Held]:
     """Every stretch of [since, until) some replica held nodes, cut to the window."""
-    replicas = Replica.objects.prefetch_related("shards__node")
+    # One that last changed state before the window into a state holding nothing held
+    # nothing in it; what is left is the window's replicas and the live ones.
+    nodes = Node.objects.only("id", "inventory")
+    replicas = list(
+        Replica.objects.exclude(
+            state__in=set(ReplicaState) - HOLDING, state_changed_at__lte=since
+        ).prefetch_related("shards", Prefetch("shards__node", queryset=nodes))
+    )
     events = defaultdict(list)
-    rows = Event.objects.filter(kind=EventKind.REPLICA, at__lt=until).order_by("at", "id")
+    rows = Event.objects.filter(
+        kind=EventKind.REPLICA, subject__in=[str(r.id) for r in replicas], at__lt=until
+    ).order_by("at", "id")
     for subject, at, state in rows.values_list("subject", "at", "to_state"):
         events[subject].append((at, state))
     found = []

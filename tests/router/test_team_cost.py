@@ -16,6 +16,7 @@ from audit.models import Event, EventKind
 from catalog.models import ApiKey
 from catalog.teams.actions import create_team, open_model
 from core.env import env_decimal
+from fleet.models import Replica
 from router.models import Usage
 from router.usage.cost import Prices, team_costs, to_cents
 from tests.ctl import ctl
@@ -154,3 +155,14 @@ def test_the_cost_bench_adds_up_on_its_own_rows(capsys):
 
     assert run(6, seed=3, gpu_hour=Decimal("2.40"), cpu_core_hour=Decimal("0.03"))
     assert ": True; fleet = the bench's own count" in capsys.readouterr().out
+
+
+def test_a_replica_stopped_before_the_window_costs_nothing_in_it(teams):
+    replica = make_replica(make_profile(make_model("gemma")), state="stopped")
+    make_shard(replica, node=make_node("gpu01"), gpus=[0])
+    ran(replica, (HOUR0 - timedelta(hours=3), "starting"), (HOUR0 - timedelta(hours=1), "stopped"))
+    Replica.objects.filter(pk=replica.pk).update(state_changed_at=HOUR0 - timedelta(hours=1))
+    report = team_costs(HOUR0, HOUR0 + timedelta(hours=2), Prices(gpu_hour=Decimal("1")))
+    assert report.fleet == 0 and report.teams == []
+    earlier = team_costs(HOUR0 - timedelta(hours=4), HOUR0, Prices(gpu_hour=Decimal("1")))
+    assert earlier.fleet == Decimal("2.00") and earlier.teams[0].team == "unassigned"
