@@ -166,3 +166,11 @@ def test_a_replica_stopped_before_the_window_costs_nothing_in_it(teams):
     assert report.fleet == 0 and report.teams == []
     earlier = team_costs(HOUR0 - timedelta(hours=4), HOUR0, Prices(gpu_hour=Decimal("1")))
     assert earlier.fleet == Decimal("2.00") and earlier.teams[0].team == "unassigned"
+
+
+def test_a_running_replica_whose_events_are_gone_counts_from_its_last_start(teams):
+    replica = make_replica(make_profile(make_model("gemma")), state="ready",
+                           starting_since=HOUR0 + timedelta(minutes=30))  # fmt: skip
+    make_shard(replica, node=make_node("gpu01"), gpus=[0, 1, 2, 3])
+    report = team_costs(HOUR0, HOUR0 + timedelta(hours=1), Prices(gpu_hour=Decimal("1")))
+    assert report.fleet == Decimal("2.00") and report.adds_up  # 4 GPUs for half an hour
