@@ -174,3 +174,17 @@ def test_a_running_replica_whose_events_are_gone_counts_from_its_last_start(team
     make_shard(replica, node=make_node("gpu01"), gpus=[0, 1, 2, 3])
     report = team_costs(HOUR0, HOUR0 + timedelta(hours=1), Prices(gpu_hour=Decimal("1")))
     assert report.fleet == Decimal("2.00") and report.adds_up  # 4 GPUs for half an hour
+
+
+def test_the_usage_page_shows_each_teams_cost_and_that_it_adds_up(client, reader, teams,
+                                                                   settings):  # fmt: skip
+    settings.COST_PER_GPU_HOUR = Decimal("1.00")
+    now = timezone.now()
+    replica = make_replica(make_profile(make_model("gemma")), state="ready")
+    make_shard(replica, node=make_node("gpu01"), gpus=[0])
+    ran(replica, (now - timedelta(hours=30), "starting"))
+    spend(now.replace(minute=0, second=0, microsecond=0), "llmgw-blu1", "gemma", 7, 7)
+    client.force_login(reader)
+    page = client.get("/usage/?days=7").content.decode()
+    assert 'data-team="blue"' in page and 'data-team="unassigned"' in page
+    assert "cost for these days is 30.00" in page and "equal, to the cent" in page
