@@ -185,6 +185,7 @@ def test_the_usage_page_shows_each_teams_cost_and_that_it_adds_up(client, reader
     ran(replica, (now - timedelta(hours=30), "starting"))
     spend(now.replace(minute=0, second=0, microsecond=0), "llmgw-blu1", "gemma", 7, 7)
     client.force_login(reader)
-    page = client.get("/usage/?days=7").content.decode()
+    assert "teams=1#teams" in client.get("/usage/?days=7").content.decode()
+    page = client.get("/usage/?days=7&teams=1").content.decode()
     assert 'data-team="blue"' in page and 'data-team="unassigned"' in page
     assert "cost for these days is 30.00" in page and "equal, to the cent" in page
