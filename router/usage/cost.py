@@ -30,6 +30,7 @@ from router.usage.report import UNASSIGNED, key_teams
 
 CENT = Decimal("0.01")
 HOUR = timedelta(hours=1)
+MICROSECOND = timedelta(microseconds=1)
 # The states in which a replica's shards hold their nodes' GPUs (or cores).
 HOLDING = frozenset({ReplicaState.STARTING, ReplicaState.READY, ReplicaState.STOPPING})
 
@@ -152,19 +153,21 @@ def hourly_node_seconds(
     stretches: Iterable[Held],
 ) -> dict[tuple[str, datetime], tuple[Fraction, Fraction]]:
     """GPU-seconds and core-seconds per model and hour (the hour's start, as usage rows)."""
-    per_hour: dict[tuple[str, datetime], tuple[Fraction, Fraction]] = {}
+    # Whole microseconds while adding up (a month of a thousand replicas is millions of
+    # steps: fractions there cost seconds), exact fractions of a second at the end.
+    micro: dict[tuple[str, datetime], list[int]] = defaultdict(lambda: [0, 0])
     for held in stretches:
         hour = held.start.replace(minute=0, second=0, microsecond=0)
         while hour < held.end:
-            overlap = min(hour + HOUR, held.end) - max(hour, held.start)
-            seconds = Fraction(overlap // timedelta(microseconds=1), 1_000_000)
-            gpu, core = per_hour.get((held.model, hour), (Fraction(0), Fraction(0)))
-            per_hour[held.model, hour] = (
-                gpu + seconds * held.gpus,
-                core + seconds * held.cpu_cores,
-            )
+            overlap = (min(hour + HOUR, held.end) - max(hour, held.start)) // MICROSECOND
+            sums = micro[held.model, hour]
+            sums[0] += overlap * held.gpus
+            sums[1] += overlap * held.cpu_cores
             hour += HOUR
-    return per_hour
+    return {
+        slot: (Fraction(gpu, 1_000_000), Fraction(core, 1_000_000))
+        for slot, (gpu, core) in micro.items()
+    }
 
 
 def hourly_tokens(since: datetime, until: datetime) -> dict[tuple[str, datetime], dict[str, int]]:
