@@ -141,8 +141,11 @@ def _holding(events, replica: Replica, until: datetime) -> Iterator[tuple[dateti
             opened = None
     if not events and replica.state in HOLDING:  # its events are gone: since it last started
         opened = replica.starting_since or replica.created_at
-    if opened is not None:
-        yield opened, until
+    if opened is None:
+        return
+    # The row says it holds nothing now, though no Event closed the stretch: it ended at
+    # the row's last change at the latest.
+    yield opened, until if replica.state in HOLDING else min(until, replica.state_changed_at)
 
 
 def _cores(inventory: Mapping) -> int:

@@ -189,3 +189,12 @@ def test_the_usage_page_shows_each_teams_cost_and_that_it_adds_up(client, reader
     page = client.get("/usage/?days=7&teams=1").content.decode()
     assert 'data-team="blue"' in page and 'data-team="unassigned"' in page
     assert "cost for these days is 30.00" in page and "equal, to the cent" in page
+
+
+def test_a_stretch_no_event_closed_ends_at_the_rows_last_change(teams):
+    replica = make_replica(make_profile(make_model("gemma")), state="stopped")
+    make_shard(replica, node=make_node("gpu01"), gpus=[0])
+    ran(replica, (HOUR0, "starting"))
+    Replica.objects.filter(pk=replica.pk).update(state_changed_at=HOUR0 + timedelta(hours=1))
+    report = team_costs(HOUR0, HOUR0 + timedelta(hours=5), Prices(gpu_hour=Decimal("1")))
+    assert report.fleet == Decimal("1.00")
