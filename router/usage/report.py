@@ -1,4 +1,4 @@
-"""Usage per key and model per day, read from the hourly rows routers write."""
+"""Usage per key and model per day (and per team), read from the hourly rows routers write."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from datetime import date, datetime, timedelta
 from django.db.models import Q, Sum
 from django.db.models.functions import TruncDate
 
+from catalog.models import ApiKey
 from router.models import Usage
 
 
@@ -51,3 +52,46 @@ def since_days(days: int, now: datetime) -> datetime:
     """The start of the UTC day ``days - 1`` days before ``now``: 1 is today alone."""
     start = now - timedelta(days=max(days, 1) - 1)
     return start.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+UNASSIGNED = "unassigned"  # usage without a key, or by a key deleted since: no team to name
+
+
+@dataclass(frozen=True)
+class TeamUsage:
+    team: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def key_teams() -> dict[str, str]:
+    """Each key's team by the key's prefix: usage rows name keys by prefix, not by row."""
+    return dict(ApiKey.objects.values_list("prefix", "team__name"))
+
+
+def team_usage(since: datetime, until: datetime | None = None) -> list[TeamUsage]:
+    """Totals per team from ``since`` (to ``until``), most tokens first; a row whose key has
+    no team any more (deleted, or no auth) counts as ``unassigned``."""
+    rows = Usage.objects.filter(hour__gte=since)
+    if until is not None:
+        rows = rows.filter(hour__lt=until)
+    per_key = rows.values("key_prefix").annotate(
+        requests=Sum("requests"),
+        prompt_tokens=Sum("prompt_tokens"),
+        completion_tokens=Sum("completion_tokens"),
+    )
+    teams = key_teams()
+    totals: dict[str, list[int]] = {}
+    for row in per_key:
+        team = teams.get(row["key_prefix"], UNASSIGNED)
+        sums = totals.setdefault(team, [0, 0, 0])
+        sums[0] += row["requests"]
+        sums[1] += row["prompt_tokens"]
+        sums[2] += row["completion_tokens"]
+    found = [TeamUsage(team, *sums) for team, sums in totals.items()]
+    return sorted(found, key=lambda t: (-t.tokens, t.team))
