@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 
@@ -39,6 +40,18 @@ def env_float(name: str, default: float) -> float:
         return float(value)
     except ValueError:
         raise ValueError(f"{name}={value!r} is not a number") from None
+
+
+def env_decimal(name: str, default: str = "0") -> Decimal:
+    """A non-negative decimal (a price); kept exact, never a float."""
+    value = os.environ.get(name) or default
+    try:
+        number = Decimal(value)
+    except InvalidOperation:
+        raise ValueError(f"{name}={value!r} is not a number") from None
+    if not number.is_finite() or number < 0:
+        raise ValueError(f"{name}={value!r}: use a number of 0 or more")
+    return number
 
 
 def env_list(name: str, default: list[str] | None = None) -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
-from core.env import env_bool, env_float, env_int, env_list, env_str, llmgw_home
+from core.env import env_bool, env_decimal, env_float, env_int, env_list, env_str, llmgw_home
 from core.secret_files import ensure_private_dir, read_or_create_secret
 from llmgw_site.services import database, logging_config, read_redis_url, required_url
 
@@ -180,6 +180,10 @@ METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN")
 # Requests in flight a key may hold when it names no concurrency of its own, so no key can
 # hold the whole fleet (docs/budgets.md); 0: no cap.
 KEY_CONCURRENCY = env_int("LLMGW_KEY_CONCURRENCY", 64)
+# What an hour of one GPU, and of one CPU core, costs the owner (docs/teams.md, "Cost"):
+# decimals in any one currency; 0, the default, prices every team's usage at nothing.
+COST_PER_GPU_HOUR = env_decimal("LLMGW_COST_PER_GPU_HOUR")
+COST_PER_CPU_CORE_HOUR = env_decimal("LLMGW_COST_PER_CPU_CORE_HOUR")
 # llmgw's own CA (``llmgw_ctl ca init``): its key, and node certificates' issuer.
 LLMGW_CA_DIR = env_str("LLMGW_CA_DIR") or str(LLMGW_HOME / "ca")
 # How nodes prove who they are on the link: their certificate from llmgw's CA, or, while

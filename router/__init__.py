@@ -16,7 +16,8 @@ only rooms on the lines before its own, so none imports another back.
 - ``wire/``: what the router and engines say to each other: the one way out to engines
   (``upstream``, one ``connection`` and its answer) and the usage they report (``tokens``).
 - ``usage/``: requests and tokens per key and model: counted and written in batches
-  (``accounting``), read back as a report, ``llmgw_ctl usage`` and the usage page.
+  (``accounting``), read back as a report (per team too, with its cost: ``cost``),
+  ``llmgw_ctl usage`` and the usage page.
 - ``table/``: what can be routed to: the routing table (``routes``), the key set
   (``keys``), where both come from (``sources``), the last good table on disk (``saved``),
   the health probe of the engines a saved table names (``probe``), and the table and

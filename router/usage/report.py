@@ -1,4 +1,4 @@
-"""Usage per key and model per day, read from the hourly rows routers write."""
+"""Usage per key and model per day (and per team), read from the hourly rows routers write."""
 
 from __future__ import annotations
 
@@ -54,6 +54,49 @@ def since_days(days: int, now: datetime) -> datetime:
     return start.replace(hour=0, minute=0, second=0, microsecond=0)
 
 
+UNASSIGNED = "unassigned"  # usage without a key, or by a key deleted since: no team to name
+
+
+@dataclass(frozen=True)
+class TeamUsage:
+    team: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def key_teams() -> dict[str, str]:
+    """Each key's team by the key's prefix: usage rows name keys by prefix, not by row."""
+    return dict(ApiKey.objects.values_list("prefix", "team__name"))
+
+
+def team_usage(since: datetime, until: datetime | None = None) -> list[TeamUsage]:
+    """Totals per team from ``since`` (to ``until``), most tokens first; a row whose key has
+    no team any more (deleted, or no auth) counts as ``unassigned``."""
+    rows = Usage.objects.filter(hour__gte=since)
+    if until is not None:
+        rows = rows.filter(hour__lt=until)
+    per_key = rows.values("key_prefix").annotate(
+        requests=Sum("requests"),
+        prompt_tokens=Sum("prompt_tokens"),
+        completion_tokens=Sum("completion_tokens"),
+    )
+    teams = key_teams()
+    totals: dict[str, list[int]] = {}
+    for row in per_key:
+        team = teams.get(row["key_prefix"], UNASSIGNED)
+        sums = totals.setdefault(team, [0, 0, 0])
+        sums[0] += row["requests"]
+        sums[1] += row["prompt_tokens"]
+        sums[2] += row["completion_tokens"]
+    found = [TeamUsage(team, *sums) for team, sums in totals.items()]
+    return sorted(found, key=lambda t: (-t.tokens, t.team))
+
+
 @dataclass(frozen=True)
 class ModelUsage:
     model: str
@@ -66,7 +109,7 @@ class ModelUsage:
         return self.prompt_tokens + self.completion_tokens
 
 
-def team_usage(team: Team, since: datetime) -> list[ModelUsage]:
+def team_model_usage(team: Team, since: datetime) -> list[ModelUsage]:
     """What the team's keys (revoked ones too) spent on each model from ``since`` on,
     most requested first."""
     prefixes = ApiKey.objects.filter(team=team).values("prefix")
