@@ -29,7 +29,7 @@ from catalog.keys import (
     open_model_names,
 )  # fmt: skip
 from catalog.models import ApiKey, Team
-from catalog.teams.roles import default_team, find_team
+from catalog.teams.roles import DEFAULT_TEAM, find_team
 
 
 def create_key(
@@ -58,7 +58,7 @@ def create_key(
     if not name:
         raise ApiKeyRefused("a key needs a name saying who or what uses it")
     allowed = _known_models(allowed_models)
-    owner = find_team(team) if team is not None else default_team()
+    owner = find_team(team) if team is not None else _default_team()
     _open_to(owner, allowed)
     if member is not None and not owner.memberships.filter(user=member).exists():
         raise ApiKeyRefused(
@@ -155,6 +155,12 @@ def _known_models(allowed_models: Iterable[str]) -> list[str]:
             "Apply the model first, or fix the name."
         )
     return allowed
+
+
+def _default_team() -> Team:
+    """``default``, made again where the database was emptied by hand since it migrated."""
+    team, _made = Team.objects.get_or_create(name=DEFAULT_TEAM)
+    return team
 
 
 def _open_to(team: Team, allowed: list[str]) -> None:

@@ -39,8 +39,6 @@ class RoleRequired(TeamRefused):
 def find_team(name: str | Team) -> Team:
     if isinstance(name, Team):
         return name
-    if name.strip() == DEFAULT_TEAM:
-        return default_team()
     row = Team.objects.filter(name=name.strip()).first()
     if row is None:
         names = list(Team.objects.values_list("name", flat=True))
@@ -48,11 +46,11 @@ def find_team(name: str | Team) -> Team:
     return row
 
 
-def default_team() -> Team:
-    """The team keys made without one belong to: the migration made it, it cannot be
-    removed (``catalog.teams.actions.delete_team``), and a database emptied by hand since
-    it migrated (a test's flush) gets it back here."""
-    return Team.objects.get_or_create(name=DEFAULT_TEAM)[0]
+def default_team() -> Team | None:
+    """The team keys made without one belong to: the migration made it and it cannot be
+    removed (``catalog.teams.actions.delete_team``); None in a database emptied by hand,
+    where the first key made remakes it."""
+    return Team.objects.filter(name=DEFAULT_TEAM).first()
 
 
 def key_cap(team: Team) -> Limits:

@@ -12,7 +12,7 @@ from django.db.migrations.executor import MigrationExecutor
 from audit.models import Event, EventKind
 from catalog.actions.api_keys import create_key
 from catalog.keys import ApiKeyRefused, active_keys
-from catalog.models import ApiKey, Membership
+from catalog.models import ApiKey, Membership, Team
 from catalog.teams.actions import (
     create_team,
     delete_team,
@@ -25,6 +25,13 @@ from catalog.teams.roles import RoleRequired, TeamRefused
 from tests.factories import SETUP, make_model, make_user
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def default_team(db):
+    """``default``, as the migration made it: a test before this one that flushed the
+    database (transaction=True) took it with everything else."""
+    return Team.objects.get_or_create(name="default")[0]
 
 
 @pytest.fixture
