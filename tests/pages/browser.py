@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from django.db import connections
 from playwright.sync_api import expect
 
+from tests.oidc_provider.fixture import provider_password
 from tests.processes.support import Process
 
 WAIT_MS = 60_000
@@ -69,3 +70,16 @@ def answers(base: str) -> bool:
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+def through_provider(browser, base: str, username: str, path: str = "/accounts/login/"):
+    """A fresh browser that starts at llmgw, signs in at the provider as ``username`` and
+    comes back wherever llmgw sends it."""
+    page = browser.new_context(viewport={"width": 1200, "height": 800}).new_page()
+    page.goto(base + path)
+    page.get_by_role("link", name="Sign in with Test IdP").click()
+    expect(page.locator("h1")).to_have_text("Test IdP", timeout=WAIT_MS)
+    page.fill("#idp-username", username)
+    page.fill("#idp-password", provider_password(username))
+    page.click("#idp-submit")
+    return page

@@ -9,24 +9,11 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
-from tests.oidc_provider.fixture import provider_password, start_test_provider
-from tests.pages.browser import WAIT_MS, answers, start
+from tests.oidc_provider.fixture import start_test_provider
+from tests.pages.browser import WAIT_MS, answers, start, through_provider
 from tests.processes.support import control_plane, free_port, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
-
-
-def through_provider(browser, base: str, username: str, path: str = "/accounts/login/"):
-    """A fresh browser that starts at llmgw, signs in at the provider as ``username`` and
-    comes back wherever llmgw sends it."""
-    page = browser.new_context(viewport={"width": 1200, "height": 800}).new_page()
-    page.goto(base + path)
-    page.get_by_role("link", name="Sign in with Test IdP").click()
-    expect(page.locator("h1")).to_have_text("Test IdP", timeout=WAIT_MS)
-    page.fill("#idp-username", username)
-    page.fill("#idp-password", provider_password(username))
-    page.click("#idp-submit")
-    return page
 
 
 def test_sign_in_through_the_provider_in_chromium(browser, processes, tmp_path, screenshot):

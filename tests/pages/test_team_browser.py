@@ -12,8 +12,7 @@ from playwright.sync_api import expect
 from catalog.models import ApiKey, Membership, Team
 from tests.factories import make_model, make_user
 from tests.oidc_provider.fixture import ROLE_MAP, start_test_provider
-from tests.pages.browser import WAIT_MS, answers, start
-from tests.pages.test_oidc_sign_in import through_provider
+from tests.pages.browser import WAIT_MS, answers, start, through_provider
 from tests.processes.support import control_plane, free_port, wait_until
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
