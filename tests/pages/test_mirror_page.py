@@ -48,7 +48,7 @@ def test_the_mirror_page_follows_a_download_and_warns_of_no_holder(
     page.click('tr.model[data-model="gemma"] a.weights-link')
     expect(page).to_have_url(f"{base}/weights/gemma/")
     open_live(page, "/weights/gemma/")
-    expect(page.locator('[data-warning="no-holder"]')).to_have_text(WARNING)
+    expect(page.locator('[data-warning="no-holder"]')).to_have_text(WARNING, timeout=WAIT_MS)
     progress = page.locator(f'#mirror-holders tr[data-shard="{shard.id}"] .progress')
     expect(progress).to_have_text("2.9 of 14.2 GiB, 39 MiB/s")
     screenshot(page, "mirror-downloading")
@@ -63,6 +63,6 @@ def test_the_mirror_page_follows_a_download_and_warns_of_no_holder(
     expect(page.locator('#mirror-holders tr[data-node="node01"]')).to_contain_text(
         "5 GiB", timeout=WAIT_MS
     )
-    expect(page.locator('[data-warning="no-holder"]')).to_have_count(0)
+    expect(page.locator('[data-warning="no-holder"]')).to_have_count(0, timeout=WAIT_MS)
     assert_not_reloaded(page)
     screenshot(page, "mirror-held")
