@@ -14,6 +14,7 @@ from playwright.sync_api import expect
 from audit.events import record_event
 from audit.models import Event, EventKind
 from catalog.actions.api_keys import create_key, revoke_key
+from catalog.teams.actions import create_team
 from tests.audit.events_made import log_of
 from tests.factories import make_user
 from tests.pages.browser import (
@@ -83,6 +84,24 @@ def test_an_operator_filters_the_log_follows_it_live_and_exports_it(
         page.click('a.export[data-format="json"]')
     records = json.loads(download.value.path().read_text())
     assert [r["id"] for r in records] == [int(r["id"]) for r in exported]
+
+    # By team: what was done to its keys and by its members, and nothing of another team's.
+    off_loop(create_team, "search", actor=olga)
+    off_loop(create_team, "sales", actor=olga)
+    search_key, _ = off_loop(create_key, "indexer", team="search", actor=olga)
+    sales_key, _ = off_loop(create_key, "crm", team="sales", actor=olga)
+    page.goto("/audit/")
+    page.fill('input[name="team"]', "search")
+    page.click(".event-filter button[type=submit]")
+    expect(page).to_have_url(f"{base}/audit/?team=search")
+    objects = rows.evaluate_all("rows => rows.map(row => row.dataset.object)")
+    assert search_key.prefix in objects and "search" in objects, objects
+    assert sales_key.prefix not in objects and "sales" not in objects, objects
+    with page.expect_download() as download:
+        page.click('a.export[data-format="json"]')
+    exported_objects = {r["object"] for r in json.loads(download.value.path().read_text())}
+    assert search_key.prefix in exported_objects and sales_key.prefix not in exported_objects
+    screenshot(page, "audit-team")
 
     # A reader sees only her own: her sign-in.
     rita = signed_in_page(browser, base, "rita")
