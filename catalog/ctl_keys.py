@@ -15,6 +15,7 @@ from audit.actors import shell_operator
 from catalog.actions.api_keys import UNCHANGED, create_key, revoke_key, update_key
 from catalog.keys import (
     LIMIT_FIELDS,
+    LIMIT_FLAGS,
     PRIORITIES,
     ApiKeyRefused,
     enforced_limits,
@@ -25,15 +26,6 @@ from catalog.keys import (
 from catalog.models import ApiKey
 from core.tables import render_json, render_table
 from protocol.units import parse_duration
-
-# Flag, limit field and what it counts, in the order `keys show` lists them.
-LIMIT_FLAGS = (
-    ("--rpm", "requests_per_minute", "requests per minute"),
-    ("--tpm", "tokens_per_minute", "tokens per minute (prompt and completion)"),
-    ("--tokens-per-day", "tokens_per_day", "tokens per UTC day"),
-    ("--tokens-per-month", "tokens_per_month", "tokens per UTC month"),
-    ("--concurrency", "concurrency", "requests in flight at once"),
-)
 
 
 def add_parsers(subparsers) -> None:

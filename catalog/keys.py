@@ -44,6 +44,16 @@ LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "tokens_per_day", "t
                 "concurrency")  # fmt: skip
 PRIORITIES = ("high", "normal", "low")
 
+# Flag, limit field and what it counts, as `llmgw_ctl keys` and `teams` name them, in the
+# order `keys show` lists them.
+LIMIT_FLAGS = (
+    ("--rpm", "requests_per_minute", "requests per minute"),
+    ("--tpm", "tokens_per_minute", "tokens per minute (prompt and completion)"),
+    ("--tokens-per-day", "tokens_per_day", "tokens per UTC day"),
+    ("--tokens-per-month", "tokens_per_month", "tokens per UTC month"),
+    ("--concurrency", "concurrency", "requests in flight at once"),
+)
+
 
 def key_limits(key: ApiKey) -> Limits:
     """The limits set on the key."""

@@ -11,27 +11,15 @@ from __future__ import annotations
 
 import socket
 
-# Agents relink in a burst after a control-plane restart; the kernel caps this at
-# net.core.somaxconn.
-BACKLOG = 4096
+from core import sockets
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A bound, listening TCP socket that children inherit (pass its fileno to them)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(BACKLOG)
-    except OSError as exc:
-        sock.close()
-        raise SystemExit(
-            f"cannot listen on {host}:{port} for the control plane: {exc.strerror}; stop "
-            "what holds that port or set LLMGW_PORT to another"
-        ) from None
-    sock.set_inheritable(True)
-    return sock
+    """The control plane's socket, which each daphne adopts."""
+    return sockets.listening_socket(
+        host, port, serving="the control plane",
+        fix="stop what holds that port or set LLMGW_PORT to another",
+    )  # fmt: skip
 
 
 def daphne_command(python: str, fd: int, application: str) -> list[str]:

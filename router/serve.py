@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 
+from core import sockets
 from core.env import env_int
 
 APPLICATION = "router.asgi:application"
@@ -37,7 +38,6 @@ PROCESSES_ENV = "LLMGW_ROUTER_PROCESSES"
 MOST_PROCESSES = 4
 CORES_PER_PROCESS = 4
 RESTART_SECONDS = 1.0
-BACKLOG = 4096
 
 logger = logging.getLogger(__name__)
 
@@ -57,18 +57,8 @@ def processes_wanted() -> int:
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A bound, listening TCP socket that child processes inherit."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(BACKLOG)
-    except OSError as exc:
-        sock.close()
-        raise SystemExit(f"the router cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.set_inheritable(True)
-    return sock
+    """The routers' socket, which each router process adopts."""
+    return sockets.listening_socket(host, port, serving="the router")
 
 
 def serve_socket(sock: socket.socket, args: argparse.Namespace) -> None:

@@ -11,7 +11,7 @@ import redis
 from django.core.management.base import CommandError
 
 from audit.actors import shell_operator
-from catalog.keys import LIMIT_FIELDS, counted_usage, open_model_names, team_limits
+from catalog.keys import LIMIT_FIELDS, LIMIT_FLAGS, counted_usage, open_model_names, team_limits
 from catalog.models import Team
 from catalog.teams.actions import (
     create_team,
@@ -24,15 +24,6 @@ from catalog.teams.actions import (
 from catalog.teams.roles import ROLES, TeamRefused, find_team, key_cap
 from core.tables import render_json, render_table
 from protocol.rate_limits import team_counter_name
-
-# Flag, limit field and what it counts (as `llmgw_ctl keys` names them).
-LIMIT_FLAGS = (
-    ("--rpm", "requests_per_minute", "requests per minute"),
-    ("--tpm", "tokens_per_minute", "tokens per minute (prompt and completion)"),
-    ("--tokens-per-day", "tokens_per_day", "tokens per UTC day"),
-    ("--tokens-per-month", "tokens_per_month", "tokens per UTC month"),
-    ("--concurrency", "concurrency", "requests in flight at once"),
-)
 
 
 def add_parsers(subparsers) -> None:
