@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, settings
 from rest_framework.test import APIClient
 
 from tests.factories import make_user
+from tests.processes.scheduling import ModulesTogether
 from tests.support.db_sessions import close_executor_connections, other_sessions, sessions_left
 from tests.support.leftovers import label_this_run, stop_leftovers
 
@@ -27,6 +28,14 @@ settings.load_profile("llmgw-fuzz")
 # Tests of the engine user name it (tests/agent/test_engine_user.py); the simulated fleet's
 # agents, which run the real llama-server, use it as an installed node's do.
 os.environ.setdefault("LLMGW_AGENT_ENGINE_USER", pwd.getpwuid(os.geteuid()).pw_name)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``--dist loadgroup``: a module's tests together, the simulated fleets' on one
+    worker, the longest first (tests/processes/scheduling.py)."""
+    if config.getvalue("dist") == "loadgroup":
+        return ModulesTogether(config, log)
+    return None
 
 
 @pytest.fixture
