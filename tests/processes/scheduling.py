@@ -18,7 +18,9 @@ from pathlib import PurePosixPath
 from xdist.scheduler import LoadScopeScheduling
 
 SIMULATED_FLEET = "simulated-fleet"
-SIMULATED_FLEET_MODULES = frozenset({"test_sim", "test_sim_impair", "test_partitions", "test_walls"})
+SIMULATED_FLEET_MODULES = frozenset(
+    {"test_sim", "test_sim_impair", "test_partitions", "test_walls"}
+)
 # Modules of a minute or more on two cores, longest first; the rest follow in file order.
 LONGEST_FIRST = (
     SIMULATED_FLEET, "test_faults", "test_up_restarts", "test_restarts", "test_live_pages",
