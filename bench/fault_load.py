@@ -37,14 +37,18 @@ class Load:
         enter: Callable[[], None] | None = None,
         hang_after: float = REQUEST_TIMEOUT,
         models: tuple[str, ...] = (DEMO_MODEL,),
+        pause: float = 0.0,
     ) -> None:
         """``enter`` runs first in the load's thread: bench/partitions.py moves it into a
         simulated host's network namespace, so every request leaves from that host.
-        Client ``n`` asks for ``models[n % len(models)]``."""
+        Client ``n`` asks for ``models[n % len(models)]``, waiting ``pause`` seconds
+        after each answer: the suite's short runs keep traffic in flight through every
+        fault without keeping the engines (and the machine's cores) busy throughout."""
         self.url, self.key, self.clients = url, key, clients
         self.models = models
         self.max_requests = max_requests
         self.hang_after = hang_after
+        self.pause = pause
         self.requests: list[Request] = []
         self._stop = threading.Event()
         self._enter = enter
@@ -79,7 +83,9 @@ class Load:
                 request.error = type(exc).__name__
             request.ended = time.monotonic()
             if request.error:
-                await asyncio.sleep(0.2)  # a client retries, but not in a tight loop
+                await asyncio.sleep(max(0.2, self.pause))  # a retry, but not in a tight loop
+            elif self.pause:
+                await asyncio.sleep(self.pause)
 
     async def _one(self, client: httpx.AsyncClient, n: int) -> str:
         body = {

@@ -159,6 +159,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--injections", type=int, default=10)
     parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument(
+        "--pause", type=float, default=0.0, help="seconds each client waits after an answer"
+    )
     parser.add_argument("--faults", default=",".join(FAULTS))
     parser.add_argument("--stop-seconds", type=float, default=30.0)
     parser.add_argument("--json", type=Path, help="also write the rows here")
@@ -176,7 +179,7 @@ def main() -> int:
     load = None
     try:
         key = system.start()
-        load = Load(system.router_url, key, options.clients)
+        load = Load(system.router_url, key, options.clients, pause=options.pause)
         load.start()
         # Answers flowing first: on a loaded machine a cold engine's first answers took
         # longer than the first injection's window, which then counted no request at all.

@@ -604,7 +604,9 @@ SCENARIOS: dict[str, Callable[[Scenario], None]] = {
 NO_FAILURES = ("P1", "P3", "P5", "P7")
 
 
-def run(fleet: Fleet, name: str, timers: Timers, key: str) -> Row:
+def run(
+    fleet: Fleet, name: str, timers: Timers, key: str, clients: int = CLIENTS, pause: float = 0.0
+) -> Row:
     row = Row(name)
     scenario = Scenario(fleet, timers, key, row)
     try:
@@ -617,10 +619,11 @@ def run(fleet: Fleet, name: str, timers: Timers, key: str) -> Row:
     load = Load(
         fleet.router_url,
         key,
-        CLIENTS,
+        clients,
         MAX_REQUESTS,
         enter=partial(network.enter, hosts.SERVICES),
         hang_after=HANG_AFTER,
+        pause=pause,
     )
     load.start()
     try:

@@ -38,6 +38,10 @@ def main() -> int:
         help="short liveness timers (unreachable 4 s, lost 20 s, hold 10 s)",
     )
     parser.add_argument("--only", default="", help="scenarios to run, e.g. P1,P3")
+    parser.add_argument("--clients", type=int, default=scenarios.CLIENTS)
+    parser.add_argument(
+        "--pause", type=float, default=0.0, help="seconds each client waits after an answer"
+    )
     parser.add_argument("--dir", type=Path, help="the fleet's state directory (kept)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument(
@@ -57,7 +61,8 @@ def main() -> int:
     print(
         f"timers: unreachable {timers.unreachable}s, lost {timers.lost}s, mass-silence hold "
         f"{timers.hold}s, heartbeat {timers.heartbeat}s; {NODES} nodes, "
-        f"{scenarios.REPLICAS} replicas, {scenarios.CLIENTS} streaming clients",
+        f"{scenarios.REPLICAS} replicas, {options.clients} streaming clients"
+        + (f" pausing {options.pause:g}s between requests" if options.pause else ""),
         flush=True,
     )
     rows = []
@@ -68,7 +73,7 @@ def main() -> int:
         key = sim.api_key(fleet)
         for name in names:
             began = time.monotonic()
-            row = scenarios.run(fleet, name, timers, key)
+            row = scenarios.run(fleet, name, timers, key, options.clients, options.pause)
             print(
                 f"{name}: {time.monotonic() - began:.0f}s"
                 + (f", skipped: {row.skipped}" if row.skipped else ""),

@@ -30,6 +30,20 @@ settings.load_profile("llmgw-fuzz")
 os.environ.setdefault("LLMGW_AGENT_ENGINE_USER", pwd.getpwuid(os.geteuid()).pw_name)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def quick_password_hashes():
+    """Test users' passwords hashed at one round (tests/support/hashers.py), in place of
+    Django's PBKDF2: one hasher per algorithm, so that none is rehashed at sign-in."""
+    from django.conf import settings as django_settings
+    from django.test import override_settings
+
+    django_pbkdf2 = "django.contrib.auth.hashers.PBKDF2PasswordHasher"
+    others = [name for name in django_settings.PASSWORD_HASHERS if name != django_pbkdf2]
+    hashers = ["tests.support.hashers.OneRoundPBKDF2", *others]
+    with override_settings(PASSWORD_HASHERS=hashers):  # and Django forgets its cached ones
+        yield
+
+
 def pytest_xdist_make_scheduler(config, log):
     """Under ``--dist loadgroup``: a module's tests together, the simulated fleets' on one
     worker, the longest first (tests/processes/scheduling.py)."""

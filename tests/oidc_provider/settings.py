@@ -54,3 +54,5 @@ OAUTH2_PROVIDER = {
     "SCOPES": {"openid": "sign in", "profile": "your name", "email": "your e-mail"},
     "OAUTH2_VALIDATOR_CLASS": "tests.oidc_provider.validator.GroupsValidator",
 }
+# Its people sign in on every test: at PBKDF2's million rounds each costs half a second.
+PASSWORD_HASHERS = ["tests.support.hashers.OneRoundPBKDF2"]
