@@ -14,6 +14,7 @@ the URL; a data directory an earlier llmgw left on trust is given it on first us
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import secrets
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -83,20 +85,22 @@ def postgres_url(home: Path, database: str = "llmgw") -> str:
     """
     ensure_private_dir(home)
     pgdata = home / POSTGRES_DIR
-    info = _ready_postmaster(pgdata)
-    if info is None:
-        _start_postgres(pgdata)
-        started_here.add(("postgres", home))
+    # Held until the database exists: a second command must find it whole, never make it.
+    with _one_starter(home, "postgres"):
         info = _ready_postmaster(pgdata)
         if info is None:
-            raise RuntimeError(f"embedded PostgreSQL did not start; see {pgdata / 'log'}")
-    allow_postgres_to_traverse(home)
-    password = read_or_create_secret(
-        home / POSTGRES_PASSWORD_FILE, lambda: secrets.token_urlsafe(32)
-    )
-    socket_dir = str(info.socket_dir)
-    _require_password(home, socket_dir, password)
-    _ensure_database(home, socket_dir, password, database)
+            _start_postgres(pgdata)
+            started_here.add(("postgres", home))
+            info = _ready_postmaster(pgdata)
+            if info is None:
+                raise RuntimeError(f"embedded PostgreSQL did not start; see {pgdata / 'log'}")
+        allow_postgres_to_traverse(home)
+        password = read_or_create_secret(
+            home / POSTGRES_PASSWORD_FILE, lambda: secrets.token_urlsafe(32)
+        )
+        socket_dir = str(info.socket_dir)
+        _require_password(home, socket_dir, password)
+        _ensure_database(home, socket_dir, password, database)
     return (
         f"postgresql://{POSTGRES_USER}:{quote(password, safe='')}@/{database}"
         f"?host={quote(socket_dir, safe='')}"
@@ -127,9 +131,11 @@ def _ready_postmaster(pgdata: Path):
 
 
 def read_pid(pid_file: Path) -> int | None:
-    """The pid on a server's pid file's first line, or None without a readable one."""
+    """The pid on a server's pid file's first line, or None without a readable one.
+
+    PostgreSQL writes a standalone backend's (initdb's) pid negated."""
     try:
-        return int(pid_file.read_text().split("\n", 1)[0])
+        return abs(int(pid_file.read_text().split("\n", 1)[0]))
     except (OSError, ValueError):
         return None
 
@@ -279,10 +285,22 @@ def redis_socket(home: Path) -> Path:
 def redis_url(home: Path) -> str:
     """Start (or find) the embedded Redis under ``home`` and return its URL."""
     sock = redis_socket(home)
-    if not _redis_answers(sock):
-        _start_redis(home)
-        started_here.add(("redis", home))
+    ensure_private_dir(home)
+    with _one_starter(home, "redis"):
+        if not _redis_answers(sock):
+            _start_redis(home)
+            started_here.add(("redis", home))
     return f"unix://{sock}"
+
+
+@contextlib.contextmanager
+def _one_starter(home: Path, server: str) -> Iterator[None]:
+    """One process at a time finds or starts ``server`` under ``home``: a command run in a
+    second terminal while `llmgw up` still initialises the database waits for it, rather
+    than starting another server on the same files (or making the same database)."""
+    with open(home / f".{server}-start.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _redis_answers(sock: Path) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -94,3 +96,23 @@ def test_a_database_an_earlier_llmgw_made_with_trust_gets_the_password_and_keeps
     assert_home_private(home)
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT id FROM kept").fetchall() == [(7,)]
+
+
+def test_two_commands_started_at_once_on_a_new_home_share_one_postgres(home):
+    # `make run` in one terminal, `llmgw_ctl ...` in another while the first still runs
+    # initdb (whose standalone backend writes its pid negated in postmaster.pid).
+    code = (
+        "import sys; from pathlib import Path; from llmgw_cli import embedded; "
+        "print(embedded.postgres_url(Path(sys.argv[1])))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    commands = [
+        subprocess.Popen([sys.executable, "-c", code, str(home)], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(3)
+    ]  # fmt: skip
+    outputs = [command.communicate(timeout=180) for command in commands]
+    assert [command.returncode for command in commands] == [0, 0, 0], outputs
+    urls = {out.strip() for out, _err in outputs}
+    assert len(urls) == 1, outputs
+    assert_password_required(urls.pop())
