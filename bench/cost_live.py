@@ -69,8 +69,9 @@ def ctl(up: Up, *args: str) -> str:
     return done.stdout
 
 
-def serving(up: Up, key: str) -> bool:
-    """Whether both models answer a one-token request."""
+def serving(up: Up, key: str, tokens: Counter) -> bool:
+    """Whether both models answer a one-token request; what they answered counts for the
+    key's team (its usage rows hold it too)."""
     for model in MODELS:
         try:
             answer = httpx.post(
@@ -83,6 +84,7 @@ def serving(up: Up, key: str) -> bool:
             return False
         if answer.status_code != 200:
             return False
+        tokens["tokens"] += answer.json()["usage"]["total_tokens"]
     return True
 
 
@@ -139,8 +141,11 @@ print(json.dumps({{
 
 
 def window_report(up: Up, since: datetime, until: datetime) -> dict:
-    out = ctl(up, "shell", "-c", REPORT.format(since=since.isoformat(), until=until.isoformat()))
-    return json.loads(out.strip().splitlines()[-1])
+    code = REPORT.format(since=since.isoformat(), until=until.isoformat())
+    done = up.manage("shell", "-c", code)
+    if done.returncode:
+        raise RuntimeError(f"pricing the window failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def priced(up: Up, since: datetime, until: datetime, counted: dict[str, Counter]) -> dict:
@@ -212,9 +217,11 @@ async def main(options: argparse.Namespace) -> int:
                 ctl(up, "teams", "open", model, "--to", team)
         keys = {team: ctl(up, "keys", "create", f"{team}-load", "--team", team).split()[0]
                 for team in CLIENTS}  # fmt: skip
-        wait_for(lambda: serving(up, keys["red"]), 300, "both models to answer", interval=2)
+        probed: Counter = Counter()
+        wait_for(lambda: serving(up, keys["red"], probed), 300, "both models", interval=2)
         since, began = datetime.now(UTC), time.time()
         counted = await load(up, keys, options.seconds)
+        counted["red"]["tokens"] += probed["tokens"]
         until, ended = datetime.now(UTC), time.time()
         result = priced(up, since, until, counted)
         baseline = engine_core_seconds(home, began, ended)
