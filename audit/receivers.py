@@ -8,6 +8,7 @@ save it hears: the Event is written in the same transaction, like every verb's.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth import get_user_model, user_logged_in, user_login_failed
 from django.contrib.auth.models import AnonymousUser, Group
 from django.db.models.signals import m2m_changed, post_save, pre_save
@@ -20,6 +21,7 @@ from audit.actions import (
     record_superuser_changed,
 )
 from audit.actors import acting_now
+from core.addresses import request_origin
 
 
 def connect() -> None:
@@ -34,11 +36,15 @@ def connect() -> None:
 
 
 def client_address(request) -> str:
-    """REMOTE_ADDR only, as the sign-in throttle reads it: X-Forwarded-For is whatever the
-    client chose to send."""
+    """The address a request came from, for the sign-in throttle and every sign-in Event:
+    REMOTE_ADDR, or behind a trusted proxy (settings.TRUSTED_PROXIES) the client address
+    it forwarded. X-Forwarded-For from anyone else is whatever the client chose to send."""
     if request is None:
         return "unknown"
-    return request.META.get("REMOTE_ADDR") or "unknown"
+    meta = request.META
+    return request_origin(
+        meta.get("REMOTE_ADDR", ""), meta.get("HTTP_X_FORWARDED_FOR", ""), settings.TRUSTED_PROXIES
+    )
 
 
 def records_its_own(backend: str) -> bool:

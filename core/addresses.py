@@ -55,3 +55,50 @@ def plaintext_to_network(url: str) -> bool:
         return not ipaddress.ip_address(host).is_loopback
     except ValueError:
         return True  # a name other than localhost: its address is the network's to say
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def trusted_networks(entries: list[str], name: str = "LLMGW_TRUSTED_PROXIES") -> list[Network]:
+    """The proxies an operator put in front of the control plane, as networks; ValueError
+    naming the entry that is neither an address nor a network."""
+    networks = []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            raise ValueError(
+                f"{name}: {entry!r} is neither an address nor a network; "
+                "write each proxy as 10.0.0.5 or 10.0.0.0/24, comma-separated"
+            ) from None
+    return networks
+
+
+def request_origin(remote_addr: str, forwarded_for: str, proxies: list[Network]) -> str:
+    """The address a request came from: REMOTE_ADDR, unless that is one of the trusted
+    proxies; then the nearest address in X-Forwarded-For (read from the right, as each
+    proxy appends the address it heard from) that is not a trusted proxy itself.
+
+    A client writes what it likes into the header, so nothing further left than the first
+    untrusted hop is believed; a hop that is not an address gives the proxy's own."""
+    origin = remote_addr or "unknown"
+    if not _within(origin, proxies):
+        return origin
+    for hop in reversed([h.strip() for h in forwarded_for.split(",") if h.strip()]):
+        try:
+            ipaddress.ip_address(hop)
+        except ValueError:
+            return origin
+        origin = hop
+        if not _within(hop, proxies):
+            return hop
+    return origin
+
+
+def _within(address: str, networks: list[Network]) -> bool:
+    try:
+        found = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(found in network for network in networks)

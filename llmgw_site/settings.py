@@ -10,6 +10,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from core.addresses import trusted_networks
 from core.env import env_bool, env_decimal, env_float, env_int, env_list, env_str, llmgw_home
 from core.secret_files import ensure_private_dir, read_or_create_secret
 from llmgw_site.services import database, logging_config, read_redis_url, required_url
@@ -142,6 +143,10 @@ LOGIN_REDIRECT_URL = "/"
 SIGN_IN_FAILURE_LIMIT = env_int("LLMGW_SIGN_IN_FAILURE_LIMIT", 5)
 # Seconds: the window the failures are counted in, and then how long the pair waits.
 SIGN_IN_WINDOW = env_int("LLMGW_SIGN_IN_WINDOW", 15 * 60)
+# The reverse proxies (addresses or networks) in front of the control plane: a request from
+# one of them is counted, throttled and recorded by the client address it forwards in
+# X-Forwarded-For. None by default: from anyone else that header is whatever they wrote.
+TRUSTED_PROXIES = trusted_networks(env_list("LLMGW_TRUSTED_PROXIES"))
 
 # Days a REST API token lasts unless `llmgw_ctl api-tokens create --expires` says otherwise:
 # a quarter, so a token copied into a script or a backup stops working on its own, while the

@@ -19,6 +19,7 @@ from django.core.exceptions import ImproperlyConfigured, SuspiciousOperation
 from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 
 from audit.actors import PROVIDER_SIGN_IN
+from audit.receivers import client_address
 from catalog.teams.actions import set_provider_team_roles
 from fleet.actions.sign_ins import admit_provider_user
 from fleet.oidc import provider
@@ -156,9 +157,3 @@ class ProviderBackend(OIDCAuthenticationBackend):
 def _short(exc: Exception) -> str:
     # The library's token error carries the provider's whole answer; its first line will do.
     return str(exc).splitlines()[0][:300]
-
-
-def client_address(request) -> str:
-    """REMOTE_ADDR only, as the password sign-in's (``fleet.pages.sign_in``): a forwarded
-    header is whatever the client chose to send."""
-    return request.META.get("REMOTE_ADDR") or "unknown"

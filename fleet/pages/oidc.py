@@ -17,9 +17,10 @@ from mozilla_django_oidc.views import (
 )
 
 from audit.actors import PROVIDER_SIGN_IN
+from audit.receivers import client_address
 from fleet.actions.sign_ins import record_refused_sign_in
 from fleet.oidc import provider
-from fleet.oidc.backend import REFUSAL_ATTRIBUTE, client_address
+from fleet.oidc.backend import REFUSAL_ATTRIBUTE
 from fleet.pages.sign_in import SignInForm
 from fleet.pages.team_page import landing
 

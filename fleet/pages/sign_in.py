@@ -19,11 +19,11 @@ from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest
 from django.utils import timezone
 from django.views.decorators.debug import sensitive_variables
 
 from audit.actors import SIGN_IN_THROTTLE
+from audit.receivers import client_address
 from audit.redis import redis_client
 from fleet.actions.sign_ins import record_lockout
 
@@ -45,14 +45,6 @@ class Lockout:
             f"Too many failed sign-ins for {self.username} from {self.address}: "
             f"try again in {_minutes(self.until - now)}."
         )
-
-
-def client_address(request: HttpRequest | None) -> str:
-    """The address a sign-in comes from. REMOTE_ADDR only: X-Forwarded-For is whatever
-    the client chose to send, so trusting it would let anyone pick a fresh address."""
-    if request is None:
-        return "unknown"
-    return request.META.get("REMOTE_ADDR") or "unknown"
 
 
 def _keys(username: str, address: str) -> tuple[str, str]:

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from audit.models import Event, EventKind
 from audit.redis import redis_client
+from core.addresses import trusted_networks
 from fleet.pages.sign_in import KEY_PREFIX
 from llmgw_site import settings as site_settings
 
@@ -101,6 +102,39 @@ def test_another_address_still_signs_in(operator):
     fail(client, 5)
     response = sign_in(client, "olga", "pw-olga", address="10.0.0.9")
     assert response.status_code == 302 and signed_in(client)
+
+
+PROXY = "192.0.2.10"  # the TLS-terminating proxy in front of the control plane
+
+
+def via_proxy(client, username, password, forwarded_for):
+    return client.post(LOGIN, {"username": username, "password": password}, REMOTE_ADDR=PROXY,
+                       HTTP_X_FORWARDED_FOR=forwarded_for)  # fmt: skip
+
+
+@override_settings(TRUSTED_PROXIES=trusted_networks(["192.0.2.0/28"]))
+def test_behind_a_trusted_proxy_lockouts_apply_per_forwarded_address(operator):
+    client = Client()
+    for _ in range(5):
+        via_proxy(client, "olga", "not-it", "10.0.0.5")
+    # The real operator, through the same proxy from another address, is not locked out.
+    assert via_proxy(client, "olga", "pw-olga", "10.0.0.9").status_code == 302
+    assert signed_in(client)
+    locked = via_proxy(Client(), "olga", "pw-olga", "10.0.0.5").content.decode()
+    assert "Too many failed sign-ins for olga from 10.0.0.5" in locked
+    # What the guesser writes into the header ahead of the proxy's own entry is not believed.
+    spoofed = via_proxy(Client(), "olga", "pw-olga", "10.0.0.77, 10.0.0.5").content.decode()
+    assert "Too many failed sign-ins for olga from 10.0.0.5" in spoofed
+    (event,) = Event.objects.filter(kind=EventKind.SIGN_IN, to_state="locked")
+    assert event.reason.startswith("locked out from 10.0.0.5 ")
+
+
+def test_a_forwarded_address_from_an_untrusted_peer_is_not_believed(operator):
+    client = Client()
+    for number in range(5):  # a fresh "address" each time: still one pair, locked
+        via_proxy(client, "olga", "not-it", f"10.0.1.{number}")
+    locked = via_proxy(client, "olga", "pw-olga", "10.0.1.99").content.decode()
+    assert f"Too many failed sign-ins for olga from {PROXY}" in locked
 
 
 def test_the_pair_signs_in_once_the_window_has_passed(operator, time_machine):
