@@ -56,7 +56,7 @@ class Timers:
     hold: int = 300  # the mass-silence hold
     heartbeat: float = 5.0
     # Whether an upper bound on time is an invariant. On the short clock a busy machine
-    # (make test's two workers) delays a pass by more than the whole bound: there it is a
+    # (make test's workers) delays a pass by more than the whole bound: there it is a
     # note, and the invariant is that the dead nodes are lost at all.
     timed: bool = True
 
