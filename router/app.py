@@ -167,7 +167,7 @@ class Router:
             elif path == "/v1/models" or path.startswith("/v1/models/"):
                 await endpoints.models(scope, send, path, self.tables)
             elif path == "/health":
-                await endpoints.health(send, self.tables)
+                await endpoints.health(scope, send, self.tables, self.config.metrics_token)
             elif path == "/metrics":
                 await endpoints.scrape(scope, send, self.config.metrics_token, self.metrics,
                                        self.balancer, self.tables)  # fmt: skip

@@ -54,23 +54,35 @@ async def models(scope: dict[str, Any], send: Send, path: str, tables: TableKeep
     await send_json(send, 200, entry)
 
 
-async def health(send: Send, tables: TableKeeper) -> None:
-    """``/health``: 200 while a table is loaded (``degraded`` when it is the saved one)."""
+async def health(scope: dict[str, Any], send: Send, tables: TableKeeper, token: str) -> None:
+    """``/health``: 200 while a table is loaded (``degraded`` when it is the saved one).
+
+    Anyone may ask (load balancers do), so the answer names no error: a failed table load's
+    text can name the database's host and user. With the metrics token, when one is set,
+    it carries the last error and the count of keys too."""
     table = tables.table
     loaded = table.loaded_at > 0
     # A saved table still serves (200), but what it says may be out of date.
     status = ("degraded" if table.source == "saved" else "ok") if loaded else "loading"
-    body = {
+    body: dict[str, Any] = {
         "status": status,
         "mode": tables.source.mode,
         "table_source": table.source if loaded else None,
         "models": len(table.routes),
         "routable_models": sum(1 for r in table.routes.values() if r.endpoints),
         "table_age_seconds": round(time.time() - table.loaded_at, 3) if loaded else None,
-        "api_keys": len(tables.keys),
-        "last_error": tables.refresher.last_error,
     }
+    if token and _bears(scope, token):
+        body["api_keys"] = len(tables.keys)
+        body["last_error"] = tables.refresher.last_error
     await send_json(send, 200 if loaded else 503, body)
+
+
+def _bears(scope: dict[str, Any], token: str) -> bool:
+    """Whether the request carries ``Authorization: Bearer <token>``, compared in constant
+    time: a byte-by-byte compare would tell a prober how much it got right."""
+    sent = header(scope, b"authorization") or b""
+    return hmac.compare_digest(sent, f"Bearer {token}".encode())
 
 
 async def scrape(
@@ -78,9 +90,7 @@ async def scrape(
     tables: TableKeeper,
 ) -> None:  # fmt: skip
     """``/metrics``, behind ``Authorization: Bearer <LLMGW_METRICS_TOKEN>`` when one is set."""
-    sent = header(scope, b"authorization") or b""
-    # Constant time: a byte-by-byte compare would tell a prober how much it got right.
-    if token and not hmac.compare_digest(sent, f"Bearer {token}".encode()):
+    if token and not _bears(scope, token):
         raise RouterError(
             401, "/metrics needs `Authorization: Bearer <LLMGW_METRICS_TOKEN>`.",
             "invalid_request_error", "invalid_metrics_token",

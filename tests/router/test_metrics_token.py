@@ -1,4 +1,5 @@
-"""The router's /metrics behind LLMGW_METRICS_TOKEN: the token's holder only."""
+"""The router's /metrics behind LLMGW_METRICS_TOKEN: the token's holder only; /health's
+details too, while its status is anyone's."""
 
 from __future__ import annotations
 
@@ -46,3 +47,15 @@ def test_metrics_answer_the_right_token(guarded):
     )
     assert response.status_code == 200
     assert "llmgw_router_requests_total" in response.text
+
+
+def test_health_tells_anyone_its_status_and_the_token_holder_its_details(guarded):
+    anyone = httpx.get(f"{guarded.url}/health", timeout=30)
+    assert anyone.status_code == 200 and anyone.json()["status"] == "ok"
+    assert not {"last_error", "api_keys"} & set(anyone.json())
+    wrong = httpx.get(f"{guarded.url}/health", headers={"Authorization": "Bearer x"}, timeout=30)
+    assert not {"last_error", "api_keys"} & set(wrong.json())
+    holder = httpx.get(
+        f"{guarded.url}/health", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+    )
+    assert holder.json()["api_keys"] == 0 and holder.json()["last_error"] is None

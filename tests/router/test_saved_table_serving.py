@@ -87,7 +87,7 @@ def test_a_router_started_with_the_database_down_serves_from_its_saved_table(har
     assert (body["status"], body["table_source"]) == ("degraded", "saved")
     # From the router's last load from the database, not from reading the file.
     assert body["table_age_seconds"] >= before - saved.loaded_at - 0.001
-    assert "connect" in body["last_error"].lower()
+    assert "last_error" not in body  # to the metrics token's holder only (test_proxy.py)
 
     served = chat(second, key, "gemma")
     assert served.status_code == 200, served.text
