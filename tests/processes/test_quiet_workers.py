@@ -24,9 +24,13 @@ WATCHED_SECONDS = 5  # worker heartbeats go out every 2 s
 
 
 def subscriptions(client: redis.Redis) -> int:
-    """Channels and patterns subscribed to by every client of this Redis (kombu listens to
-    a fanout exchange, the event bus or a mailbox, through (p)subscribe)."""
-    return sum(int(c["sub"]) + int(c["psub"]) for c in client.client_list())
+    """Channels and patterns subscribed to by the clients of this test's Redis database
+    (kombu listens to a fanout exchange, the event bus or a mailbox, through (p)subscribe).
+    Other databases are other xdist workers', whose tests may run routers that listen."""
+    db = str(client.connection_pool.connection_kwargs.get("db", 0))
+    return sum(
+        int(c["sub"]) + int(c["psub"]) for c in client.client_list() if str(c.get("db")) == db
+    )
 
 
 def published_chatter(client: redis.Redis, seconds: float) -> list[str]:
