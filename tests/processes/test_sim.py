@@ -82,7 +82,20 @@ def another_persons_fleet(directory: Path) -> subprocess.Popen:
     network.create_host("other1", "198.18.250.1", uts_file, "198.18.250.1 other1\n",
                         bridge=f"{network.PREFIX}-brother")  # fmt: skip
     argv = network.host_command("other1", uts_file, ["sleep", "600"])
-    return subprocess.Popen(argv, start_new_session=True)
+    running = subprocess.Popen(argv, start_new_session=True)
+    # Running on the host once `ip netns exec` and nsenter have become `sleep` there: before
+    # that, on a busy machine, nothing of this fleet would be found in its namespace.
+    inode = network.namespace_inode(network.namespace("other1"))
+    wait_until(lambda: _sleeping_in(running.pid, inode), 30, "the other fleet's process")
+    return running
+
+
+def _sleeping_in(pid: int, inode: int) -> bool:
+    try:
+        entered = os.readlink(f"/proc/{pid}/ns/net") == f"net:[{inode}]"
+        return entered and psutil.Process(pid).cmdline()[:1] == ["sleep"]
+    except (OSError, psutil.Error):
+        return False
 
 
 @pytest.fixture
