@@ -12,8 +12,19 @@ from catalog.models import ApiKey, Team
 from router.models import Usage
 
 
+class Spent:
+    """What a usage total spent, prompt and completion together (the subclasses' fields)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
 @dataclass(frozen=True)
-class DailyUsage:
+class DailyUsage(Spent):
     day: date
     key_name: str
     key_prefix: str
@@ -22,10 +33,6 @@ class DailyUsage:
     prompt_tokens: int  # the whole prompt, its cached part included
     completion_tokens: int
     cached_prompt_tokens: int  # of prompt_tokens, read from the engine's prompt cache
-
-    @property
-    def tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 def daily_usage(since: datetime, key: str = "") -> list[DailyUsage]:
@@ -58,15 +65,11 @@ UNASSIGNED = "unassigned"  # usage without a key, or by a key deleted since: no 
 
 
 @dataclass(frozen=True)
-class TeamUsage:
+class TeamUsage(Spent):
     team: str
     requests: int
     prompt_tokens: int
     completion_tokens: int
-
-    @property
-    def tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 def key_teams() -> dict[str, str]:
@@ -98,15 +101,11 @@ def team_usage(since: datetime, until: datetime | None = None) -> list[TeamUsage
 
 
 @dataclass(frozen=True)
-class ModelUsage:
+class ModelUsage(Spent):
     model: str
     requests: int
     prompt_tokens: int
     completion_tokens: int
-
-    @property
-    def tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
 
 
 def team_model_usage(team: Team, since: datetime) -> list[ModelUsage]:

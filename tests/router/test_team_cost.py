@@ -41,6 +41,15 @@ def spend(hour, prefix, model, prompt, completion, requests=1):
                          completion_tokens=completion)  # fmt: skip
 
 
+def one_gpu_replica_spent_on_this_hour(prefix: str, started_hours_ago: int) -> None:
+    """gemma on one GPU since then, and 14 tokens of the key's in the hour now running."""
+    now = timezone.now()
+    replica = make_replica(make_profile(make_model("gemma")), state="ready")
+    make_shard(replica, node=make_node("gpu01"), gpus=[0])
+    ran(replica, (now - timedelta(hours=started_hours_ago), "starting"))
+    spend(now.replace(minute=0, second=0, microsecond=0), prefix, "gemma", 7, 7)
+
+
 def ran(replica, *steps):
     """The replica's transitions, as the audit log records them, at the given times."""
     for at, state in steps:
@@ -124,11 +133,7 @@ def test_an_adapters_tokens_count_for_its_base_models_replica(teams):
 
 def test_usage_by_team_with_cost_says_the_sum_is_the_fleets(teams, settings):
     settings.COST_PER_GPU_HOUR = Decimal("2.50")
-    now = timezone.now()
-    replica = make_replica(make_profile(make_model("gemma")), state="ready")
-    make_shard(replica, node=make_node("gpu01"), gpus=[0])
-    ran(replica, (now - timedelta(hours=2), "starting"))
-    spend(now.replace(minute=0, second=0, microsecond=0), "llmgw-red1", "gemma", 7, 7)
+    one_gpu_replica_spent_on_this_hour("llmgw-red1", started_hours_ago=2)
     data = json.loads(ctl("usage", "--by", "team", "--cost", "--since", "1d", "--json"))
     assert data["adds_up"] is True and data["gpu_hour"] == "2.50"
     assert sum(Decimal(t["cost"]) for t in data["teams"]) == Decimal(data["fleet"])
@@ -179,11 +184,7 @@ def test_a_running_replica_whose_events_are_gone_counts_from_its_last_start(team
 def test_the_usage_page_shows_each_teams_cost_and_that_it_adds_up(client, reader, teams,
                                                                    settings):  # fmt: skip
     settings.COST_PER_GPU_HOUR = Decimal("1.00")
-    now = timezone.now()
-    replica = make_replica(make_profile(make_model("gemma")), state="ready")
-    make_shard(replica, node=make_node("gpu01"), gpus=[0])
-    ran(replica, (now - timedelta(hours=30), "starting"))
-    spend(now.replace(minute=0, second=0, microsecond=0), "llmgw-blu1", "gemma", 7, 7)
+    one_gpu_replica_spent_on_this_hour("llmgw-blu1", started_hours_ago=30)
     client.force_login(reader)
     assert "teams=1#teams" in client.get("/usage/?days=7").content.decode()
     page = client.get("/usage/?days=7&teams=1").content.decode()
