@@ -22,6 +22,7 @@ from catalog.keys import (
     find_key,
     key_limits,
     key_usage,
+    usage_rows,
 )
 from catalog.models import ApiKey
 from core.tables import render_json, render_table
@@ -179,11 +180,7 @@ def show_command(options, out) -> None:
         out.write(render_json({**_as_json(row), "usage": usage}))
         return
     out.write(f"key {row.prefix}… ({row.name}), models: {', '.join(row.allowed_models) or 'all'}")
-    rows = [
-        [counts, str(limits.get(field, "none")), str(used[field]),
-         _share(used[field], limits.get(field))]
-        for _flag, field, counts in LIMIT_FLAGS
-    ]  # fmt: skip
+    rows = usage_rows(limits, used)
     out.write(render_table(["LIMIT", "AT MOST", "USED", "SHARE"], rows))
     if row.concurrency is None and "concurrency" in limits:
         out.write("requests in flight: the default cap (LLMGW_KEY_CONCURRENCY); "
@@ -223,10 +220,6 @@ def _describe_limits(row: ApiKey) -> str:
     if row.expires_at is not None:
         terms.append(f"expires {row.expires_at:%Y-%m-%d}")
     return ", ".join(terms) or "no limits"
-
-
-def _share(used: int, limit: int | None) -> str:
-    return f"{100 * used / limit:.0f}%" if limit else ""
 
 
 def _expiry_text(row: ApiKey) -> str:

@@ -208,6 +208,17 @@ def adapter_names(adapters: list[dict], model: str) -> list[str]:
     return [n for a in adapters for n in (adapter_id(model, a["name"]), *a.get("aliases", []))]
 
 
+def usage_rows(limits: dict[str, int], used: dict[str, int]) -> list[list[str]]:
+    """What `keys show` and `teams show` list: each limit, at most, used, and the share.
+    Routers count only what a limit holds (a cap alone on requests in flight has no tokens
+    counted in Redis: `llmgw_ctl usage` has them), so a limit not set shows no use."""
+    return [
+        [counts, str(limits[field]), str(used[field]), f"{100 * used[field] / limits[field]:.0f}%"]
+        if limits.get(field) else [counts, "none", "-", ""]
+        for _flag, field, counts in LIMIT_FLAGS
+    ]  # fmt: skip
+
+
 def key_usage(key: ApiKey, now: float) -> dict[str, int]:
     """What the routers counted against a key's limits, read from their Redis counters."""
     return counted_usage(key.prefix, now)

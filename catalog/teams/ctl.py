@@ -11,7 +11,14 @@ import redis
 from django.core.management.base import CommandError
 
 from audit.actors import shell_operator
-from catalog.keys import LIMIT_FIELDS, LIMIT_FLAGS, counted_usage, open_model_names, team_limits
+from catalog.keys import (
+    LIMIT_FIELDS,
+    LIMIT_FLAGS,
+    counted_usage,
+    open_model_names,
+    team_limits,
+    usage_rows,
+)
 from catalog.models import Team
 from catalog.teams.actions import (
     create_team,
@@ -152,11 +159,7 @@ def show_command(options, out) -> None:
     out.write(f"team {team.name}: {_describe(team)}")
     out.write(f"members: {_members(team)}")
     out.write(f"models: {_models(open_model_names().get(team.name))}")
-    rows = [
-        [counts, str(limits.get(field, "none")), str(used[field]),
-         _share(used[field], limits.get(field))]
-        for _flag, field, counts in LIMIT_FLAGS
-    ]  # fmt: skip
+    rows = usage_rows(limits, used)
     out.write(render_table(["ALL KEYS TOGETHER", "AT MOST", "USED", "SHARE"], rows))
 
 
@@ -194,10 +197,6 @@ def _refusals() -> Iterator[None]:
         yield
     except TeamRefused as exc:
         raise CommandError(str(exc)) from None
-
-
-def _share(used: int, limit: int | None) -> str:
-    return f"{100 * used / limit:.0f}%" if limit else ""
 
 
 def _describe(team: Team) -> str:

@@ -5,7 +5,7 @@ the same rules in one process's memory for while Redis does not answer (``LocalC
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from protocol.rate_limits import INFLIGHT_HOLD_SECONDS, CounterKeys, Limits
 
@@ -140,6 +140,11 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 return 1
 """
+
+
+def as_text(value: Any) -> str:
+    """A script's reply, as text (Redis answers bytes)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class Tally(NamedTuple):

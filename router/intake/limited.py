@@ -1,12 +1,14 @@
-"""Who a request is counted against (its key, then its key's team) and what a client is
-told of its limits: OpenAI's ``x-ratelimit-*`` headers, and the 429 that names the limit
-reached, whose it is (the key's, its team's cap per key, its team's) and how long to wait.
+"""Who a request is counted against (its key, then its key's team), what it may cost at
+most, and what a client is told of its limits: OpenAI's ``x-ratelimit-*`` headers, and the
+429 that names the limit reached, whose it is (the key's, its team's cap per key, its
+team's) and how long to wait.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from protocol.rate_limits import Limits, day_ends, month_ends, team_counter_name
 from router.errors import RouterError
@@ -110,3 +112,30 @@ def refusal(
 # The limit field each refusal names.
 REFUSED_FIELDS = {"requests": "requests_per_minute", "tokens": "tokens_per_minute",
                   "day": "tokens_per_day", "month": "tokens_per_month"}  # fmt: skip
+
+
+def has_budget(limits: Limits) -> bool:
+    """Whether a day's or month's tokens are held to a budget."""
+    return bool(limits.tokens_per_day or limits.tokens_per_month)
+
+
+# What a request may generate at most, by the field its API names it with.
+BUDGET_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+GENERATING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses",
+                              "/v1/messages"})  # fmt: skip
+
+
+def worst_case(path: str, payload: dict[str, Any], body: bytes, default: int) -> int:
+    """The tokens a request may cost at most, reserved when it is admitted: its prompt's
+    size (a token per four bytes of body, which tokenizers beat) and its ``max_tokens``
+    (``default`` where it names none), times its choices."""
+    prompt = math.ceil(len(body) / 4)
+    if path not in GENERATING_PATHS:
+        return prompt
+    budget: int = next((payload[f] for f in BUDGET_FIELDS if _is_count(payload.get(f))), default)
+    choices: int = payload["n"] if _is_count(payload.get("n")) else 1
+    return prompt + budget * max(1, choices)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -7,7 +7,8 @@ take the last request of a minute. Admission reserves the request's worst case (
 tokens per minute, day and month; settling replaces the reservation with what the answer
 used. So routers together overshoot a budget by at most the last reservation admitted.
 A reservation whose router died is released with its place in flight, after
-``INFLIGHT_HOLD_SECONDS``.
+``INFLIGHT_HOLD_SECONDS``. A key whose only limit is a cap of 32 or more requests in flight
+takes its places in blocks instead, without a round trip per request (places.py).
 
 The day's and month's totals of record are the usage rows in PostgreSQL (the ledger,
 router/usage/accounting.py, written within a second of each answer); Redis holds them as a
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -43,8 +43,9 @@ from protocol.rate_limits import (
     month_ends,
 )  # fmt: skip
 from router.errors import RouterError
-from router.intake.counters import ADMIT, MERGE, RELEASE, SETTLE, LocalCounters, Tally
-from router.intake.limited import Subject, counted_subjects, limit_headers, refusal
+from router.intake.counters import ADMIT, MERGE, RELEASE, SETTLE, LocalCounters, Tally, as_text
+from router.intake.limited import Subject, counted_subjects, has_budget, limit_headers, refusal
+from router.intake.places import IDLE_SECONDS, LeasedPlaces, leased
 from router.intake.script_batch import ScriptBatch
 from router.metrics import RouterMetrics
 from router.table.keys import Caller
@@ -85,10 +86,7 @@ class Admission:
     reserved: int = 0  # tokens reserved for it until it is settled
     # The same request's admissions by the other subjects it is counted against (its team).
     also: list[Admission] = field(default_factory=list)
-
-
-def _has_budget(limits: Limits) -> bool:
-    return bool(limits.tokens_per_day or limits.tokens_per_month)
+    leased: bool = False  # its place is one of a block (places.py): request_id names it
 
 
 @dataclass
@@ -111,6 +109,10 @@ class RateLimiter:
     _merge_again_at: float = 0.0
     # Requests admitted in Redis and settled here while it did not answer.
     _unreleased: list[tuple[CounterKeys, str]] = field(default_factory=list)
+    places: LeasedPlaces = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.places = LeasedPlaces(self.router_id)
 
     async def admit(self, caller: Caller, reserve: int = 0) -> Admission | None:
         """Count the request against its key and its key's team, reserving ``reserve``
@@ -142,10 +144,23 @@ class RateLimiter:
         self, caller: Caller, subject: Subject, now: float, reserve: int
     ) -> Admission:
         limits = subject.limits
-        if not (limits.tokens_per_minute or _has_budget(limits)):
+        if not (limits.tokens_per_minute or has_budget(limits)):
             reserve = 0  # nothing to reserve against
-        request_id = uuid.uuid4().hex
         keys = counter_keys(subject.counted_as, now)
+        if leased(limits) and self._use_redis(now):
+            try:
+                await self._merge_back(now)
+                cap = limits.concurrency or 0
+                place, inflight = await self.places.take(keys, cap, now, self._run)
+            except Exception as exc:  # any failure of Redis: counted here, as below
+                self._redis_failed(now, exc)
+            else:
+                if place is None:
+                    self.metrics.rate_limited.labels("concurrency").inc()
+                    tally = Tally("concurrency", 0, 0, 0, 0, inflight, 0, 0)
+                    raise refusal(caller, tally, now, [], subject)
+                return Admission(place, keys, [], True, limits, leased=True)
+        request_id = uuid.uuid4().hex
         tally, shared = await self._admit(subject.counted_as, keys, limits, now, request_id,
                                           reserve)  # fmt: skip
         headers = limit_headers(limits, tally)
@@ -159,6 +174,9 @@ class RateLimiter:
         """Give an admission back: the request was refused by the next subject."""
         self._holding.pop(admission.request_id, None)
         keys = admission.keys
+        if admission.leased:
+            await self._put_back(admission, now)
+            return
         if admission.shared and self._use_redis(now):
             try:
                 await self._batch.run(  # type: ignore[union-attr]
@@ -179,6 +197,9 @@ class RateLimiter:
 
     async def _settle(self, admission: Admission, tokens: int) -> None:
         now = self.clock()
+        if admission.leased:  # a cap alone: nothing else to count
+            await self._put_back(admission, now)
+            return
         limits = admission.limits
         args = (int(now), tokens, admission.request_id,
                 int(day_ends(now) - now) + 3600, int(month_ends(now) - now) + 3600,
@@ -205,13 +226,28 @@ class RateLimiter:
             self._unreleased.append((keys, admission.request_id))
         self.local.charge(keys, now, admission.request_id, tokens, prefix)
 
+    async def _put_back(self, admission: Admission, now: float) -> None:
+        try:
+            await self.places.put_back(admission.keys, admission.request_id,
+                                       admission.limits.concurrency or 0, self._run)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001  # those given back run out on their own
+            self._redis_failed(now, exc)
+
     async def renew_holds(self) -> None:
-        """Every INFLIGHT_RENEW_SECONDS until cancelled: the places in flight (and their
-        reservations) of this router's running requests held on, so only a dead router's
-        run out."""
+        """Until cancelled: spare leased places nobody took given back (places.py), and
+        every INFLIGHT_RENEW_SECONDS the places in flight (and their reservations) of this
+        router's running requests held on, so only a dead router's run out."""
+        renewed = time.monotonic()
         while True:
-            await asyncio.sleep(INFLIGHT_RENEW_SECONDS)
-            await self.renew_once()
+            await asyncio.sleep(IDLE_SECONDS)
+            if self.places.blocks and self._use_redis(self.clock()):
+                try:
+                    await self.places.give_back_idle(self._run)
+                except Exception as exc:  # noqa: BLE001  # those given back run out on their own
+                    logger.warning("spare places in flight not given back: %s", exc)
+            if time.monotonic() - renewed >= INFLIGHT_RENEW_SECONDS:
+                renewed = time.monotonic()
+                await self.renew_once()
 
     async def renew_once(self) -> None:
         now = self.clock()
@@ -221,7 +257,8 @@ class RateLimiter:
             local = self.local.inflight.get(keys.inflight)
             if local is not None and request_id in local:
                 local[request_id] = until
-        if not holding or not self._use_redis(now):
+        places = self.places.held()
+        if not (holding or places) or not self._use_redis(now):
             return
         try:
             async with self._client.pipeline(transaction=False) as pipe:
@@ -229,6 +266,11 @@ class RateLimiter:
                     pipe.zadd(keys.inflight, {request_id: int(until * 1000)}, xx=True)
                     pipe.pexpire(keys.inflight, int(INFLIGHT_HOLD_SECONDS * 1000) + 60000)
                     pipe.pexpire(keys.reserved, int(INFLIGHT_HOLD_SECONDS * 1000) + 60000)
+                # Leased places are added again where a Redis that restarted lost them: the
+                # router admits from them, so the set counts them.
+                for counter, place in places:
+                    pipe.zadd(counter, {place: int(until * 1000)})
+                    pipe.pexpire(counter, int(INFLIGHT_HOLD_SECONDS * 1000) + 60000)
                 await pipe.execute()
         except Exception as exc:  # noqa: BLE001  # held on at the next renewal
             logger.warning("places in flight not renewed: %s", exc)
@@ -248,6 +290,11 @@ class RateLimiter:
 
     async def close(self) -> None:
         if self._batch is not None:
+            if self.places.blocks:
+                try:
+                    await self.places.give_back_all(self._run)
+                except Exception as exc:  # noqa: BLE001  # they run out on their own
+                    logger.warning("places in flight not given back at stop: %s", exc)
             await self._batch.close()
         if self._client is not None:
             await self._client.aclose()
@@ -261,16 +308,16 @@ class RateLimiter:
             try:
                 await self._merge_back(now)
                 reply = await self._run_admit(keys, limits, now, request_id, reserve)
-                if _text(reply[0]) == "ledger":  # a budget's total is missing: rebuild it
+                if as_text(reply[0]) == "ledger":  # a budget's total is missing: rebuild it
                     await self._rebuild(prefix, keys, now)
                     reply = await self._run_admit(keys, limits, now, request_id, reserve)
-                tally = Tally(_text(reply[0]), *(int(n) for n in reply[1:]))
-                if _has_budget(limits):
+                tally = Tally(as_text(reply[0]), *(int(n) for n in reply[1:]))
+                if has_budget(limits):
                     self.local.learn(prefix, keys, tally.day, tally.month, tally.routers)
                 return tally, True
             except Exception as exc:  # any failure of Redis: the local count keeps serving
                 self._redis_failed(now, exc)
-        if _has_budget(limits) and self.ledger is not None and not self.local.known(keys):
+        if has_budget(limits) and self.ledger is not None and not self.local.known(keys):
             # Not a fresh budget: what the ledger says was spent (else what Redis said last).
             day = self.local.base.get(keys.day, 0)
             month = self.local.base.get(keys.month, 0)
@@ -280,6 +327,9 @@ class RateLimiter:
                 logger.warning("no ledger for key %s while Redis is away: %s", prefix, exc)
             self.local.learn(prefix, keys, day, month, self.local.sharers.get(prefix, 1))
         return self.local.admit(keys, limits, now, request_id, reserve, prefix), False
+
+    def _run(self, script: str, keys: list[str], args: list[Any]) -> Awaitable[Any]:
+        return self._batch.run(script, keys, args)  # type: ignore[union-attr]
 
     async def _run_admit(
         self, keys: CounterKeys, limits: Limits, now: float, request_id: str, reserve: int
@@ -397,32 +447,6 @@ class RateLimiter:
         self.metrics.limits_shared.set(0)
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _prefix_of(keys: CounterKeys) -> str:
     """The key's prefix, from the braces its counters carry."""
     return keys.requests[keys.requests.index("{") + 1 : keys.requests.index("}")]
-
-
-# What a request may generate at most, by the field its API names it with.
-BUDGET_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
-GENERATING_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses",
-                              "/v1/messages"})  # fmt: skip
-
-
-def worst_case(path: str, payload: dict[str, Any], body: bytes, default: int) -> int:
-    """The tokens a request may cost at most, reserved when it is admitted: its prompt's
-    size (a token per four bytes of body, which tokenizers beat) and its ``max_tokens``
-    (``default`` where it names none), times its choices."""
-    prompt = math.ceil(len(body) / 4)
-    if path not in GENERATING_PATHS:
-        return prompt
-    budget: int = next((payload[f] for f in BUDGET_FIELDS if _is_count(payload.get(f))), default)
-    choices: int = payload["n"] if _is_count(payload.get("n")) else 1
-    return prompt + budget * max(1, choices)
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

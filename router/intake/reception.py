@@ -32,7 +32,8 @@ from router.conversations.store import ConversationStore
 from router.errors import RouterError
 from router.intake.body_checks import check_body
 from router.intake.call import Call, Receive, Send, Upload, read_body, resolve, rewrite_body
-from router.intake.limits import Admission, RateLimiter, worst_case
+from router.intake.limited import worst_case
+from router.intake.limits import Admission, RateLimiter
 from router.intake.media_urls import MediaUrlPolicy
 from router.intake.request_ids import log_request
 from router.intake.uploads import read_upload, resolve_upload

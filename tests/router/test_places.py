@@ -1,0 +1,186 @@
+"""Places in flight taken in blocks (router/intake/places.py): a key whose only limit is a
+cap of 32 or more is admitted without a Redis round trip per request, against the real
+Redis, and routers that lease and routers that count per request hold one cap together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+import pytest_asyncio
+import redis
+from django.conf import settings
+
+from protocol.rate_limits import INFLIGHT_HOLD_SECONDS, Limits, counter_keys
+from router.errors import RouterError
+from router.intake import script_batch
+from router.intake.limits import RateLimiter
+from router.intake.places import IDLE_SECONDS, block_size
+from router.metrics import RouterMetrics
+from router.table.keys import Caller
+
+pytestmark = pytest.mark.asyncio
+
+NOON = 1_780_000_000.0
+
+
+class Clock:
+    def __init__(self, now: float = NOON) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def caller(prefix: str, **limits) -> Caller:
+    return Caller(name="team-a", prefix=prefix, models=frozenset(), limits=Limits(**limits))
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"llmgw-p{uuid.uuid4().hex[:7]}"  # counters of one test never meet another's
+
+
+@pytest_asyncio.fixture
+async def routers():
+    """Routers on the real Redis sharing one clock, closed (their places given back)."""
+    made: list[RateLimiter] = []
+    clock = Clock()
+
+    def router() -> RateLimiter:
+        made.append(RateLimiter(lambda: settings.REDIS_URL, RouterMetrics(), clock=clock))
+        return made[-1]
+
+    yield router
+    for limiter in made:
+        await limiter.close()
+
+
+def in_flight(prefix: str) -> list[str]:
+    """The members of the key's in-flight set, as Redis holds them."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        return [m.decode() for m in client.zrange(counter_keys(prefix, NOON).inflight, 0, -1)]
+    finally:
+        client.close()
+
+
+async def test_a_cap_alone_costs_a_round_trip_a_block_not_a_request(routers, prefix, monkeypatch):
+    scripts: list[int] = []
+    run = script_batch.ScriptBatch.run
+
+    async def counted(self, script, keys, args, wait=0.0):
+        scripts.append(1)
+        return await run(self, script, keys, args, wait)
+
+    monkeypatch.setattr(script_batch.ScriptBatch, "run", counted)
+    router, key = routers(), caller(prefix, concurrency=64)
+    for _ in range(50):  # one after another, as one client's requests
+        await router.charge(await router.admit(key), 12)
+    assert len(scripts) == 1  # the first block
+    running = [await router.admit(key) for _ in range(10)]
+    assert 1 < len(scripts) <= 1 + 10 // block_size(64)
+    held = in_flight(prefix)
+    assert len(held) >= 10 and all(m.startswith("lease:") for m in held)
+    for admission in running:
+        await router.charge(admission, 12)
+    # Past two blocks spare, all but one go back: the set holds what the router keeps.
+    assert len(in_flight(prefix)) <= 2 * block_size(64)
+
+
+async def test_requests_arriving_together_share_a_lease_and_none_is_refused(routers, prefix):
+    """64 requests at once under a cap of 64: each asking for a block of its own would
+    lease the cap eight times over, and refuse most of them."""
+    router = routers()
+    key = caller(prefix, concurrency=64)
+    admitted = await asyncio.gather(*(router.admit(key) for _ in range(64)))
+    assert len({admission.request_id for admission in admitted}) == 64
+    assert len(in_flight(prefix)) == 64
+    with pytest.raises(RouterError):
+        await router.admit(key)
+
+
+async def test_routers_that_lease_never_pass_the_cap_together(routers, prefix):
+    a, b = routers(), routers()
+    key = caller(prefix, concurrency=32)
+    admitted = 0
+    for _ in range(40):
+        for router in (a, b):
+            try:
+                await router.admit(key)
+                admitted += 1
+            except RouterError as refused:
+                assert "its limit of 32 requests in flight at once" in refused.message
+    assert admitted == 32
+    assert len(in_flight(prefix)) == 32
+
+
+async def test_a_router_counting_per_request_shares_the_cap_with_leasing_ones(routers, prefix):
+    """One key's limits as two routers see them while an update reaches them: one with the
+    cap alone (leased), one with a requests limit too (each request counted in Redis)."""
+    leasing, counting = routers(), routers()
+    for _ in range(20):
+        await leasing.admit(caller(prefix, concurrency=32))
+    both = caller(prefix, concurrency=32, requests_per_minute=1000)
+    for _ in range(12):
+        await counting.admit(both)
+    with pytest.raises(RouterError):
+        await counting.admit(both)
+    with pytest.raises(RouterError):
+        await leasing.admit(caller(prefix, concurrency=32))
+
+
+async def test_spare_places_go_back_when_nobody_takes_them(routers, prefix):
+    a, b = routers(), routers()
+    key = caller(prefix, concurrency=32)
+    running = [await a.admit(key) for _ in range(32)]
+    with pytest.raises(RouterError):
+        await b.admit(key)
+    for admission in running:
+        await a.charge(admission, 1)
+    # Router a keeps a block or two spare a moment, in case its client asks again.
+    kept = len(in_flight(prefix))
+    assert 0 < kept <= 2 * block_size(32)
+    monotonic = Clock(a.places.clock())
+    a.places.clock = monotonic
+    monotonic.now += IDLE_SECONDS
+    await a.places.give_back_idle(a._run)
+    assert in_flight(prefix) == []
+    assert await b.admit(key) is not None
+
+
+async def test_a_stopping_router_gives_back_every_place_it_holds(routers, prefix):
+    router = routers()
+    key = caller(prefix, concurrency=64)
+    for _ in range(5):
+        await router.admit(key)
+    assert len(in_flight(prefix)) >= 5
+    await router.close()
+    assert in_flight(prefix) == []
+
+
+async def test_the_places_of_a_router_that_died_run_out(routers, prefix):
+    dead, alive = routers(), routers()
+    key = caller(prefix, concurrency=32)
+    for _ in range(32):
+        await dead.admit(key)
+    dead.places.blocks.clear()  # it died: nothing renews or gives back its places
+    with pytest.raises(RouterError):
+        await alive.admit(key)
+    alive.clock.now += INFLIGHT_HOLD_SECONDS + 1
+    assert await alive.admit(key) is not None
+
+
+async def test_places_a_restarted_redis_lost_are_held_again_at_the_next_renewal(routers, prefix):
+    router = routers()
+    key = caller(prefix, concurrency=64)
+    for _ in range(3):
+        await router.admit(key)
+    held = sorted(in_flight(prefix))
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(counter_keys(prefix, NOON).inflight)
+    client.close()
+    await router.renew_once()
+    assert sorted(in_flight(prefix)) == held
