@@ -34,8 +34,12 @@ class Limits:
     tokens_per_month: int | None = None  # calendar month, UTC
     concurrency: int | None = None  # requests in flight at once
 
-    def __bool__(self) -> bool:
-        return any(getattr(self, f.name) is not None for f in fields(self))
+    def __bool__(self) -> bool:  # asked of every request's key: no walk of fields()
+        return not (
+            self.requests_per_minute is None and self.tokens_per_minute is None
+            and self.tokens_per_day is None and self.tokens_per_month is None
+            and self.concurrency is None
+        )  # fmt: skip
 
     def as_dict(self) -> dict[str, int]:
         return {name: value for name, value in asdict(self).items() if value is not None}

@@ -66,9 +66,14 @@ class MediaUrlPolicy:
     async def check(
         self, payload: dict[str, Any],
         fleet_hosts: Collection[str] | Callable[[], Collection[str]],
+        body: bytes | None = None,
     ) -> None:  # fmt: skip
         """Raise a 400 for the first media URL an engine must not fetch. ``fleet_hosts``
-        may be a callable: asked only when a body has a media URL (most have none)."""
+        may be a callable: asked only when a body has a media URL (most have none).
+        ``body``: the JSON ``payload`` was read from, to skip the walk when it cannot
+        name one."""
+        if body is not None and not may_name_media(body):
+            return
         fleet: set[IpAddress | None] | None = None
         for param, url in media_urls(payload):
             if fleet is None:
@@ -142,6 +147,13 @@ class MediaUrlPolicy:
         if not address.is_global:
             return f"{said} not a public address"
         return ""
+
+
+def may_name_media(body: bytes) -> bool:
+    """Whether a JSON body may hold a media URL: every field that names one, and
+    Anthropic's ``"type": "url"``, has ``url`` in it, written as it is or with an escape
+    (``\\u0075rl``): a body with neither holds none, and its walk is spared."""
+    return b"url" in body or b"\\u" in body
 
 
 def media_urls(payload: dict[str, Any]) -> Iterator[tuple[str, str]]:

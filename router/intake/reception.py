@@ -151,7 +151,8 @@ class Reception:
         if path == RESPONSES_PATH:  # its conversation so far, where the router keeps it
             body, payload, chain = await self._continued(body, payload, caller, route.name)
         check_body(path, payload, self.config.max_choices)
-        await self.media.check(payload, self.tables.table.engine_hosts)
+        await self.media.check(payload, self.tables.table.engine_hosts,
+                               body if upload is None else None)  # fmt: skip
         translation = None
         if path in TRANSLATED_PATHS:
             translation = Translation.of(

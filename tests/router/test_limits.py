@@ -8,6 +8,7 @@ every window, in Redis as in memory.
 from __future__ import annotations
 
 import uuid
+from dataclasses import fields
 
 import pytest
 import pytest_asyncio
@@ -148,3 +149,8 @@ async def test_without_redis_each_router_counts_alone_and_says_so():
 )
 async def test_resets_are_written_as_openai_writes_them(ms, text):
     assert reset_text(ms) == text
+
+
+@pytest.mark.parametrize("field", [f.name for f in fields(Limits)])
+async def test_any_one_limit_set_makes_a_key_counted(field):
+    assert Limits(**{field: 1}) and not Limits()

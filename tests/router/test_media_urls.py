@@ -5,6 +5,7 @@ naming the part and the knob that allows them."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import pytest
@@ -29,10 +30,15 @@ def chat_image(url: str) -> dict:
         {"type": "image_url", "image_url": {"url": url}}]}]}  # fmt: skip
 
 
-def check(payload: dict, allowed: tuple[str, ...] = ()) -> RouterError | None:
+def check(
+    payload: dict, allowed: tuple[str, ...] = (), body: bytes | None = None
+) -> RouterError | None:
+    """The policy's answer for ``payload``, given with the body it was read from, as the
+    router gives it (written here with json.dumps unless given)."""
     policy = MediaUrlPolicy(allowed, resolve=fake_resolve)
+    body = json.dumps(payload).encode() if body is None else body
     try:
-        asyncio.run(policy.check(payload, FLEET))
+        asyncio.run(policy.check(payload, FLEET, body))
     except RouterError as error:
         return error
     return None
@@ -108,6 +114,18 @@ def test_every_kind_of_media_part_is_looked_at(payload, param):
     error = check(payload)
 
     assert error is not None and error.param == param
+
+
+def test_a_url_field_written_with_escapes_is_looked_at_all_the_same():
+    """The walk is spared for a body without ``url`` in it: one that spells the field with
+    JSON's escapes must not pass for such a body."""
+    body = (b'{"messages":[{"role":"user","content":[{"type":"image_\\u0075rl",'
+            b'"image_\\u0075rl":{"\\u0075rl":"http://127.0.0.1/a"}}]}]}')  # fmt: skip
+    assert b"url" not in body
+
+    error = check(json.loads(body), body=body)
+
+    assert error is not None and error.param == "messages[0].content[0].image_url.url"
 
 
 def test_text_that_looks_like_a_url_is_left_alone():
