@@ -4,9 +4,11 @@ Each router process appends a line per request to a file of its own in
 ``LLMGW_ROUTER_JOURNAL`` (``$LLMGW_HOME/router/usage-journal``; empty turns it off): one when
 the request reached an engine (its key, model and prompt's estimate) and one when it was
 counted (its tokens). An append is in the kernel once ``write`` returns, so a router
-killed with SIGKILL leaves it behind. Each write of the usage rows starts a new file (the
-requests still running carried over) and removes the old one once its rows are in
-PostgreSQL.
+killed with SIGKILL leaves it behind; in a router's event loop the lines of one turn of the
+loop go in one write at its end (a write a request was a share of the router's CPU), so a
+SIGKILL loses at most the lines of the turn it struck. Each write of the usage rows
+starts a new file (the requests still running carried over) and removes the old one once
+its rows are in PostgreSQL.
 
 A router adopts the files of routers that are gone (their process no longer runs) when it
 starts and at each write: their counted requests as counted, the ones they were still
@@ -17,6 +19,7 @@ counted twice: the smaller error.)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -39,6 +42,7 @@ class Journal:
         self._name = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._generation = 0
         self._running: dict[int, dict[str, Any]] = {}  # begun, not counted yet
+        self._pending: list[bytes] | None = None  # lines to write at the end of the turn
         self.path = self._next_path()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
@@ -54,11 +58,14 @@ class Journal:
     def rotate(self) -> Path:
         """Start a new file (with the requests still running) and return the old one,
         for the caller to remove once what it holds is written."""
+        self._write_pending()
         old, old_fd = self.path, self._fd
         self.path = self._next_path()
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        for line in list(self._running.values()):
-            self._append(line)
+        # Written now, not at the turn's end: the caller removes the old file soon after.
+        carried = [_encoded(line) for line in self._running.values()]
+        if carried:
+            self._write(b"".join(carried))
         os.close(old_fd)
         return old
 
@@ -85,6 +92,7 @@ class Journal:
     def close(self) -> None:
         """At the router's end, once its rows are written: its file goes unless requests
         were still running (then the next router charges their prompts)."""
+        self._write_pending()
         with contextlib.suppress(OSError):
             os.close(self._fd)
         if not self._running:
@@ -95,11 +103,32 @@ class Journal:
         return self.directory / f"{self._name}-{self._generation}{SUFFIX}"
 
     def _append(self, line: dict[str, Any]) -> None:
-        data = json.dumps(line, separators=(",", ":")).encode() + b"\n"
+        data = _encoded(line)
+        if self._pending is not None:
+            self._pending.append(data)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop: written now
+            self._write(data)
+            return
+        self._pending = [data]
+        loop.call_soon(self._write_pending)
+
+    def _write_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending:
+            self._write(b"".join(pending))
+
+    def _write(self, data: bytes) -> None:
         try:
             os.write(self._fd, data)
         except OSError as exc:  # a full disk: the rows are still written from memory
             logger.warning("usage journal not written (%s): %s", self.path, exc)
+
+
+def _encoded(line: dict[str, Any]) -> bytes:
+    return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
 def read_entries(paths: list[Path]) -> list[dict[str, Any]]:

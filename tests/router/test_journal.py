@@ -4,6 +4,7 @@ adopts them, so no request answered goes without its usage row."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -65,3 +66,18 @@ async def test_a_written_journal_is_removed_and_a_clean_stop_leaves_nothing(tmp_
     await accounting.flush(write)
     accounting.close()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.asyncio
+async def test_in_a_router_a_turns_lines_go_out_together_at_its_end(tmp_path):
+    journal = Journal(tmp_path)
+    journal.begun(1, {"p": "llmgw-k1", "e": 40})
+    journal.counted(1, {"p": "llmgw-k1", "c": 12})
+    assert journal.path.read_text() == ""  # held until the loop's turn ends
+    await asyncio.sleep(0)
+    begun, counted = journal.path.read_text().splitlines()
+    assert begun.startswith('{"begun":1,') and counted.startswith('{"counted":1,')
+    journal.begun(2, {"p": "llmgw-k1", "e": 40})
+    old = journal.rotate()  # what the old file held is in it before it is let go
+    assert '"begun":2' in old.read_text()
+    journal.close()
