@@ -45,7 +45,7 @@ from protocol.rate_limits import (
 from router.errors import RouterError
 from router.intake.counters import ADMIT, MERGE, RELEASE, SETTLE, LocalCounters, Tally, as_text
 from router.intake.limited import Subject, counted_subjects, has_budget, limit_headers, refusal
-from router.intake.places import IDLE_SECONDS, LeasedPlaces, leased
+from router.intake.places import TICK_SECONDS, LeasedPlaces, leased
 from router.intake.script_batch import ScriptBatch
 from router.metrics import RouterMetrics
 from router.table.keys import Caller
@@ -175,7 +175,7 @@ class RateLimiter:
         self._holding.pop(admission.request_id, None)
         keys = admission.keys
         if admission.leased:
-            await self._put_back(admission, now)
+            self.places.put_back(keys, admission.request_id)
             return
         if admission.shared and self._use_redis(now):
             try:
@@ -198,7 +198,7 @@ class RateLimiter:
     async def _settle(self, admission: Admission, tokens: int) -> None:
         now = self.clock()
         if admission.leased:  # a cap alone: nothing else to count
-            await self._put_back(admission, now)
+            self.places.put_back(admission.keys, admission.request_id)
             return
         limits = admission.limits
         args = (int(now), tokens, admission.request_id,
@@ -226,23 +226,16 @@ class RateLimiter:
             self._unreleased.append((keys, admission.request_id))
         self.local.charge(keys, now, admission.request_id, tokens, prefix)
 
-    async def _put_back(self, admission: Admission, now: float) -> None:
-        try:
-            await self.places.put_back(admission.keys, admission.request_id,
-                                       admission.limits.concurrency or 0, self._run)  # fmt: skip
-        except Exception as exc:  # noqa: BLE001  # those given back run out on their own
-            self._redis_failed(now, exc)
-
     async def renew_holds(self) -> None:
-        """Until cancelled: spare leased places nobody took given back (places.py), and
+        """Until cancelled: spare leased places given back at each tick (places.py), and
         every INFLIGHT_RENEW_SECONDS the places in flight (and their reservations) of this
         router's running requests held on, so only a dead router's run out."""
         renewed = time.monotonic()
         while True:
-            await asyncio.sleep(IDLE_SECONDS)
+            await asyncio.sleep(TICK_SECONDS)
             if self.places.blocks and self._use_redis(self.clock()):
                 try:
-                    await self.places.give_back_idle(self._run)
+                    await self.places.tick(self._run)
                 except Exception as exc:  # noqa: BLE001  # those given back run out on their own
                     logger.warning("spare places in flight not given back: %s", exc)
             if time.monotonic() - renewed >= INFLIGHT_RENEW_SECONDS:

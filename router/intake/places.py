@@ -10,11 +10,15 @@ places from the block in memory, and an answer gives its place back to it; the n
 is asked for when it runs out, and refused once the set is full.
 
 What changes: the cap still holds exactly, but a place may sit spare in one router while
-another is refused. Each router keeps at most two blocks spare, and gives back every
-spare place nobody took for IDLE_SECONDS; a block is a 32nd of the cap (at most
-MOST_BLOCK), and caps under LEASE_FROM are counted per request, where a block would be a
-large share of them. Leased places are held like a request's: renewed while the router
-runs (limits.py), running out INFLIGHT_HOLD_SECONDS after it died, given back when it stops.
+another is refused. Every TICK_SECONDS a router keeps what its requests took at most
+during the last tick and one block more, and gives the rest back (all of it after a tick
+without requests): a router's share follows what it served a moment ago. Giving back at
+each answer instead (down to a block or two) made a busy router lease and give back
+blocks all the time, as its requests in flight rose and fell. A block is a 32nd of the cap
+(at most MOST_BLOCK); caps under LEASE_FROM are counted per request, where a block would
+be a large share of them. Leased places are held like a request's: renewed while the
+router runs (limits.py), running out INFLIGHT_HOLD_SECONDS after it died, given back when
+it stops.
 
 Like the limits' other counters, these are shared only while Redis answers; limits.py
 counts alone meanwhile.
@@ -24,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,8 +41,8 @@ LEASE_FROM = 32
 # A block is cap // BLOCK_SHARE places, at most MOST_BLOCK.
 BLOCK_SHARE = 32
 MOST_BLOCK = 8
-# Spare places nobody took for this long go back to Redis, for other routers to take.
-IDLE_SECONDS = 0.5
+# How often a router gives back the spare places its requests did not need lately.
+TICK_SECONDS = 0.5
 
 # KEYS: in-flight set, reservations, day's and month's totals; ARGV: now (ms), hold until
 # (ms), cap, the members wanted. Adds members while the set is under the cap; returns the
@@ -95,7 +98,8 @@ class Block:
     keys: CounterKeys
     spare: list[str] = field(default_factory=list)  # held, taken by no request
     held: set[str] = field(default_factory=set)  # every place held, spare or taken
-    taken_at: float = 0.0  # monotonic time a request last took one
+    size: int = 1  # a block of the key's cap, as it was last asked for
+    peak: int = 0  # the most places taken at once since the last tick
     # One lease on its way at a time, for as many places as requests wait: 64 requests
     # arriving together would otherwise each ask for a block, and most be refused while
     # the blocks granted to the first sat spare.
@@ -108,7 +112,6 @@ class LeasedPlaces:
     """One router's blocks of places, by the key's in-flight set."""
 
     router_id: str
-    clock: Callable[[], float] = time.monotonic
     blocks: dict[str, Block] = field(default_factory=dict)
     _names: itertools.count = field(default_factory=itertools.count)
 
@@ -120,13 +123,14 @@ class LeasedPlaces:
         block = self.blocks.get(keys.inflight)
         if block is None:
             block = self.blocks[keys.inflight] = Block(keys)
+        block.size = block_size(cap)
         while not block.spare:
             block.waiting += 1
             async with block.leasing:
                 block.waiting -= 1
                 if block.spare:  # the lease this one waited for brought enough
                     break
-                count = max(block_size(cap), block.waiting + 1)
+                count = max(block.size, block.waiting + 1)
                 wanted = [f"lease:{self.router_id}:{next(self._names)}" for _ in range(count)]
                 reply = await run(LEASE, [keys.inflight, keys.reserved, keys.day, keys.month],
                                   [int(now * 1000), int((now + INFLIGHT_HOLD_SECONDS) * 1000),
@@ -136,26 +140,25 @@ class LeasedPlaces:
                 block.spare += granted
                 if not granted:
                     return None, int(reply[0])
-        block.taken_at = self.clock()
-        return block.spare.pop(), len(block.held) - len(block.spare)
+        place = block.spare.pop()
+        block.peak = max(block.peak, len(block.held) - len(block.spare))
+        return place, len(block.held) - len(block.spare)
 
-    async def put_back(self, keys: CounterKeys, place: str, cap: int, run: RunScript) -> None:
-        """An answered request's place, spare again; past two blocks spare, all but one
-        block of them go back to Redis."""
+    def put_back(self, keys: CounterKeys, place: str) -> None:
+        """An answered request's place, spare again (for the next, until the tick)."""
         block = self.blocks.get(keys.inflight)
-        if block is None or place not in block.held:
-            return  # given back already (the router is stopping)
-        block.spare.append(place)
-        size = block_size(cap)
-        if len(block.spare) > 2 * size:
-            await self._give_back(block, len(block.spare) - size, run)
+        if block is not None and place in block.held:  # else given back: the router stops
+            block.spare.append(place)
 
-    async def give_back_idle(self, run: RunScript) -> None:
-        """Every spare place of a key no request took for IDLE_SECONDS, given back."""
-        now = self.clock()
+    async def tick(self, run: RunScript) -> None:
+        """Every TICK_SECONDS: of each key's spare places, those its requests did not take
+        since the last tick (and a block more) go back to Redis."""
         for block in list(self.blocks.values()):
-            if block.spare and now - block.taken_at >= IDLE_SECONDS:
-                await self._give_back(block, len(block.spare), run)
+            taken = len(block.held) - len(block.spare)
+            keep = block.peak - taken + (block.size if block.peak else 0)
+            block.peak = taken
+            if len(block.spare) > keep:
+                await self._give_back(block, len(block.spare) - keep, run)
             if not (block.held or block.waiting or block.leasing.locked()):
                 del self.blocks[block.keys.inflight]
 

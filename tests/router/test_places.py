@@ -17,7 +17,7 @@ from protocol.rate_limits import INFLIGHT_HOLD_SECONDS, Limits, counter_keys
 from router.errors import RouterError
 from router.intake import script_batch
 from router.intake.limits import RateLimiter
-from router.intake.places import IDLE_SECONDS, block_size
+from router.intake.places import block_size
 from router.metrics import RouterMetrics
 from router.table.keys import Caller
 
@@ -86,8 +86,18 @@ async def test_a_cap_alone_costs_a_round_trip_a_block_not_a_request(routers, pre
     assert len(held) >= 10 and all(m.startswith("lease:") for m in held)
     for admission in running:
         await router.charge(admission, 12)
-    # Past two blocks spare, all but one go back: the set holds what the router keeps.
-    assert len(in_flight(prefix)) <= 2 * block_size(64)
+    leased = len(scripts)
+    for _ in range(3):  # requests in flight rise and fall: no lease and no giving back
+        running = [await router.admit(key) for _ in range(10)]
+        for admission in running:
+            await router.charge(admission, 12)
+    assert len(scripts) == leased
+    # The tick keeps what the requests took lately and a block; a tick without any gives
+    # every place back.
+    await router.places.tick(router._run)
+    assert len(in_flight(prefix)) >= 10
+    await router.places.tick(router._run)
+    assert in_flight(prefix) == []
 
 
 async def test_requests_arriving_together_share_a_lease_and_none_is_refused(routers, prefix):
@@ -132,7 +142,7 @@ async def test_a_router_counting_per_request_shares_the_cap_with_leasing_ones(ro
         await leasing.admit(caller(prefix, concurrency=32))
 
 
-async def test_spare_places_go_back_when_nobody_takes_them(routers, prefix):
+async def test_spare_places_go_back_a_tick_after_nobody_took_them(routers, prefix):
     a, b = routers(), routers()
     key = caller(prefix, concurrency=32)
     running = [await a.admit(key) for _ in range(32)]
@@ -140,13 +150,12 @@ async def test_spare_places_go_back_when_nobody_takes_them(routers, prefix):
         await b.admit(key)
     for admission in running:
         await a.charge(admission, 1)
-    # Router a keeps a block or two spare a moment, in case its client asks again.
-    kept = len(in_flight(prefix))
-    assert 0 < kept <= 2 * block_size(32)
-    monotonic = Clock(a.places.clock())
-    a.places.clock = monotonic
-    monotonic.now += IDLE_SECONDS
-    await a.places.give_back_idle(a._run)
+    # Router a keeps them a tick, in case its clients ask again, and then gives them back.
+    assert len(in_flight(prefix)) == 32
+    await a.places.tick(a._run)
+    with pytest.raises(RouterError):
+        await b.admit(key)
+    await a.places.tick(a._run)
     assert in_flight(prefix) == []
     assert await b.admit(key) is not None
 
