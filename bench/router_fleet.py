@@ -18,10 +18,11 @@ from bench.processes import REPO, start, wait_up
 KEY_CONCURRENCY = "256"
 
 
-def make_catalog(engine_port: int, names: list[str]) -> dict[str, str]:
+def make_catalog(engine_port: int, names: list[str], budget: int = 0) -> dict[str, str]:
     """One model routed by prefix, on one ready replica of the fake engine, and a key with
     the default limits for each of ``names`` (each router its own: one router's places in
-    flight never count against another's cap); each key's secret by name."""
+    flight never count against another's cap), and ``budget`` tokens a day where it is not
+    0 (each request then counted in Redis); each key's secret by name."""
     from audit.actors import SystemActor
     from catalog.actions.api_keys import create_key
     from catalog.models import ApiKey, Model, Profile
@@ -45,7 +46,9 @@ def make_catalog(engine_port: int, names: list[str]) -> dict[str, str]:
     Shard.objects.create(id=Shard.new_id(), replica=replica, rank=0, node=node,
                          port=engine_port, state=ShardState.READY)  # fmt: skip
     actor = SystemActor("bench router_overhead")
-    return {name: create_key(f"bench-{n}", [], actor=actor)[1] for n, name in enumerate(names)}
+    limits = {"tokens_per_day": budget} if budget else None
+    return {name: create_key(f"bench-{n}", [], limits=limits, actor=actor)[1]
+            for n, name in enumerate(names)}  # fmt: skip
 
 
 def shared_socket() -> socket.socket:

@@ -9,11 +9,13 @@ A fast fake engine (tests/router/fake_engine.py, no delays, 8 chunks per stream)
 its own process; the load generator is this process (aiohttp, one connection per worker).
 By default the router runs as a fleet runs it, every feature on (bench/router_fleet.py):
 its table and key from PostgreSQL (``DATABASE_URL``; the bench migrates a database of its
-own beside it, ``llmgw_bench_router``), the key's limits admitted and settled in Redis
-(``REDIS_URL``), usage journalled and written, routing by prefix, moves of broken streams,
-request ids and a log line per request; ``--static`` runs it from a static file instead
-(no database, no Redis, no usage: nothing but the checkout). ``--processes`` runs that
-many router processes on one port (``LLMGW_ROUTER_PROCESSES``).
+own beside it, ``llmgw_bench_router``), the key's limits held in Redis (``REDIS_URL``; the
+default key's cap alone is leased in blocks; ``--budget N`` gives the keys a day's budget,
+each request then admitted and settled by a script), usage journalled and written, routing
+by prefix, moves of broken streams, request ids and a log line per request. ``--static``
+runs it from a static file instead (no database, no Redis, no usage: nothing but the
+checkout). ``--processes`` runs that many router processes on one port
+(``LLMGW_ROUTER_PROCESSES``).
 
 nginx (one worker, Debian's ``nginx-light``, installed with apt-get where absent and run
 as root; the row is skipped with the reason otherwise: bench/nginx.py) proxies the same
@@ -136,7 +138,7 @@ async def start_targets(
     keys = dict.fromkeys(["before", *names], KEY)
     if env is not None:
         port = int(engine.url.rsplit(":", 1)[1])
-        keys = await sync_to_async(make_catalog)(port, list(keys))
+        keys = await sync_to_async(make_catalog)(port, list(keys), args.budget)
     if args.before:  # another checkout's router, as a fleet runs it, one process
         router = await serve_fleet_routers(1, env or {}, workdir, processes, sockets,
                                            checkout=Path(args.before))  # fmt: skip
@@ -235,6 +237,9 @@ def main() -> None:
                         help="the router on a static file: no database, Redis, usage")  # fmt: skip
     parser.add_argument("--no-nginx", dest="nginx", action="store_false")
     parser.add_argument("--no-install-nginx", dest="install_nginx", action="store_false")
+    parser.add_argument("--budget", type=int, default=0,
+                        help="tokens a day for the bench's keys: each request counted in "
+                        "Redis (0: the default key: its cap alone, leased)")  # fmt: skip
     parser.add_argument("--before", help="a checkout of an older commit (git archive): its "
                         "router measured too, as the row `before`")  # fmt: skip
     parser.add_argument("--database", default="llmgw_bench_router",
