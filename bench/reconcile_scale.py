@@ -43,13 +43,12 @@ from pathlib import Path
 from bench import reconcile_fleet as fleet
 from bench.database import bench_django
 from bench.processes import REPO
+from core.collector import SERVER_THRESHOLDS
 
 BENCH_DATABASE = "llmgw_reconcile_bench"
 HARD_LIMIT_SECONDS = 600
 PASS_GOAL, PAGE_GOAL = 2.0, 1.0
 REGISTER_ALL = "restart: every node's link_node"
-# llmgw_site/asgi.py's COLLECT_AFTER (importing it would start what asgi.py starts).
-DAPHNE_COLLECT_AFTER = (50_000, 20, 100)
 
 
 @dataclass
@@ -73,7 +72,7 @@ class Row:
 def served_by_daphne() -> Iterator[None]:
     """The collector as daphne runs it (llmgw_site/asgi.py), for what daphne serves."""
     before = gc.get_threshold()
-    gc.set_threshold(*DAPHNE_COLLECT_AFTER)
+    gc.set_threshold(*SERVER_THRESHOLDS)
     try:
         yield
     finally:

@@ -1,13 +1,8 @@
 """The control plane: pages, API and /metrics over HTTP; the agents' and pages' websockets."""
 
-import gc
 import os
 
 from django.core.asgi import get_asgi_application
-
-# Allocations before a young collection (CPython's default: 700), and young and middle
-# collections before the next generation's.
-COLLECT_AFTER = (50_000, 20, 100)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
 django_asgi_app = get_asgi_application()
@@ -17,6 +12,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from core.collector import collect_rarely  # noqa: E402
 from fleet import leadership, members  # noqa: E402
 from fleet.websockets import websocket_urlpatterns  # noqa: E402
 
@@ -38,10 +34,8 @@ leadership.record_links_opened()
 # Every node's walls admit the control planes to engines' HTTP ports: say where this one is.
 members.report_control_plane(leadership.identity())
 
-# Everything imported so far lives as long as the process: keep it out of the
-# collector's full passes, which past ~10,000 agent sockets take over a second.
-gc.freeze()
-# And collect far less often: each agent link keeps its objects for as long as its node
-# is up, and at 3,000 links the collections held the event loop for ~0.4 s at a time, the
-# p99 of every heartbeat (bench/heartbeats.py at 5 s: p99 455 ms before, 37 ms after).
-gc.set_threshold(*COLLECT_AFTER)
+# Everything imported so far lives as long as the process, and each agent link keeps its
+# objects for as long as its node is up: at 3,000 links the collector's passes held the
+# event loop for ~0.4 s at a time, the p99 of every heartbeat (bench/heartbeats.py at 5 s:
+# p99 455 ms before, 37 ms after); past ~10,000 sockets a full pass took over a second.
+collect_rarely()
