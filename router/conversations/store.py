@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from core.compact_json import compact_json
 from core.redis_clients import LaterRedis
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class Kept:
     too_long: bool = False  # over the bound: kept only to say so
 
     def encoded(self) -> bytes:
-        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":")).encode()
+        return compact_json(asdict(self))
 
     @classmethod
     def decoded(cls, data: bytes) -> Kept | None:

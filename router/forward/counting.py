@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from core.compact_json import compact_json
 from router.forward.migration import Relayed
 from router.table.routes import Endpoint
 from router.wire.connection import Response
@@ -136,7 +137,7 @@ class TokenCounter:
         return len(tokens) if isinstance(tokens, list) else None
 
     async def _ask(self, endpoint: Endpoint, path: str, request: dict[str, Any]) -> dict | None:
-        body = json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode()
+        body = compact_json(request)
         response = await self.post(endpoint, path, body, JSON_HEADERS)
         try:
             data = await response.read()

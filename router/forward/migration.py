@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.compact_json import compact_json
 from router.translate.chat import CONTINUE_FINAL_MESSAGE
 from router.wire.tokens import Tokens, tokens_of
 
@@ -225,7 +226,7 @@ def continuation_body(
         body.update(CONTINUE_FINAL_MESSAGE)
     elif path == COMPLETIONS:
         body["prompt"] = (prompt_text(payload.get("prompt")) or "") + text
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    return compact_json(body)
 
 
 def closing_events(path: str, progress: Progress) -> bytes:
@@ -325,6 +326,4 @@ def _last_event_end(data: bytes) -> int:
 
 
 def _event(chunk: dict[str, Any]) -> bytes:
-    return (
-        b"data: " + json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-    )
+    return b"data: " + compact_json(chunk) + b"\n\n"

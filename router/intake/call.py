@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.compact_json import compact_json
 from router import errors
 from router.conversations.chains import Chain
 from router.table.adapters import body_for, needs_rewrite
@@ -163,7 +164,7 @@ def rewrite_body(
             }
             drop_usage_only = changed = True
     if changed:
-        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        body = compact_json(payload)
     return body, drop_usage_only
 
 

@@ -16,11 +16,11 @@ limits.py), and then a wait for a replica when none can take the request now
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from core.compact_json import compact_json
 from protocol.serving import KIND_OF_PATH, MULTIPART_PATHS, STREAMING_PATHS, TRANSLATED_PATHS
 from router import errors
 from router.balance.prefix import affinity_for
@@ -225,7 +225,7 @@ class Reception:
         answer will be kept."""
         found = await continued(self.conversations, payload, caller, model)
         if found.expanded:
-            body = json.dumps(found.payload, ensure_ascii=False, separators=(",", ":")).encode()
+            body = compact_json(found.payload)
         return body, found.payload, found.chain
 
     async def _pinned(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from core.compact_json import compact_json
 from router.table.routes import Endpoint, ModelRoute
 
 LLAMA_CPP = "llama.cpp"
@@ -44,4 +45,4 @@ def body_for(body: bytes, route: ModelRoute, endpoint: Endpoint) -> bytes:
     payload["lora"] = lora_field(route, endpoint)
     if route.parent:
         payload["model"] = route.parent  # llama.cpp serves its adapters under the base's name
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    return compact_json(payload)

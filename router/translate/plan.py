@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from core.compact_json import compact_json
 from protocol.serving import TRANSLATED_PATHS, TranslatedApi
 from router import errors
 from router.table.routes import Endpoint
@@ -77,11 +78,11 @@ class Translation:
             chat["model"] = self.model
             if self.counts_tokens:
                 body = {"model": chat["model"], "messages": chat["messages"]}
-                self._engine_request = (TOKENIZE_PATH, _dumps(body))
+                self._engine_request = (TOKENIZE_PATH, compact_json(body))
             else:
                 if chat.get("stream"):
                     chat["stream_options"] = {"include_usage": True}
-                self._engine_request = (CHAT_PATH, _dumps(chat))
+                self._engine_request = (CHAT_PATH, compact_json(chat))
         return self._engine_request
 
     def answer(self, status: int, data: bytes) -> bytes:
@@ -96,20 +97,16 @@ class Translation:
             count = engine_answer.get("count")
             if not isinstance(count, int):
                 count = len(engine_answer.get("tokens") or [])
-            return _dumps({"input_tokens": count})
+            return compact_json({"input_tokens": count})
         if self.api == "messages":
-            return _dumps(messages.from_chat(engine_answer, self.model))
-        return _dumps(responses.from_chat(engine_answer, self.model, self.payload))
+            return compact_json(messages.from_chat(engine_answer, self.model))
+        return compact_json(responses.from_chat(engine_answer, self.model, self.payload))
 
     def events(self) -> EventTranslator:
         """A translator for the engine's chat completion events, for one stream."""
         if self.api == "messages":
             return messages.stream_translator(self.model)
         return responses.stream_translator(self.model, self.payload)
-
-
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def stream_error_event_for(path: str) -> Callable[[str], bytes]:

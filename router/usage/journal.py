@@ -28,6 +28,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from core.compact_json import compact_json
+
 logger = logging.getLogger(__name__)
 
 SUFFIX = ".jsonl"
@@ -128,7 +130,7 @@ class Journal:
 
 
 def _encoded(line: dict[str, Any]) -> bytes:
-    return json.dumps(line, separators=(",", ":")).encode() + b"\n"
+    return compact_json(line) + b"\n"
 
 
 def read_entries(paths: list[Path]) -> list[dict[str, Any]]:
