@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from core.compact_json import compact_json
 from core.redis_clients import LaterRedis
+from router.wire.compact_json import compact_json
 
 logger = logging.getLogger(__name__)
 

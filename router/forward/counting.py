@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from core.compact_json import compact_json
 from router.forward.migration import Relayed
 from router.table.routes import Endpoint
+from router.wire.compact_json import compact_json
 from router.wire.connection import Response
 from router.wire.tokens import Tokens
 

@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.compact_json import compact_json
 from router.translate.chat import CONTINUE_FINAL_MESSAGE
+from router.wire.compact_json import compact_json
 from router.wire.tokens import Tokens, tokens_of
 
 CHAT = "/v1/chat/completions"

@@ -14,13 +14,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.compact_json import compact_json
 from router import errors
 from router.conversations.chains import Chain
 from router.table.adapters import body_for, needs_rewrite
 from router.table.keys import Caller
 from router.table.routes import Endpoint, ModelRoute, RoutingTable
 from router.translate.plan import Translation
+from router.wire.compact_json import compact_json
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]

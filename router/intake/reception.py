@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from core.compact_json import compact_json
 from protocol.serving import KIND_OF_PATH, MULTIPART_PATHS, STREAMING_PATHS, TRANSLATED_PATHS
 from router import errors
 from router.balance.prefix import affinity_for
@@ -42,6 +41,7 @@ from router.table.keeper import TableKeeper
 from router.table.keys import Caller
 from router.table.routes import ModelRoute
 from router.translate.plan import Translation
+from router.wire.compact_json import compact_json
 from router.wire.upstream import HOP_REQUEST_HEADERS
 
 RESPONSES_PATH = "/v1/responses"

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from core.compact_json import compact_json
 from router.table.routes import Endpoint, ModelRoute
+from router.wire.compact_json import compact_json
 
 LLAMA_CPP = "llama.cpp"
 

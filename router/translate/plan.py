@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from core.compact_json import compact_json
 from protocol.serving import TRANSLATED_PATHS, TranslatedApi
 from router import errors
 from router.table.routes import Endpoint
 from router.translate import messages, responses
+from router.wire.compact_json import compact_json
 
 CHAT_PATH = "/v1/chat/completions"
 # Counting a Messages request's tokens where the engine has no count_tokens of its own:

@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from core.compact_json import compact_json
+from router.wire.compact_json import compact_json
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""JSON as llmgw writes it for machines: compact, UTF-8, by one encoder for the process.
+"""JSON as the router writes it: compact, UTF-8, by one encoder for the process.
 
 ``json.dumps`` with any option but its defaults builds a new encoder at every call; on a
 router's path (each usage journal line, a stream's body asking for usage, each translated
