@@ -193,3 +193,21 @@ async def test_places_a_restarted_redis_lost_are_held_again_at_the_next_renewal(
     client.close()
     await router.renew_once()
     assert sorted(in_flight(prefix)) == held
+
+
+async def test_a_place_the_team_refused_goes_back_to_its_block(routers, prefix):
+    """The key's cap is leased, its team's cap of one counted per request: the team's
+    refusal gives the key's place back, and the key holds only what runs."""
+    router = routers()
+    team = f"t{prefix[-7:]}"
+    key = Caller(name="k", prefix=prefix, models=frozenset(), limits=Limits(concurrency=32),
+                 team=team, team_limits=Limits(concurrency=1))  # fmt: skip
+    running = await router.admit(key)
+    with pytest.raises(RouterError) as refused:
+        await router.admit(key)
+    assert refused.value.message.startswith(f"Team {team} ")
+    block = router.places.blocks[counter_keys(prefix, NOON).inflight]
+    assert len(block.held) - len(block.spare) == 1
+    await router.charge(running, 3)
+    assert await router.admit(key) is not None
+    assert len(block.held) - len(block.spare) == 1
