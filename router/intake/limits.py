@@ -233,14 +233,20 @@ class RateLimiter:
         renewed = time.monotonic()
         while True:
             await asyncio.sleep(TICK_SECONDS)
-            if self.places.blocks and self._use_redis(self.clock()):
-                try:
-                    await self.places.tick(self._run)
-                except Exception as exc:  # noqa: BLE001  # those given back run out on their own
-                    logger.warning("spare places in flight not given back: %s", exc)
+            await self.tick()
             if time.monotonic() - renewed >= INFLIGHT_RENEW_SECONDS:
                 renewed = time.monotonic()
                 await self.renew_once()
+
+    async def tick(self) -> None:
+        """Spare leased places given back (places.py); when Redis fails, it is not asked
+        again for a while (those given back run out on their own)."""
+        now = self.clock()
+        if self.places.blocks and self._use_redis(now):
+            try:
+                await self.places.tick(self._run)
+            except Exception as exc:  # any failure of Redis
+                self._redis_failed(now, exc)
 
     async def renew_once(self) -> None:
         now = self.clock()

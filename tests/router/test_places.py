@@ -94,9 +94,9 @@ async def test_a_cap_alone_costs_a_round_trip_a_block_not_a_request(routers, pre
     assert len(scripts) == leased
     # The tick keeps what the requests took lately and a block; a tick without any gives
     # every place back.
-    await router.places.tick(router._run)
+    await router.tick()
     assert len(in_flight(prefix)) >= 10
-    await router.places.tick(router._run)
+    await router.tick()
     assert in_flight(prefix) == []
 
 
@@ -152,10 +152,10 @@ async def test_spare_places_go_back_a_tick_after_nobody_took_them(routers, prefi
         await a.charge(admission, 1)
     # Router a keeps them a tick, in case its clients ask again, and then gives them back.
     assert len(in_flight(prefix)) == 32
-    await a.places.tick(a._run)
+    await a.tick()
     with pytest.raises(RouterError):
         await b.admit(key)
-    await a.places.tick(a._run)
+    await a.tick()
     assert in_flight(prefix) == []
     assert await b.admit(key) is not None
 
@@ -211,3 +211,17 @@ async def test_a_place_the_team_refused_goes_back_to_its_block(routers, prefix):
     await router.charge(running, 3)
     assert await router.admit(key) is not None
     assert len(block.held) - len(block.spare) == 1
+
+
+async def test_a_tick_redis_does_not_answer_counts_alone_for_a_while(routers, prefix,
+                                                                     monkeypatch):  # fmt: skip
+    router = routers()
+    await router.admit(caller(prefix, concurrency=64))
+
+    async def unanswered(run):
+        raise ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(router.places, "tick", unanswered)
+    await router.tick()
+    assert router.metrics.limits_shared._value.get() == 0
+    assert not router._use_redis(router.clock())  # not asked again at the next tick
