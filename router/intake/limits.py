@@ -239,13 +239,12 @@ class RateLimiter:
                 await self.renew_once()
 
     async def tick(self) -> None:
-        """Spare leased places given back (places.py); when Redis fails, it is not asked
-        again for a while (those given back run out on their own)."""
+        """Spare leased places given back (places.py); a failing Redis is left a while."""
         now = self.clock()
         if self.places.blocks and self._use_redis(now):
             try:
                 await self.places.tick(self._run)
-            except Exception as exc:  # any failure of Redis
+            except Exception as exc:  # any failure of Redis: those given back run out
                 self._redis_failed(now, exc)
 
     async def renew_once(self) -> None:
