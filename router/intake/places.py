@@ -106,6 +106,11 @@ class Block:
     leasing: asyncio.Lock = field(default_factory=asyncio.Lock)
     waiting: int = 0
 
+    @property
+    def taken(self) -> int:
+        """Places its requests hold now."""
+        return len(self.held) - len(self.spare)
+
 
 @dataclass
 class LeasedPlaces:
@@ -141,8 +146,8 @@ class LeasedPlaces:
                 if not granted:
                     return None, int(reply[0])
         place = block.spare.pop()
-        block.peak = max(block.peak, len(block.held) - len(block.spare))
-        return place, len(block.held) - len(block.spare)
+        block.peak = max(block.peak, block.taken)
+        return place, block.taken
 
     def put_back(self, keys: CounterKeys, place: str) -> None:
         """An answered request's place, spare again (for the next, until the tick)."""
@@ -154,9 +159,8 @@ class LeasedPlaces:
         """Every TICK_SECONDS: of each key's spare places, those its requests did not take
         since the last tick (and a block more) go back to Redis."""
         for block in list(self.blocks.values()):
-            taken = len(block.held) - len(block.spare)
-            keep = block.peak - taken + (block.size if block.peak else 0)
-            block.peak = taken
+            keep = block.peak - block.taken + (block.size if block.peak else 0)
+            block.peak = block.taken
             if len(block.spare) > keep:
                 await self._give_back(block, len(block.spare) - keep, run)
             if not (block.held or block.waiting or block.leasing.locked()):
