@@ -21,6 +21,8 @@ FAKE_ENGINE = REPO / "tests" / "router" / "fake_engine.py"
 KEY = "llmgw-bench-key"  # the router's API key in every bench
 ENGINE_SECRET = "llmgw-bench-engine"  # noqa: S105 (a loopback engine's, made up per bench)
 SERVERS = {
+    "own": ["-m", "router.serve", "--host", "127.0.0.1", "--port", "{port}", "--processes", "1",
+            "--app", "{app}", "--log-level", "warning"],
     "uvicorn": ["-m", "uvicorn", "{app}", "--host", "127.0.0.1",
                 "--port", "{port}", "--no-access-log", "--log-level", "warning"],
     "daphne": ["-m", "daphne", "-b", "127.0.0.1", "-p", "{port}", "{app}"],
@@ -28,10 +30,13 @@ SERVERS = {
 # router/serve.py's options for each server, on a shared socket (the fleet's routers):
 # uvicorn with uvloop and httptools, or with asyncio's own loop, or with h11.
 SHARED_SOCKET_SERVERS = {
+    "own": ["-m", "router.serve", "--host", "127.0.0.1", "--port", "{port}", "--processes", "1",
+            "--app", "{app}", "--log-level", "warning"],
     "uvicorn": [], "uvicorn-asyncio": ["--loop", "asyncio"], "uvicorn-h11": ["--http", "h11"],
 }  # fmt: skip
 # The router's ASGI application with each outbound client.
-CLIENTS = {"lean": "router.asgi:application", "aiohttp": "bench.aiohttp_upstream:application"}
+CLIENTS = {"lean": "router.asgi:application", "aiohttp": "bench.aiohttp_upstream:application",
+           "bare": "bench.bare_proxy:application"}  # fmt: skip
 
 
 @dataclass

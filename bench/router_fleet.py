@@ -63,7 +63,7 @@ def shared_socket() -> socket.socket:
 
 async def serve_fleet_routers(
     count: int, env: dict[str, str], home: Path, processes: list, sockets: list,
-    server: str = "uvicorn", client: str = "lean", checkout: Path | None = None,
+    server: str = "own", client: str = "lean", checkout: Path | None = None,
 ) -> Served:  # fmt: skip
     """``count`` router processes in database mode on one shared port; each waited for
     (a process that is not up yet leaves its connections in the backlog); ``checkout``:

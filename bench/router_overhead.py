@@ -140,7 +140,7 @@ async def start_targets(
         port = int(engine.url.rsplit(":", 1)[1])
         keys = await sync_to_async(make_catalog)(port, list(keys), args.budget)
     if args.before:  # another checkout's router, as a fleet runs it, one process
-        router = await serve_fleet_routers(1, env or {}, workdir, processes, sockets,
+        router = await serve_fleet_routers(1, env or {}, workdir, processes, sockets, "default",
                                            checkout=Path(args.before))  # fmt: skip
         targets["before"] = Target(f"{router.url}{path}", keys["before"], family(processes[-1]))
     for variant in args.routers.split(","):
@@ -229,7 +229,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="measured window per run")
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument(
-        "--routers", default="uvicorn+lean", help="comma-separated SERVER+CLIENT variants"
+        "--routers", default="own+lean", help="comma-separated SERVER+CLIENT variants"
     )
     parser.add_argument("--processes", default="1",
                         help="comma-separated router process counts, each on one port")  # fmt: skip

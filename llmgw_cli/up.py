@@ -60,8 +60,8 @@ def planned_children(
     node = socket.gethostname()
     control_plane = daphne_command(python, control_fd, "llmgw_site.asgi:application")
     extra = [(f"control-plane-{n}", control_plane) for n in range(2, control_processes + 1)]
-    # uvicorn (uvloop, httptools): bench/router_overhead.py measured it ahead of daphne;
-    # router/serve.py runs it on the inherited socket (LLMGW_ROUTER_PROCESSES of them).
+    # router/serve.py: the router's own server (uvloop, httptools) on the inherited socket,
+    # LLMGW_ROUTER_PROCESSES of them; bench/router_overhead.py measured it against uvicorn.
     router = [python, "-m", "router.serve", "--fd", str(router_fd)]
     routers = [(f"router-{n}", router) for n in range(2, router_processes + 1)]
     return [

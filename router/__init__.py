@@ -13,8 +13,9 @@ only rooms on the lines before its own, so none imports another back.
 - ``traffic``: what this router served per model since its last report (the model page).
 - ``metrics``: its Prometheus metrics.
 - ``models``, ``apps``: the Django app (label ``router``) and its ``router_usage`` table.
-- ``wire/``: what the router and engines say to each other: the one way out to engines
-  (``upstream``, one ``connection`` and its answer) and the usage they report (``tokens``).
+- ``wire/``: the bytes on the router's sockets: the one way out to engines (``upstream``,
+  one ``connection`` and its answer), the usage they report (``tokens``), and the way in:
+  the router's own HTTP/1.1 server (``server``) and its serving loop (``serving``).
 - ``usage/``: requests and tokens per key and model: counted and written in batches
   (``accounting``), read back as a report (per team too, with its cost: ``cost``),
   ``llmgw_ctl usage`` and the usage page.
@@ -40,6 +41,6 @@ only rooms on the lines before its own, so none imports another back.
   response's GET or DELETE (``stored``: the router's own, else the engine's).
 - ``endpoints``: /v1/models, /health, /metrics and a browser's CORS preflight.
 - ``app``: the ``Router``: its parts, built once, and a request dispatched by its path.
-- ``asgi``: the entry point uvicorn serves.
-- ``serve``: uvicorn serving it, one process or several on one port.
+- ``asgi``: the entry point (an ASGI application) that ``serve`` runs.
+- ``serve``: its own server (``wire/server``) serving it, one process or several on one port.
 """

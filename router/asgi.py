@@ -1,12 +1,11 @@
-"""The router's entry point, served by its own process on its own port::
+"""The router's entry point, an ASGI application, served by router/serve.py (one process
+or several on one port: what `llmgw up` and the systemd unit run)::
 
-    python -m uvicorn router.asgi:application --host 127.0.0.1 --port 8080 --no-access-log
+    python -m router.serve --host 127.0.0.1 --port 8080 --processes 1
 
-or by several on one port (router/serve.py: what `llmgw up` and the systemd unit run).
-
-uvicorn (with uvloop and httptools) over daphne: bench/router_overhead.py measured about
-twice the throughput and half the added latency; daphne still works (it has no lifespan
-protocol, so the router then starts on its first request).
+router/serve.py serves it with the router's own server (router/wire/server.py); uvicorn
+and daphne still serve it too (daphne has no lifespan protocol, so the router then starts
+on its first request). bench/router_overhead.py measured the choices.
 
 With ``LLMGW_ROUTER_STATIC=path.yaml`` the router serves the models that file names and
 touches no database; the file is checked here, so a bad one stops the server at once
@@ -14,8 +13,8 @@ with the problem named. Otherwise it reads replicas and keys from the database a
 listens for changes on Redis, keeping its last table in ``LLMGW_ROUTER_TABLE_FILE`` to
 start from when the database is down.
 
-Under uvicorn the lifespan protocol starts the router before the first request and
-flushes accounting at shutdown; under daphne, accounting is flushed at interpreter exit.
+The lifespan protocol starts the router before the first request and flushes accounting
+at shutdown; under daphne, accounting is flushed at interpreter exit.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The router served by uvicorn on one port, by one process or several::
+"""The router served on one port, by one process or several::
 
     python -m router.serve --host 127.0.0.1 --port 8080 [--processes N]
     python -m router.serve --fd 5            # a listening socket another process holds
@@ -13,6 +13,8 @@ process as a child of its own (``--fd``), as it does the control plane's. They a
 routers as far as the fleet is concerned: limits are counted in Redis, usage journalled
 per process, the in-flight report made per process.
 
+Each process serves with the router's own server (router/wire/server.py; bench/README.md
+says what it saved over uvicorn, which ``--server uvicorn`` still runs to measure against).
 Why not ``uvicorn --fd``: uvicorn takes an inherited socket for a Unix one, so asyncio
 leaves Nagle's algorithm on for the TCP connections it accepts, and every small answer
 waits for the client's delayed ACK (40 ms). The socket here is taken for what it is.
@@ -21,10 +23,12 @@ waits for the client's delayed ACK (40 ms). The socket here is taken for what it
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -63,22 +67,35 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 def serve_socket(sock: socket.socket, args: argparse.Namespace) -> None:
     """This process serves the router on ``sock`` until it is told to stop."""
-    import uvicorn
+    if args.server == "uvicorn":  # kept to measure against (bench/router_overhead.py)
+        import uvicorn
 
-    config = uvicorn.Config(
-        args.app, access_log=False, log_level=args.log_level, lifespan="on", loop=args.loop,
-        http=args.http,
-        # The router reads neither the client's address nor its scheme: no middleware a
-        # request to rewrite them from X-Forwarded-* headers.
-        proxy_headers=False,
-        ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
-    )  # fmt: skip
-    uvicorn.Server(config).run(sockets=[sock])
+        config = uvicorn.Config(
+            args.app, access_log=False, log_level=args.log_level, lifespan="on",
+            loop=args.loop, http=args.http,
+            # The router reads neither the client's address nor its scheme: no middleware a
+            # request to rewrite them from X-Forwarded-* headers.
+            proxy_headers=False,
+            ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
+        )  # fmt: skip
+        uvicorn.Server(config).run(sockets=[sock])
+        return
+    from router.wire import serving
+
+    module, _, name = args.app.partition(":")
+    app = getattr(importlib.import_module(module), name)
+    logging.getLogger("router.wire").setLevel(args.log_level.upper())
+    context = None
+    if args.ssl_certfile:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    serving.run(app, sock, context)
 
 
 def child_argv(fd: int, args: argparse.Namespace) -> list[str]:
     argv = [sys.executable, "-m", "router.serve", "--fd", str(fd), "--log-level", args.log_level,
-            "--app", args.app, "--loop", args.loop, "--http", args.http]  # fmt: skip
+            "--app", args.app, "--server", args.server, "--loop", args.loop,
+            "--http", args.http]  # fmt: skip
     if args.ssl_certfile:
         argv += ["--ssl-certfile", args.ssl_certfile, "--ssl-keyfile", args.ssl_keyfile]
     return argv
@@ -126,6 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ssl-keyfile")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--app", default=APPLICATION, help="the ASGI application (benches')")
+    parser.add_argument("--server", default="own", choices=("own", "uvicorn"),
+                        help="own (router/wire/server.py) or uvicorn (to measure against)")
     parser.add_argument("--loop", default="auto", help="uvicorn's: auto (uvloop), asyncio")
     parser.add_argument("--http", default="auto", help="uvicorn's: auto (httptools), h11")
     args = parser.parse_args(argv)

@@ -79,8 +79,8 @@ def control_plane_commands(
 
 
 def router_command(host: Host) -> list[str]:
-    return [sys.executable, "-m", "uvicorn", "router.asgi:application", "--host", host.address,
-            "--port", str(ROUTER_PORT), "--no-access-log"]  # fmt: skip
+    return [sys.executable, "-m", "router.serve", "--host", host.address,
+            "--port", str(ROUTER_PORT), "--processes", "1"]  # fmt: skip
 
 
 def agent_command(mount: tuple[Path, Path] | None = None) -> list[str]:

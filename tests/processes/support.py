@@ -170,8 +170,8 @@ def listening(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def router(port: int, log_dir: Path, **extra: str) -> Process:
-    argv = [sys.executable, "-m", "uvicorn", "router.asgi:application", "--host", "127.0.0.1",
-            "--port", str(port), "--no-access-log"]  # fmt: skip
+    argv = [sys.executable, "-m", "router.serve", "--host", "127.0.0.1", "--port", str(port),
+            "--processes", "1"]  # fmt: skip
     return Process(f"router-{port}", argv, base_env(**extra), log_dir)
 
 

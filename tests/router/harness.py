@@ -34,8 +34,10 @@ FAKE_ENGINE = Path(__file__).resolve().parent / "fake_engine.py"
 RECORDER = Path(__file__).resolve().parent / "recorder.py"
 PATIENCE = 30.0  # seconds a condition may take on a loaded machine before a test fails
 
-# uvicorn is what `llmgw up` should run (see router/asgi.py); daphne must keep working.
+# router/serve.py's own server is what `llmgw up` runs; uvicorn and daphne must keep working.
 ROUTER_SERVERS = {
+    "own": ["-m", "router.serve", "--host", "127.0.0.1", "--port", "{port}", "--processes", "1",
+            "--log-level", "warning"],
     "uvicorn": [
         "-m", "uvicorn", "router.asgi:application", "--host", "127.0.0.1", "--port", "{port}",
         "--no-access-log", "--log-level", "warning",
@@ -158,7 +160,7 @@ class Harness:
         path.write_text(yaml.safe_dump(document))
         return path
 
-    def router(self, env: dict[str, str], server: str = "uvicorn") -> RouterProcess:
+    def router(self, env: dict[str, str], server: str = "own") -> RouterProcess:
         # A table file of the test's own: one saved under the shared home by another test
         # would otherwise be served by a router whose database is down.
         env = {"LLMGW_ROUTER_TABLE_FILE": str(self.root / "routing-table.json"), **env}
