@@ -194,7 +194,7 @@ async def run(args: argparse.Namespace, env: dict[str, str], redis: RedisServer,
         routers: list = []
         for index, port in enumerate(router_ports):
             log = home / f"router-{index}.log"
-            routers.append(start(router_argv("uvicorn", "lean", port), log, router_env(index)))
+            routers.append(start(router_argv("own", "lean", port), log, router_env(index)))
             await wait_up(f"http://127.0.0.1:{port}/health", routers[-1], log)
         processes += routers
         scene = Scene([f"http://127.0.0.1:{port}" for port in router_ports])
@@ -225,7 +225,7 @@ async def run(args: argparse.Namespace, env: dict[str, str], redis: RedisServer,
                     scene.routers[0] = ""
                     stop(routers[0], sig=__import__("signal").SIGKILL)
                     log = home / "router-0-again.log"
-                    routers[0] = start(router_argv("uvicorn", "lean", router_ports[0]), log,
+                    routers[0] = start(router_argv("own", "lean", router_ports[0]), log,
                                        router_env(0))  # fmt: skip
                     processes.append(routers[0])
                     await wait_up(f"http://127.0.0.1:{router_ports[0]}/health", routers[0], log)

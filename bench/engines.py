@@ -27,12 +27,13 @@ SERVERS = {
                 "--port", "{port}", "--no-access-log", "--log-level", "warning"],
     "daphne": ["-m", "daphne", "-b", "127.0.0.1", "-p", "{port}", "{app}"],
 }  # fmt: skip
-# router/serve.py's options for each server, on a shared socket (the fleet's routers):
-# uvicorn with uvloop and httptools, or with asyncio's own loop, or with h11.
+# router/serve.py's options for each server, on a shared socket (the fleet's routers): its
+# own (router/wire/server.py), uvicorn with uvloop and httptools, with asyncio's own loop,
+# or with h11; "default": whatever the checkout's serve.py runs (an older one's: --before).
 SHARED_SOCKET_SERVERS = {
-    "own": ["-m", "router.serve", "--host", "127.0.0.1", "--port", "{port}", "--processes", "1",
-            "--app", "{app}", "--log-level", "warning"],
-    "uvicorn": [], "uvicorn-asyncio": ["--loop", "asyncio"], "uvicorn-h11": ["--http", "h11"],
+    "default": [], "own": ["--server", "own"], "uvicorn": ["--server", "uvicorn"],
+    "uvicorn-asyncio": ["--server", "uvicorn", "--loop", "asyncio"],
+    "uvicorn-h11": ["--server", "uvicorn", "--http", "h11"],
 }  # fmt: skip
 # The router's ASGI application with each outbound client.
 CLIENTS = {"lean": "router.asgi:application", "aiohttp": "bench.aiohttp_upstream:application",
@@ -49,10 +50,10 @@ class Served:
 
 def router_argv(server: str, client: str, port: int, fd: int | None = None) -> list[str]:
     """The command that serves the router with ``server`` and ``client`` on ``port``, or
-    (uvicorn) on the inherited listening socket ``fd`` that several processes share."""
-    if fd is not None:  # router/serve.py: uvicorn on a socket it takes for TCP
+    (router/serve.py) on the inherited listening socket ``fd`` that several processes share."""
+    if fd is not None:  # router/serve.py, on a socket it takes for TCP
         if server not in SHARED_SOCKET_SERVERS:
-            raise SystemExit(f"{server}: only uvicorn serves on a shared socket here")
+            raise SystemExit(f"{server}: serves on no shared socket here (router/serve.py's do)")
         return [sys.executable, "-m", "router.serve", "--fd", str(fd), "--log-level", "warning",
                 "--app", CLIENTS[client], *SHARED_SOCKET_SERVERS[server]]  # fmt: skip
     return [sys.executable] + [a.format(app=CLIENTS[client], port=port) for a in SERVERS[server]]

@@ -27,12 +27,12 @@ from pathlib import Path
 from core.collector import collect_rarely
 from router.app import Router
 from router.config import RouterConfig
-from router.intake.request_ids import batch_request_lines
+from router.intake.request_ids import LINE_FORMAT, batch_request_lines
 from router.table.routes import load_static
 from router.table.saved import TableFile
 from router.table.sources import DatabaseSource, StaticSource
 
-logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+logging.basicConfig(level=logging.INFO, format=LINE_FORMAT)
 # Nothing the format writes needs the caller's file and line, thread or process: a record
 # without them costs a request's log line a quarter less (the stack walk above all).
 logging._srcfile = None  # type: ignore[attr-defined]

@@ -66,9 +66,8 @@ class Accounting:
         ``record``."""
         self._requests += 1
         if self.journal is not None:
-            self.journal.begun(self._requests, {"h": int(self.clock()) // 3600,
-                                                "p": key_prefix, "n": key_name, "m": model,
-                                                "pt": prompt, "ct": 0})  # fmt: skip
+            self.journal.begun(self._requests, int(self.clock()) // 3600, key_prefix, key_name,
+                               model, prompt)  # fmt: skip
         return self._requests
 
     def record(
@@ -82,9 +81,8 @@ class Accounting:
             if request is None:
                 self._requests += 1
                 request = self._requests
-            self.journal.counted(request, {"h": hour, "p": key_prefix, "n": key_name,
-                                           "m": model, "pt": prompt, "ct": completion,
-                                           "cp": cached_prompt})  # fmt: skip
+            self.journal.counted(request, hour, key_prefix, key_name, model, prompt,
+                                 completion, cached_prompt)  # fmt: skip
         slot = (hour, key_prefix, model)
         usage = self._pending.get(slot)
         if usage is None:

@@ -5,9 +5,10 @@ cycle and the event loop were about half the CPU an answer (bench/README.md, "th
 round"). Per request it built a scope of eleven keys and a state copy, an asyncio.Event
 for the body, a keep-alive timer armed and cancelled, a task, two regular expressions a
 header, and wrote an answer's head and body in two writes. Here a request whose body came
-with its head is handed over without waiting on anything, the head of an answer with a
-length goes out in the same write as its body, idle connections are swept once a second
-instead of each arming a timer, and a header is checked with two byte searches.
+with its head is handed over without waiting on anything, an answer's head goes out in the
+same write as its body (a stream's, with its first events when they come in the same turn
+of the loop), idle connections are swept once a second instead of each arming a timer, and
+a header is checked with two byte searches.
 
 What a client relies on stays: keep-alive (HTTP/1.0 too, when asked), pipelined requests
 answered in order, chunked bodies both ways, ``Expect: 100-continue`` (uploads), HEAD,
@@ -294,7 +295,7 @@ class RequestCycle:
         self.chunked = False
         self.no_body = False  # HEAD, 204, 304
         self.length_left = -1  # bytes the content-length has left; -1: no length given
-        self.head = b""  # a head with a length, held to go out with the body
+        self.head = b""  # the answer's head, held to go out with its body
         self.waiter: asyncio.Future | None = None
 
     async def run(self, app: Application) -> None:
@@ -399,11 +400,17 @@ class RequestCycle:
         if not self.keep_alive and not closes:
             parts.append(b"connection: close\r\n")
         parts.append(b"\r\n")
-        head = b"".join(parts)
+        self.head = b"".join(parts)
         if length is None or self.no_body:
-            self.connection.transport.write(head)  # a stream's head goes out at once
-        else:
-            self.head = head
+            # A stream's head goes out with its first events when they come in this turn of
+            # the loop (they mostly come with the engine's head: a write a stream saved),
+            # and at the turn's end when they do not.
+            asyncio.get_running_loop().call_soon(self.write_head)
+
+    def write_head(self) -> None:
+        head, self.head = self.head, b""
+        if head and not self.disconnected:
+            self.connection.transport.write(head)
 
     def send_body(self, body: bytes, more: bool) -> None:
         if self.no_body:

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from router.usage.accounting import Accounting
-from router.usage.journal import Journal
+from router.usage.journal import Journal, read_entries
 
 KILLED = textwrap.dedent(
     """
@@ -71,13 +71,28 @@ async def test_a_written_journal_is_removed_and_a_clean_stop_leaves_nothing(tmp_
 @pytest.mark.asyncio
 async def test_in_a_router_a_turns_lines_go_out_together_at_its_end(tmp_path):
     journal = Journal(tmp_path)
-    journal.begun(1, {"p": "llmgw-k1", "e": 40})
-    journal.counted(1, {"p": "llmgw-k1", "c": 12})
+    journal.begun(1, 499000, "llmgw-k1", "k1", "m", 40)
+    journal.counted(1, 499000, "llmgw-k1", "k1", "m", 40, 12, 0)
     assert journal.path.read_text() == ""  # held until the loop's turn ends
     await asyncio.sleep(0)
     begun, counted = journal.path.read_text().splitlines()
     assert begun.startswith('{"begun":1,') and counted.startswith('{"counted":1,')
-    journal.begun(2, {"p": "llmgw-k1", "e": 40})
+    journal.begun(2, 499000, "llmgw-k1", "k1", "m", 40)
     old = journal.rotate()  # what the old file held is in it before it is let go
     assert '"begun":2' in old.read_text()
     journal.close()
+
+
+def test_a_line_made_by_hand_reads_back_whatever_the_names_hold(tmp_path):
+    journal = Journal(tmp_path)
+    name = 'a "quoted" key\\ with\nlines, é and 💡'
+    journal.begun(1, 499000, "llmgw-k1", name, "org/model:Q4", 40)
+    journal.begun(2, 499000, "llmgw-k2", "k2", "m", 5)
+    journal.counted(1, 499000, "llmgw-k1", name, "org/model:Q4", 40, 12.0, 3)
+    journal.close()  # request 2 still running: its file stays
+    (path,) = tmp_path.glob("*.jsonl")
+    assert sorted(read_entries([path]), key=lambda e: e["p"]) == [
+        {"counted": 1, "h": 499000, "p": "llmgw-k1", "n": name, "m": "org/model:Q4", "pt": 40,
+         "ct": 12, "cp": 3},
+        {"begun": 2, "h": 499000, "p": "llmgw-k2", "n": "k2", "m": "m", "pt": 5, "ct": 0},
+    ]  # fmt: skip
