@@ -26,6 +26,7 @@ SERVERS = {
     "uvicorn": ["-m", "uvicorn", "{app}", "--host", "127.0.0.1",
                 "--port", "{port}", "--no-access-log", "--log-level", "warning"],
     "daphne": ["-m", "daphne", "-b", "127.0.0.1", "-p", "{port}", "{app}"],
+    "raw": ["-m", "bench.raw_proxy", "--port", "{port}"],  # no application: the lowest floor
 }  # fmt: skip
 # router/serve.py's options for each server, on a shared socket (the fleet's routers): its
 # own (router/wire/server.py), uvicorn with uvloop and httptools, with asyncio's own loop,

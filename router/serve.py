@@ -143,8 +143,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ssl-keyfile")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--app", default=APPLICATION, help="the ASGI application (benches')")
-    parser.add_argument("--server", default="own", choices=("own", "uvicorn"),
-                        help="own (router/wire/server.py) or uvicorn (to measure against)")
+    parser.add_argument(
+        "--server",
+        default="own",
+        choices=("own", "uvicorn"),
+        help="own (router/wire/server.py) or uvicorn (to measure against)",
+    )
     parser.add_argument("--loop", default="auto", help="uvicorn's: auto (uvloop), asyncio")
     parser.add_argument("--http", default="auto", help="uvicorn's: auto (httptools), h11")
     args = parser.parse_args(argv)

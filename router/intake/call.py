@@ -141,6 +141,10 @@ async def read_body(receive: Receive, content_length: bytes | None, limit: int) 
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+# Closes a JSON object (the body, less its last brace) asking for a stream's usage.
+USAGE_OPTION = b',"stream_options":{"include_usage":true}}'
+
+
 def rewrite_body(
     body: bytes, payload: dict[str, Any], route: ModelRoute, stream: bool
 ) -> tuple[bytes, bool]:
@@ -158,11 +162,16 @@ def rewrite_body(
     if stream:
         options = payload.get("stream_options")
         if not (isinstance(options, dict) and options.get("include_usage") is True):
+            drop_usage_only = True
+            if options is None and not changed and "stream_options" not in payload:
+                # The usual stream: the option added to the client's bytes, not the whole
+                # body encoded again (a long conversation took a millisecond to encode).
+                return body.rstrip()[:-1] + USAGE_OPTION, True
             payload["stream_options"] = {
                 **(options if isinstance(options, dict) else {}),
                 "include_usage": True,
             }
-            drop_usage_only = changed = True
+            changed = True
     if changed:
         body = compact_json(payload)
     return body, drop_usage_only
