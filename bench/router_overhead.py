@@ -2,7 +2,7 @@
 through the router, in turns, in one run.
 
 Run: .venv/bin/python -m bench.router_overhead [--seconds 3] [--concurrency 1,16,64]
-         [--processes 1,2] [--routers uvicorn+lean,uvicorn+aiohttp,daphne+lean]
+         [--processes 1,2] [--routers own+lean,uvicorn+lean,uvicorn+aiohttp,daphne+lean]
          [--static] [--no-nginx] [--no-install-nginx]
 
 A fast fake engine (tests/router/fake_engine.py, no delays, 8 chunks per stream) runs as
@@ -22,10 +22,13 @@ as root; the row is skipped with the reason otherwise: bench/nginx.py) proxies t
 engine: the ceiling a proxy reaches on this machine. For each concurrency, streaming and
 not, it prints latency p50/p99 direct and through each proxy, the latency each adds, its
 throughput as a fraction of direct, and the router's as a fraction of nginx's. A router
-variant is an ASGI server and an outbound client: ``lean`` (router/wire/upstream.py, what
-production runs) or ``aiohttp`` (bench/aiohttp_upstream.py, kept to measure against);
-``uvicorn+lean`` is what `llmgw up` runs. Each measurement runs --seconds after a short
-warm-up, in ROUNDS slices taken in turns.
+variant is a server and an outbound client: ``own`` (router/wire/server.py), ``uvicorn``
+or ``daphne``; ``lean`` (router/wire/upstream.py, what production runs) or ``aiohttp``
+(bench/aiohttp_upstream.py, kept to measure against); ``own+lean`` is what `llmgw up`
+runs. With ``--static``, two floors: ``own+bare`` (bench/bare_proxy.py: the router's own
+server and client, nothing between) and ``raw+bare`` (bench/raw_proxy.py: the least a
+proxy in Python does). Each measurement runs --seconds after a short warm-up, in ROUNDS
+slices taken in turns.
 """
 
 from __future__ import annotations
