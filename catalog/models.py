@@ -10,7 +10,8 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
 
-from catalog.fit.estimate import MemoryEstimate, ModelShape, Needs, adapter_bytes, estimate, needs
+from catalog.fit.estimate import MemoryEstimate, ModelShape, Needs, estimate, needs
+from catalog.fit.model_files import adapter_bytes
 from core.humanize import format_bytes
 from protocol.engine_serves import effective_serves
 from protocol.engines import DEFAULT_ENGINES, WantedEngine, newest_version
@@ -245,8 +246,7 @@ class Profile(models.Model):
         return effective_serves(self.engine, self.serves)
 
     def fit(self) -> MemoryEstimate | None:
-        """The memory each device of a rank needs, estimated from the model's file; None
-        while its file has not been read (or cannot be)."""
+        """Each device of a rank's memory, from the model's file; None until it is read."""
         shape = self.model.shape()
         if shape is None:
             return None

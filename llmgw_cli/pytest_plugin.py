@@ -7,6 +7,7 @@ django already gives each worker its own PostgreSQL database.
 """
 
 import os
+import sysconfig
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -36,6 +37,17 @@ def isolate_xdist_worker(environ=os.environ) -> None:
         environ["REDIS_URL"] = redis_url_for_worker(environ["REDIS_URL"], int(worker[2:]))
 
 
+def allow_test_models(environ=os.environ) -> None:
+    """Tests write model files under their home (``tmp_path`` is there: pytest_configure)
+    and the demo's is in this environment's packages: the control plane reads those for the
+    fit estimate (settings.LLMGW_MODEL_ROOTS), in this process and every one a test starts;
+    a file elsewhere is refused as in production (tests/catalog/test_model_files.py)."""
+    home = Path(environ.get("LLMGW_HOME") or Path.cwd() / "var" / "test")
+    roots = [str(home), sysconfig.get_paths()["purelib"]]
+    environ.setdefault("LLMGW_MODEL_ROOTS", os.pathsep.join(roots))
+
+
+allow_test_models()  # before a worker's home is its own: tmp_path is under the shared one
 isolate_xdist_worker()
 configure_services()
 # Without llmgw's default engines (rule R103), in this process's settings and in every

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -189,6 +190,13 @@ KEY_CONCURRENCY = env_int("LLMGW_KEY_CONCURRENCY", 64)
 # decimals in any one currency; 0, the default, prices every team's usage at nothing.
 COST_PER_GPU_HOUR = env_decimal("LLMGW_COST_PER_GPU_HOUR")
 COST_PER_CPU_CORE_HOUR = env_decimal("LLMGW_COST_PER_CPU_CORE_HOUR")
+# Directories under which the control plane reads a model's local file for its fit estimate
+# (catalog/fit/model_files.py; separated by ":"): a source elsewhere is refused unread, so
+# the catalog cannot be used to probe this host's files. By default $LLMGW_HOME/models and
+# this environment's installed packages (the demo model is one).
+LLMGW_MODEL_ROOTS = [
+    Path(root) for root in os.environ.get("LLMGW_MODEL_ROOTS", "").split(os.pathsep) if root
+] or [LLMGW_HOME / "models", Path(sysconfig.get_paths()["purelib"])]
 # llmgw's own CA (``llmgw_ctl ca init``): its key, and node certificates' issuer.
 LLMGW_CA_DIR = env_str("LLMGW_CA_DIR") or str(LLMGW_HOME / "ca")
 # How nodes prove who they are on the link: their certificate from llmgw's CA, or, while

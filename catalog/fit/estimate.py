@@ -19,8 +19,6 @@ Reading the files is ``catalog.fit.model_files``'s; this module never touches on
 
 from __future__ import annotations
 
-import contextlib
-import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -260,15 +258,3 @@ def _count(parameters: int) -> str:
         if parameters >= unit:
             return f"{parameters / unit:.1f}{suffix}"
     return str(parameters)
-
-
-def adapter_bytes(adapters: list[dict], max_loras: int) -> int:
-    """What a rank's LoRA adapters hold, as their local files' sizes say (a URL's or a hub
-    id's is not known here): every one on llama.cpp, which loads them all at start;
-    ``max_loras`` of the largest on vLLM. 0 without adapters."""
-    sizes = []
-    for adapter in adapters:
-        with contextlib.suppress(OSError):
-            if adapter["source"].startswith("/"):
-                sizes.append(os.stat(adapter["source"]).st_size)
-    return max_loras * max(sizes, default=0) if max_loras else sum(sizes)

@@ -2,12 +2,15 @@
 safetensors directory's ``config.json`` and the files' sizes; for a URL the first megabytes
 of the file (a ranged GET), for a hub id the repository's ``config.json`` and file list.
 
-Local reads are quick (a header, a few stats); the downloads are for a Celery task
-(``catalog.tasks``), never a request. Every failure is a ``ModelFileError`` naming the source.
+Local reads are quick (a header, a few stats) and only under the model roots
+(``catalog.fit.roots``); the downloads are for a Celery task (``catalog.tasks``), never a
+request. Every failure is a ``ModelFileError`` naming the source. Also the LoRA adapters'
+sizes a rank holds (``adapter_bytes``), from their local files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -17,6 +20,7 @@ import httpx
 from django.conf import settings
 
 from catalog.fit.estimate import ModelShape
+from catalog.fit.roots import OutsideModelRoots, under_a_model_root
 from core.gguf import GgufError, GgufHeader, GgufIncomplete, read_header, read_header_bytes
 from core.http import outbound_client
 from protocol.sources import HUB_ID
@@ -45,8 +49,11 @@ def is_remote(source: str) -> bool:
 
 
 def read_local_shape(source: str) -> ModelShape:
-    """The shape of a GGUF file or a safetensors directory on this machine."""
-    path = Path(source)
+    """The shape of a GGUF file or a safetensors directory under a model root here."""
+    try:
+        path = under_a_model_root(source)
+    except OutsideModelRoots as err:
+        raise ModelFileError(str(err)) from None
     try:
         if path.is_dir():
             return _safetensors_dir(path)
@@ -219,3 +226,15 @@ def shape_facts(source: str) -> dict[str, Any]:
     except ModelFileError as err:
         return {"source": source, "unreadable": str(err)}
     return {"source": source, "shape": shape.as_dict()}
+
+
+def adapter_bytes(adapters: list[dict], max_loras: int) -> int:
+    """What a rank's LoRA adapters hold, as their local files' sizes say (a URL's or a hub
+    id's is not known here): every one on llama.cpp, which loads them all at start;
+    ``max_loras`` of the largest on vLLM. 0 without adapters."""
+    sizes = []
+    for adapter in adapters:
+        with contextlib.suppress(OSError, OutsideModelRoots):  # unknown here, as a URL's
+            if adapter["source"].startswith("/"):
+                sizes.append(under_a_model_root(adapter["source"]).stat().st_size)
+    return max_loras * max(sizes, default=0) if max_loras else sum(sizes)

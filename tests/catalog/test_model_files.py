@@ -60,8 +60,28 @@ def test_a_file_that_is_not_gguf_or_not_there_is_named(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ModelFileError, match="is not a GGUF file"):
         read_local_shape(str(tmp_path / "notes.txt"))
-    with pytest.raises(ModelFileError, match="cannot read /nowhere/m.gguf here"):
-        read_local_shape("/nowhere/m.gguf")
+    missing = tmp_path / "nowhere" / "m.gguf"
+    with pytest.raises(ModelFileError, match=f"cannot read {missing} here"):
+        read_local_shape(str(missing))
+
+
+def test_a_file_outside_the_model_roots_is_refused_unread(tmp_path, settings):
+    """Review finding 24: the fit estimate is no oracle for the control plane's files."""
+    root = tmp_path / "models"
+    root.mkdir()
+    settings.LLMGW_MODEL_ROOTS = [root]
+    inside = small_model(root)
+    outside = small_model(tmp_path)  # a good GGUF: read, it would give a shape
+    (root / "leads-out.gguf").symlink_to(outside)
+    assert model_files.shape_facts(str(inside))["shape"]["layers"] == 4
+    for source in ["/etc/passwd", str(outside), f"{root}/../small.gguf", f"{root}2/small.gguf"]:
+        facts = model_files.shape_facts(source)
+        assert "shape" not in facts
+        assert facts["unreadable"].startswith(f"{source} is not under a model root"), facts
+        assert "LLMGW_MODEL_ROOTS" in facts["unreadable"]
+    facts = model_files.shape_facts(str(root / "leads-out.gguf"))
+    assert "a link that leads out of the control plane's model roots" in facts["unreadable"]
+    assert str(outside) not in facts["unreadable"]  # where it leads is not told
 
 
 def test_the_first_bytes_of_a_header_say_they_are_not_enough(tmp_path):
