@@ -142,8 +142,9 @@ class System:
         /metrics), or None while it does not answer."""
         import httpx
 
-        token = self.env.get("LLMGW_METRICS_TOKEN")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        from core.secret_files import metrics_token
+
+        headers = {"Authorization": f"Bearer {metrics_token(self.home, self.env)}"}
         try:
             text = httpx.get(f"{self.router_url}/metrics", headers=headers, timeout=5).text
         except httpx.HTTPError:

@@ -14,7 +14,7 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 log = logging.getLogger("llmgw.site")
@@ -58,6 +58,15 @@ def read_or_create_secret(path: Path, make: Callable[[], str]) -> str:
         log.warning("%s was readable by others (mode %04o); narrowed it to 0600", path, mode)
         path.chmod(0o600)
     return path.read_text().strip()
+
+
+def metrics_token(home: Path, environ: Mapping[str, str] = os.environ) -> str:
+    """LLMGW_METRICS_TOKEN, or the one kept in ``home``'s ``metrics-token`` (created on first
+    use): /metrics, the control plane's and the router's, is never open to anyone by default
+    (review finding 20). On one host both read the same file; Prometheus is given its text."""
+    return environ.get("LLMGW_METRICS_TOKEN") or read_or_create_secret(
+        ensure_private_dir(home) / "metrics-token", lambda: secrets.token_urlsafe(32)
+    )
 
 
 def ensure_private_dir(path: Path) -> Path:

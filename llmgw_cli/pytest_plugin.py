@@ -48,6 +48,9 @@ def allow_test_models(environ=os.environ) -> None:
 
 
 allow_test_models()  # before a worker's home is its own: tmp_path is under the shared one
+# One /metrics token for the test run's control planes and routers, whatever their homes
+# (tests/support/metrics.py sends it); the token made when none is set has tests of its own.
+os.environ.setdefault("LLMGW_METRICS_TOKEN", "llmgw-test-metrics-token")
 isolate_xdist_worker()
 configure_services()
 # Without llmgw's default engines (rule R103), in this process's settings and in every

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from core.addresses import trusted_networks
 from core.env import env_bool, env_decimal, env_float, env_int, env_list, env_str, llmgw_home
-from core.secret_files import ensure_private_dir, read_or_create_secret
+from core.secret_files import ensure_private_dir, metrics_token, read_or_create_secret
 from llmgw_site.services import database, logging_config, read_redis_url, required_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -182,7 +182,7 @@ NODE_LOST_AFTER = env_int("LLMGW_NODE_LOST_AFTER", 60)
 # While most nodes are silent but some still heard, marking waits this long
 # (fleet/link/liveness.py).
 NODE_MASS_SILENCE_HOLD = env_int("LLMGW_NODE_MASS_SILENCE_HOLD", 300)
-METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN")
+METRICS_TOKEN = metrics_token(LLMGW_HOME)  # /metrics' bearer: set, or generated in the home
 # Requests in flight a key may hold when it names no concurrency of its own, so no key can
 # hold the whole fleet (docs/budgets.md); 0: no cap.
 KEY_CONCURRENCY = env_int("LLMGW_KEY_CONCURRENCY", 64)

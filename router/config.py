@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.env import env_float, env_int, env_str, llmgw_home
+from core.secret_files import metrics_token
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,9 @@ class RouterConfig:
     affinity_load_factor: float = 1.25
     # Connections kept to engines; past this, requests wait for one to free up.
     upstream_connections: int = 1024
-    # When set, /metrics asks for `Authorization: Bearer <token>` (same knob as the control plane).
+    # /metrics asks for `Authorization: Bearer <token>` (the control plane's knob, and by
+    # default its file: core.secret_files.metrics_token); "" (a router built in a test)
+    # leaves it open.
     metrics_token: str = ""
     # The last table loaded from the database, served when a router starts while the
     # database is down; from_env defaults it to $LLMGW_HOME/router/routing-table.json,
@@ -102,7 +105,7 @@ class RouterConfig:
             upstream_connections=env_int(
                 "LLMGW_ROUTER_UPSTREAM_CONNECTIONS", cls.upstream_connections
             ),
-            metrics_token=env_str("LLMGW_METRICS_TOKEN"),
+            metrics_token=metrics_token(llmgw_home()),
             table_file=env_str(
                 "LLMGW_ROUTER_TABLE_FILE", str(llmgw_home() / "router" / "routing-table.json")
             ),

@@ -89,10 +89,11 @@ async def scrape(
     scope: dict[str, Any], send: Send, token: str, metrics: RouterMetrics, balancer: Balancer,
     tables: TableKeeper,
 ) -> None:  # fmt: skip
-    """``/metrics``, behind ``Authorization: Bearer <LLMGW_METRICS_TOKEN>`` when one is set."""
+    """``/metrics``, behind ``Authorization: Bearer <token>`` (router/config.py)."""
     if token and not _bears(scope, token):
         raise RouterError(
-            401, "/metrics needs `Authorization: Bearer <LLMGW_METRICS_TOKEN>`.",
+            401, "/metrics needs `Authorization: Bearer <token>`: LLMGW_METRICS_TOKEN, or the "
+            "metrics-token file in the router's LLMGW_HOME.",
             "invalid_request_error", "invalid_metrics_token",
         )  # fmt: skip
     # Per-replica gauges come from the balancer at scrape time, not per request.

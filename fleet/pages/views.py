@@ -136,11 +136,14 @@ def _log_sources(node_id: str, reported: list[str] | None, current: str) -> list
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus text format; guarded by a bearer token when LLMGW_METRICS_TOKEN is set."""
+    """Prometheus text format, behind the metrics token (LLMGW_METRICS_TOKEN, else the one
+    generated in the home)."""
     token = settings.METRICS_TOKEN
     sent = request.headers.get("Authorization", "")
     if token and not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
         return HttpResponse(
-            "metrics need 'Authorization: Bearer <LLMGW_METRICS_TOKEN>'\n", status=401
+            "metrics need 'Authorization: Bearer <token>': LLMGW_METRICS_TOKEN, or the "
+            "metrics-token file in the control plane's LLMGW_HOME\n",
+            status=401,
         )
     return HttpResponse(exposition(FleetCollector().collect()), content_type=CONTENT_TYPE_LATEST)

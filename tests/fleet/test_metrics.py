@@ -6,8 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
+from django.conf import settings as django_settings
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.secret_files import metrics_token
 from fleet.link.heartbeats import write_heartbeats
 from fleet.models import NodeState
 from protocol.inventory import Filesystem, Gpu, NodeUsage, ShardUsage
@@ -58,7 +60,8 @@ def gpu_node(node_id: str = "gpu01", **fields):
 
 
 def scrape(client, **headers) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """GET /metrics and return {(sample name, sorted labels): value}."""
+    """GET /metrics (with the metrics token) and return {(sample name, sorted labels): value}."""
+    headers = {"Authorization": f"Bearer {django_settings.METRICS_TOKEN}", **headers}
     response = client.get("/metrics", headers=headers)
     assert response.status_code == 200, response.content
     samples = {}
@@ -241,10 +244,16 @@ def test_a_metrics_token_guards_the_endpoint(client, settings, at_now, authoriza
         assert b'llmgw_node_up{node="gpu01"} 1.0' in response.content
 
 
-def test_without_a_metrics_token_the_endpoint_is_open(client, settings, at_now):
-    settings.METRICS_TOKEN = ""
-    gpu_node("gpu01")
-    assert of(scrape(client), "llmgw_node_up") == {(("node", "gpu01"),): 1.0}
+def test_a_home_without_a_metrics_token_gets_one_made_once_and_kept_to_its_owner(tmp_path):
+    """Review finding 20: /metrics is never open by default; `up` and the router make the
+    same token on one host, and Prometheus is given the file's text."""
+    made = metrics_token(tmp_path, environ={})
+    assert len(made) >= 32
+    assert (tmp_path / "metrics-token").read_text().strip() == made
+    assert (tmp_path / "metrics-token").stat().st_mode & 0o777 == 0o600
+    assert metrics_token(tmp_path, environ={}) == made  # kept, not made again
+    assert metrics_token(tmp_path, environ={"LLMGW_METRICS_TOKEN": "set"}) == "set"
+    assert metrics_token(tmp_path, environ={"LLMGW_METRICS_TOKEN": ""}) == made  # empty: unset
 
 
 def test_replicas_are_counted_by_model_and_state_beside_what_the_catalog_wants(client, at_now):

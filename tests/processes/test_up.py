@@ -50,13 +50,20 @@ def test_up_starts_everything_on_embedded_services_and_ctrl_c_stops_it_all(tmp_p
                      "Access-Control-Request-Headers": "authorization, content-type"},
         )  # fmt: skip
         assert preflight.headers.get("access-control-allow-origin") == base, preflight.headers
-        # The local agent registers, and /metrics shows it.
+        # /metrics, the control plane's and the router's, needs the token `up` made in its
+        # home (review finding 20: never open by default); with it the local agent shows.
+        assert httpx.get(f"{base}/metrics", timeout=5).status_code == 401
+        assert httpx.get(f"{router_url}/metrics", timeout=5).status_code == 401
+        token = (home / "metrics-token").read_text().strip()
+        assert oct((home / "metrics-token").stat().st_mode & 0o777) == "0o600"
+        bearer = {"Authorization": f"Bearer {token}"}
         metrics = wait_until(
-            lambda: (r := answers(f"{base}/metrics")) and b"llmgw_node_up{" in r.content and r,
-            60,
-            "the local node in /metrics",
-        )
+            lambda: (r := answers(f"{base}/metrics", headers=bearer)) and b"llmgw_node_up{"
+            in r.content and r, 60, "the local node in /metrics",
+        )  # fmt: skip
         assert b"llmgw_node_up{" in metrics.content
+        routed = httpx.get(f"{router_url}/metrics", headers=bearer, timeout=5)
+        assert routed.status_code == 200 and b"llmgw_router_" in routed.content
         # Another terminal with the same home reaches the same database and Redis. With no
         # catalog at all, the node installs llmgw's default llama.cpp on link (rule R103).
         node = wait_until(lambda: _node_with_default_engine(up), 180, "the default llama.cpp")

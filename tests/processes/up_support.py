@@ -55,8 +55,10 @@ class Up:
         self.home = home
         self.log_path = log_path
         self.port, self.router_port = free_port(), free_port()
-        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-        # As a user runs it: with the default engines (R103), which the tests leave off.
+        # As a user runs it: its own services and metrics token (made in its home), and the
+        # default engines (R103), which the tests leave off.
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("DATABASE_URL", "REDIS_URL", "LLMGW_METRICS_TOKEN")}  # fmt: skip
         env.update(LLMGW_HOME=str(home), LLMGW_PORT=str(self.port), LLMGW_DEFAULT_ENGINES="1",
                    LLMGW_ROUTER_PORT=str(self.router_port), PYTHONUNBUFFERED="1",
                    LLMGW_ENGINE_PORT_BASE=str(free_port()))  # fmt: skip

@@ -16,6 +16,7 @@ import pytest
 
 from tests.router.harness import Harness, key_sha256, llama_server
 from tests.support.lora_gguf import write_lora_gguf
+from tests.support.metrics import metrics_auth
 
 pytestmark = pytest.mark.process
 
@@ -93,5 +94,5 @@ def test_models_lists_each_adapter_with_its_parent(served):
 def test_usage_is_counted_per_adapter(served):
     router, _replicas = served
     answer(router, f"{BASE}:other")
-    metrics = httpx.get(f"{router}/metrics", timeout=10).text
+    metrics = httpx.get(f"{router}/metrics", headers=metrics_auth(), timeout=10).text
     assert f'llmgw_router_completion_tokens_total{{model="{BASE}:other"}}' in metrics

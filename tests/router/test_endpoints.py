@@ -11,6 +11,7 @@ import pytest
 from protocol.serving import KIND_OF_PATH, TOKENIZE_PATHS
 from tests.router.conftest import FULL_KEY
 from tests.router.harness import Harness, key_sha256
+from tests.support.metrics import metrics_auth
 
 pytestmark = pytest.mark.process
 
@@ -362,7 +363,7 @@ def test_an_unknown_previous_response_is_refused_with_the_reason(url, engines):
 
 def test_usage_of_each_shape_is_counted(url, engines):
     def tokens() -> dict[str, float]:
-        text = httpx.get(f"{url}/metrics", timeout=10).text
+        text = httpx.get(f"{url}/metrics", headers=metrics_auth(), timeout=10).text
         found = re.findall(
             r'llmgw_router_(prompt|completion)_tokens_total\{model="omni"\} ([0-9.e+]+)', text
         )

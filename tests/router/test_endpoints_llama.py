@@ -17,6 +17,7 @@ import pytest
 
 from tests.router.harness import Harness, key_sha256, llama_server
 from tests.support.llama_servers import LLAMA_BUILDS
+from tests.support.metrics import metrics_auth
 
 pytestmark = pytest.mark.process
 
@@ -60,7 +61,7 @@ def anthropic_client(router_url):
 
 
 def tokens_of(router_url: str, model: str) -> tuple[float, float]:
-    text = httpx.get(f"{router_url}/metrics", timeout=10).text
+    text = httpx.get(f"{router_url}/metrics", headers=metrics_auth(), timeout=10).text
     counts = []
     for kind in ("prompt", "completion"):
         line = f'llmgw_router_{kind}_tokens_total{{model="{model}"}} '

@@ -25,6 +25,7 @@ from llmgw_cli.demo import smollm2_path
 from router.balance.balancer import _rendezvous
 from tests.router.harness import Harness, Process, free_port, wait_until
 from tests.support.llama_servers import LLAMA_BUILDS, llama_server_binary
+from tests.support.metrics import metrics_auth
 
 pytestmark = pytest.mark.process
 
@@ -125,7 +126,7 @@ def reference(client: openai.OpenAI, kind: str) -> str:
 
 
 def migrations(router) -> float:
-    text = httpx.get(f"{router.url}/metrics", timeout=10).text
+    text = httpx.get(f"{router.url}/metrics", headers=metrics_auth(), timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("llmgw_router_migrations_total{"))  # fmt: skip
 

@@ -13,6 +13,7 @@ import pytest
 from protocol.serving import SERVE_KINDS
 from tests.router.conftest import FULL_KEY, LIMITED_KEY, MAX_BODY
 from tests.router.harness import free_port, session_homed_on, sse_events, wait_until
+from tests.support.metrics import metrics_auth
 
 pytestmark = pytest.mark.process
 
@@ -297,7 +298,7 @@ def test_health_and_metrics(shared):
     health = httpx.get(f"{shared.url}/health", timeout=30).json()
     assert health["status"] == "ok" and health["mode"] == "static"
     assert health["table_source"] == "static" and health["table_age_seconds"] >= 0
-    metrics = httpx.get(f"{shared.url}/metrics", timeout=30).text
+    metrics = httpx.get(f"{shared.url}/metrics", headers=metrics_auth(), timeout=30).text
     for name in (
         "llmgw_router_table_from_saved 0.0",
         "llmgw_router_table_age_seconds ",
@@ -347,7 +348,7 @@ def test_a_connect_failure_is_retried_on_another_replica(harness):
         headers={"x-session-id": session}, timeout=30,
     )  # fmt: skip
     assert response.status_code == 200
-    metrics = httpx.get(f"{router.url}/metrics", timeout=30).text
+    metrics = httpx.get(f"{router.url}/metrics", headers=metrics_auth(), timeout=30).text
     assert f'llmgw_router_upstream_errors_total{{kind="connect",model="m",replica="{dead}"}}' in (
         metrics
     )
@@ -472,7 +473,7 @@ def test_a_replica_failing_repeatedly_is_taken_out(harness):
         assert post(f"{router.url}/v1/chat/completions", {"model": "m", **CHAT}, session).is_success
     assert len(a.requests()) == 2  # taken out: not even tried
     assert len(b.requests()) == 7
-    metrics = httpx.get(f"{router.url}/metrics", timeout=30).text
+    metrics = httpx.get(f"{router.url}/metrics", headers=metrics_auth(), timeout=30).text
     assert f'llmgw_router_breaker_open{{model="m",replica="{a.url}"}} 1.0' in metrics
 
 

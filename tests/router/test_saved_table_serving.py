@@ -17,6 +17,7 @@ from router.table.saved import TableFile
 from tests.factories import SETUP, make_model, make_node, make_profile, make_replica, make_shard
 from tests.processes.support import child_database_url
 from tests.router.harness import free_port, wait_until
+from tests.support.metrics import metrics_auth
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -55,7 +56,7 @@ def health(router) -> httpx.Response:
 
 
 def metrics(router) -> str:
-    return httpx.get(f"{router.url}/metrics", timeout=30).text
+    return httpx.get(f"{router.url}/metrics", headers=metrics_auth(), timeout=30).text
 
 
 def test_a_router_started_with_the_database_down_serves_from_its_saved_table(harness):
