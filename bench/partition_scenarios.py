@@ -190,8 +190,10 @@ class Observer:
     def breaker_open(self, replica: str) -> bool:
         """Whether the router has taken ``replica`` out, by its own /metrics."""
 
+        auth = sim.router_metrics_auth(self.fleet)
+
         def scrape() -> str:
-            return httpx.get(f"{self.fleet.router_url}/metrics", timeout=5).text
+            return httpx.get(f"{self.fleet.router_url}/metrics", headers=auth, timeout=5).text
 
         for line in network.in_host(hosts.SERVICES, scrape).splitlines():
             if line.startswith("llmgw_router_breaker_open{") and f'replica="{replica}"' in line:

@@ -117,6 +117,7 @@ def measure(
 
 def steps(runs: int, env: dict[str, str], with_subprocess: bool) -> list[Row]:
     """Every step on the fleet in the database now, in the order the brief lists them."""
+    from django.conf import settings
     from django.contrib.auth.models import Group, User
     from django.core.management import call_command
     from django.test import Client
@@ -170,10 +171,12 @@ def steps(runs: int, env: dict[str, str], with_subprocess: bool) -> list[Row]:
     operator.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
     browser = Client()
     browser.force_login(operator)
+    bearer = {"Authorization": f"Bearer {settings.METRICS_TOKEN}"}
 
     def get(path: str) -> Callable[[], None]:
         def fetch() -> None:
-            response = browser.get(path)
+            # /metrics asks for its token (Prometheus's), the pages for a session.
+            response = browser.get(path, headers=bearer)
             if response.status_code != 200:
                 raise SystemExit(f"GET {path} answered {response.status_code}")
 

@@ -3,6 +3,8 @@ one, the key it serves with, and what it says, read where each thing lives."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 
 from llmgw_cli.demo import smollm2_path
@@ -24,6 +26,15 @@ def refusal() -> str | None:
 def api_key(fleet: Fleet) -> str:
     """The /v1 key the fleet's demo catalog made."""
     return (fleet.directory / "api-key").read_text().strip()
+
+
+def router_metrics_auth(fleet: Fleet) -> dict[str, str]:
+    """The bearer the fleet's router asks /metrics for: its LLMGW_METRICS_TOKEN, else the
+    one made in its home (the same file the router reads, made by whichever comes first)."""
+    from core.secret_files import metrics_token
+
+    env = fleet.env[hosts.ROUTER]
+    return {"Authorization": f"Bearer {metrics_token(Path(env['LLMGW_HOME']), env)}"}
 
 
 def query(fleet: Fleet, sql: str, params: tuple = ()) -> list[tuple]:

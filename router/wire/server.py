@@ -301,6 +301,9 @@ class RequestCycle:
     async def run(self, app: Application) -> None:
         try:
             await app(self.scope, self.receive, self.send)
+        except asyncio.CancelledError:  # a stop past its grace: cut, not a failure to report
+            self.connection.transport.close()
+            raise
         except BaseException as exc:
             logger.error("The application failed on %s %s", self.scope["method"],
                          self.scope["path"], exc_info=exc)  # fmt: skip
