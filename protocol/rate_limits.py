@@ -61,6 +61,11 @@ class CounterKeys(NamedTuple):
     reserved: str  # hash: request id to the tokens reserved for it until it is settled
     routers: str  # sorted set: the routers that admitted the key lately, by when (ms)
 
+    @property
+    def prefix(self) -> str:
+        """The key's prefix (or team's counter name), from the braces its counters carry."""
+        return self.requests[self.requests.index("{") + 1 : self.requests.index("}")]
+
 
 def counter_keys(key_prefix: str, now: float) -> CounterKeys:
     return _counter_keys(key_prefix, int(now) // 86400)

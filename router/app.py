@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import time
 from pathlib import Path
@@ -26,12 +27,13 @@ from router.balance.waiting import WaitingRoom, WaitingRooms
 from router.config import RouterConfig
 from router.conversations.store import ConversationStore
 from router.errors import RouterError
+from router.forward.express import send_express
 from router.forward.proxy import Proxy
 from router.forward.stored import RESPONSES_PREFIX, StoredResponses
 from router.intake.call import CLIENT_CLOSED, Receive, Send
 from router.intake.cors import Cors
 from router.intake.limits import RateLimiter
-from router.intake.reception import Arrival, Reception
+from router.intake.reception import EXPRESS_PATHS, Arrival, Reception
 from router.intake.request_ids import request_id_for
 from router.metrics import RouterMetrics
 from router.responses import header, send_error
@@ -40,7 +42,10 @@ from router.table.routes import RoutingTable
 from router.table.sources import DatabaseSource, StaticSource
 from router.usage.accounting import Accounting
 from router.usage.journal import Journal
+from router.wire.cycle import RequestCycle
 from router.wire.upstream import Upstream
+
+logger = logging.getLogger(__name__)
 
 # Every POST addressed to a model by the ``model`` of its body (or upload form).
 MODEL_PATHS = frozenset(KIND_OF_PATH) | frozenset(TOKENIZE_PATHS)
@@ -103,6 +108,7 @@ class Router:
         )  # fmt: skip
         self.stored_responses = StoredResponses(self.tables, self.response_ids, self.upstream,
                                                 self.conversations)  # fmt: skip
+        self.expressed = 0  # requests answered from callbacks (forward/express.py)
         self._started = False
         self._start_lock: asyncio.Lock | None = None
         self._tasks: list[asyncio.Task] = []
@@ -156,7 +162,7 @@ class Router:
         """Answer one HTTP request, by its path; every answer carries its request id."""
         path = scope["path"]
         request_id = request_id_for(header(scope, b"x-request-id"))
-        send = self._answering(scope, send, request_id)
+        send = self._answering(send, self._added_headers(scope, request_id))
         try:
             if scope["method"] == "OPTIONS" and self.cors.enabled:
                 await endpoints.preflight(scope, send, self.cors)
@@ -190,10 +196,35 @@ class Router:
         finally:
             await self.reception.see_out(arrival)
 
-    def _answering(self, scope: dict, send: Send, request_id: bytes) -> Send:
-        """``send``, with the request id (and CORS headers for an allowed origin) added
-        to the answer's headers, whoever answers: the router or an engine."""
-        extra = [(b"x-request-id", request_id), *self.cors.headers(header(scope, b"origin"))]
+    def express(self, cycle: RequestCycle) -> bool:
+        """Answer ``cycle`` from the sockets' callbacks when nothing in it must wait
+        (forward/express.py; router/wire/serving.py asks); False: ``dispatch`` answers it."""
+        scope = cycle.scope
+        path = scope["path"]
+        if path not in EXPRESS_PATHS or scope["method"] != "POST" or not self._started:
+            return False
+        request_id = request_id_for(header(scope, b"x-request-id"))
+        added = self._added_headers(scope, request_id)
+        arrival = Arrival(path, request_id, started=time.perf_counter())
+        body = cycle.body[0] if len(cycle.body) == 1 else b"".join(cycle.body)
+        call = self.reception.take_now(arrival, scope, body, cycle.receive,
+                                       self._answering(cycle.send, added))  # fmt: skip
+        if call is None:
+            return False
+        if send_express(self.proxy, self.reception, call, arrival, cycle, added):
+            self.expressed += 1
+            return True
+        if arrival.admission is not None:  # no connection free: the task path's to send
+            self.limiter.settle_leased(arrival.admission)
+        return False
+
+    def _added_headers(self, scope: dict, request_id: bytes) -> list[tuple[bytes, bytes]]:
+        """What every answer carries: the request id, CORS headers for an allowed origin."""
+        return [(b"x-request-id", request_id), *self.cors.headers(header(scope, b"origin"))]
+
+    def _answering(self, send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
+        """``send``, with ``extra`` added to the answer's headers, whoever answers: the
+        router or an engine."""
 
         async def answer(message: dict) -> None:
             if message["type"] == "http.response.start":
@@ -223,6 +254,7 @@ class Router:
             self._started = True
 
     async def stop(self) -> None:
+        logger.info("router stopping: %d requests were answered the express way", self.expressed)
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()

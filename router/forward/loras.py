@@ -50,11 +50,17 @@ class LoraLoads:
         loaded = tuple(e for e in route.endpoints if self.has(route, e))
         return loaded or route.endpoints
 
+    def use_now(self, route: ModelRoute, endpoint: Endpoint) -> bool:
+        """``ensure`` without a wait: whether ``endpoint`` serves ``route`` as it is."""
+        if not self.has(route, endpoint):
+            return False
+        self._used(route, endpoint)
+        return True
+
     async def ensure(self, route: ModelRoute, endpoint: Endpoint) -> None:
         """Have ``endpoint`` serve ``route``'s adapter, loading it there if it must;
         UpstreamUnreachable when the engine cannot be reached, 502 when it refuses."""
-        if self.has(route, endpoint):
-            self._used(route, endpoint)
+        if self.use_now(route, endpoint):
             return
         lock = self._locks.setdefault(endpoint.replica, asyncio.Lock())
         async with lock:

@@ -35,6 +35,7 @@ from router.forward.migration import (
 from router.forward.relay import (
     RESPONSES_PATH,
     WATCH_AFTER_SECONDS,
+    BrokenStream,
     StreamRelay,
     answer_editor,
     noting_response_id,
@@ -59,12 +60,14 @@ MAX_ATTEMPTS = 3
 MOVABLE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 
-class BrokenStream(NamedTuple):
-    """A stream whose engine broke off: the client's side of it, how, and any usage seen."""
+class Resume(NamedTuple):
+    """Where a call begun in callbacks (express.py) is taken on by ``forward``: the replicas
+    that failed it, the next to ask (None: none), the last problem, a stream that broke."""
 
-    stream: StreamRelay
-    broken: UpstreamBroken
-    usage: Tokens | None
+    tried: list[Endpoint]
+    endpoint: Endpoint | None
+    problem: str = ""
+    broken: BrokenStream | None = None
 
 
 class Proxy:
@@ -88,7 +91,9 @@ class Proxy:
         self.counter = TokenCounter(self._post)
         self.loras = LoraLoads(upstream)
 
-    async def forward(self, call: Call) -> int:
+    async def forward(
+        self, call: Call, served: Served | None = None, resume: Resume | None = None
+    ) -> int:
         """Relay with retries; return the status the client got (499 if it left first)."""
         task = asyncio.current_task()
         assert task is not None
@@ -99,9 +104,9 @@ class Proxy:
             WATCH_AFTER_SECONDS if call.upload is None else 1e9, start_watching, call, task
         )
         exchange = call.exchange
-        served = Served()
+        served = served or Served()
         try:
-            return await self._attempts(call, served)
+            return await self._attempts(call, served, resume)
         except ClientLeft:
             return CLIENT_CLOSED
         except asyncio.CancelledError:
@@ -122,15 +127,15 @@ class Proxy:
             if served.began and not served.accounted:
                 # Ended before its answer was counted (the client gone, a failure): charged
                 # the prompt and every token that reached the client all the same.
-                await self._account(call, served, None)
+                await self.account(call, served, None)
 
-    async def _attempts(self, call: Call, served: Served) -> int:
+    async def _attempts(self, call: Call, served: Served, resume: Resume | None) -> int:
         model = call.model
-        tried: list[Endpoint] = []
-        endpoint = self.balancer.pick(self.loras.hot(call.route), session=call.session)
-        last_problem = ""
-        failures = moves = 0
-        broken: BrokenStream | None = None
+        if resume is None:
+            endpoint = self.balancer.pick(self.loras.hot(call.route), session=call.session)
+            resume = Resume([], endpoint)
+        tried, endpoint, last_problem, broken = resume
+        failures, moves = len(tried), 0
         while endpoint is not None and failures < MAX_ATTEMPTS:
             replica = endpoint.replica
             trial = self.balancer.started(replica)
@@ -147,8 +152,8 @@ class Proxy:
                     last_problem = str(exc)
                     tried.append(endpoint)
                     failures += 1
-                    _not_again(call, exc, "failed on")
-                    endpoint = self._next(call, tried, exc.kind)
+                    call.not_again(exc, "failed on")
+                    endpoint = self.next_replica(call, tried, exc.kind)
                     continue
                 try:
                     if response.status >= 500:
@@ -157,12 +162,12 @@ class Proxy:
                         tried.append(endpoint)
                         failures += 1
                         following = None
-                        if failures < MAX_ATTEMPTS and not _sent_upload(call):
-                            following = self._next(call, tried, "http")
+                        if failures < MAX_ATTEMPTS and not call.upload_sent:
+                            following = self.next_replica(call, tried, "http")
                         if following is not None:
                             endpoint = following
                             continue
-                    self._began(call, served, response.status < 400, body)
+                    self.began(call, served, response.status < 400, body)
                     if response.is_event_stream:
                         broken = await self._relay_stream(
                             call, response, replica, translation, served
@@ -180,12 +185,12 @@ class Proxy:
                     except UpstreamBroken as exc:
                         ok = False
                         tried.append(endpoint)
-                        _not_again(call, exc, "broke off its answer to")
-                        endpoint = self._ask_again(call, exc, tried, moves)
+                        call.not_again(exc, "broke off its answer to")
+                        endpoint = self.ask_again(call, exc, tried, moves)
                         moves += 1
                         continue
                     ok = response.status < 500
-                    await self._account(call, served, tokens or Tokens())
+                    await self.account(call, served, tokens or Tokens())
                     return response.status
                 finally:
                     response.close()  # returns nothing half-read to the pool
@@ -202,7 +207,7 @@ class Proxy:
             f"No replica of {model} answered ({len(tried)} tried): {last_problem}."
         )
 
-    def _began(self, call: Call, served: Served, began: bool, body: bytes) -> None:
+    def began(self, call: Call, served: Served, began: bool, body: bytes) -> None:
         """An engine took the request: from here on it is charged however it ends, and a
         router killed before it is counted leaves its prompt charged (usage/journal.py)."""
         served.began = began
@@ -221,7 +226,7 @@ class Proxy:
         rest = Rest(upload.rest(), upload.length) if upload is not None else None
         return await self.upstream.post(endpoint.url, path, body, headers, rest)
 
-    def _ask_again(
+    def ask_again(
         self, call: Call, broken: UpstreamBroken, tried: list[Endpoint], moves: int
     ) -> Endpoint:
         """The replica to ask again for an answer that broke off before any of it reached
@@ -270,7 +275,7 @@ class Proxy:
         broken = await stream.pipe(response, edit, flush)
         if broken is None:
             await stream.end()
-            await self._account(call, served, scanner.tokens)
+            await self.account(call, served, scanner.tokens)
             return None
         self.metrics.upstream_error(call.model, replica, "broken_stream")
         if translation is not None or call.path not in MOVABLE_PATHS:
@@ -278,7 +283,7 @@ class Proxy:
             await stream.end_broken(
                 broken, "a stream in another API's events is not moved", error_event
             )
-            await self._account(call, served, scanner.tokens)
+            await self.account(call, served, scanner.tokens)
             return None
         return BrokenStream(stream, broken, scanner.tokens)
 
@@ -298,12 +303,12 @@ class Proxy:
             if progress.finish_reason or budget_spent(payload, progress, sent):
                 # Nothing was left to generate: end the answer here.
                 await stream.end(closing_events(call.path, progress))
-                await self._account(call, served, usage)
+                await self.account(call, served, usage)
                 return 200
             target, why_not = self._continuer(call, payload, progress, tried, moves)
             if target is None:
                 await stream.end_broken(broken, why_not)
-                await self._account(call, served, usage)
+                await self.account(call, served, usage)
                 return 200
             moves += 1
             self._moved(model, broken, tried[-1].replica, target.replica,
@@ -318,7 +323,7 @@ class Proxy:
             usage = splice.tokens
             if outcome is None:
                 await stream.end()
-                await self._account(call, served, usage)
+                await self.account(call, served, usage)
                 return 200
             broken = outcome
 
@@ -406,7 +411,7 @@ class Proxy:
         logger.warning("moved a request for %s from replica %s to replica %s %s: %s",
                        model, source, target, how, broken)  # fmt: skip
 
-    def _next(self, call: Call, tried: list[Endpoint], kind: str) -> Endpoint | None:
+    def next_replica(self, call: Call, tried: list[Endpoint], kind: str) -> Endpoint | None:
         endpoint = self.balancer.pick(
             self._endpoints_now(call), session=call.session, exclude=tried
         )
@@ -416,7 +421,7 @@ class Proxy:
             return tried[-1]
         return endpoint
 
-    async def _account(self, call: Call, served: Served, tokens: Tokens | None) -> None:
+    async def account(self, call: Call, served: Served, tokens: Tokens | None) -> None:
         """Charge and record what the request was served, once: ``tokens`` as the engine
         counted them, or (None) counted here from what reached the client."""
         if served.accounted:
@@ -424,27 +429,19 @@ class Proxy:
         served.accounted = True
         if tokens is None:
             tokens = await self.counter.served(served, call.model)
+        self._record(call, served, tokens)
+
+    def account_now(self, call: Call, served: Served, tokens: Tokens) -> None:
+        """``account`` with the engine's count (no wait)."""
+        if not served.accounted:
+            served.accounted = True
+            self._record(call, served, tokens)
+
+    def _record(self, call: Call, served: Served, tokens: Tokens) -> None:
         prompt, completion = tokens.prompt, tokens.completion
         call.tokens_spent = prompt + completion
         self.metrics.tokens(call.model, prompt, completion)
         if self.accounting is not None:
             caller = call.caller
             self.accounting.record(caller.prefix, caller.name, call.model, prompt, completion,
-                                   served.journalled,
-                                   cached_prompt=tokens.cached if tokens else 0)  # fmt: skip
-
-
-def _sent_upload(call: Call) -> bool:
-    """Whether an upload's rest went to a replica already: it cannot be sent again."""
-    return call.upload is not None and call.upload.started
-
-
-def _not_again(call: Call, failure: Exception, what: str) -> None:
-    """Refuse to ask another replica for an upload whose rest went to the one that failed:
-    the client's bytes are gone, and asking for them again would wait for ever."""
-    if _sent_upload(call):
-        raise errors.bad_gateway(
-            f"The replica of {call.model} that was sent the upload {what} it ({failure}); "
-            "an upload streams through the router and cannot be sent to another replica: "
-            "send it again."
-        )
+                                   served.journalled, cached_prompt=tokens.cached)  # fmt: skip

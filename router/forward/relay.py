@@ -19,6 +19,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from router import errors
 from router.balance.response_ids import ResponseIds
@@ -181,11 +182,12 @@ class StreamRelay:
     to know what the client has.
     """
 
-    def __init__(self, call: Call, metrics: RouterMetrics) -> None:
+    def __init__(self, call: Call, metrics: RouterMetrics, relayed: Relayed | None = None) -> None:
+        """``relayed``: what of a stream begun elsewhere (express.py) reached the client."""
         self.call = call
         self.metrics = metrics
-        self.relayed = Relayed()
-        self._first = True
+        self.relayed = relayed or Relayed()
+        self._first = relayed is None
 
     async def begin(self, response: Response) -> None:
         """Send the status and headers: the first engine's, whichever engines follow."""
@@ -238,3 +240,11 @@ class StreamRelay:
                 "request again."
             )
         )
+
+
+class BrokenStream(NamedTuple):
+    """A stream whose engine broke off: the client's side of it, how, and any usage seen."""
+
+    stream: StreamRelay
+    broken: UpstreamBroken
+    usage: Tokens | None

@@ -95,6 +95,21 @@ class Call:
     def model(self) -> str:
         return self.route.name
 
+    @property
+    def upload_sent(self) -> bool:
+        """Whether an upload's rest went to a replica already: it cannot be sent again."""
+        return self.upload is not None and self.upload.started
+
+    def not_again(self, failure: Exception, what: str) -> None:
+        """Refuse to ask another replica for an upload whose rest went to the one that
+        failed: the client's bytes are gone, and asking for them again would wait for ever."""
+        if self.upload_sent:
+            raise errors.bad_gateway(
+                f"The replica of {self.model} that was sent the upload {what} it ({failure}); "
+                "an upload streams through the router and cannot be sent to another replica: "
+                "send it again."
+            )
+
     def request_for(self, endpoint: Endpoint) -> tuple[str, bytes, Translation | None]:
         """The path and body ``endpoint``'s engine is sent, and the translation its answer
         needs (None: relayed as it comes)."""

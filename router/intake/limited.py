@@ -7,13 +7,28 @@ team's) and how long to wait.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.rate_limits import Limits, day_ends, month_ends, team_counter_name
+from protocol.rate_limits import CounterKeys, Limits, day_ends, month_ends, team_counter_name
 from router.errors import RouterError
 from router.intake.counters import Tally
 from router.table.keys import Caller
+
+
+@dataclass
+class Admission:
+    """An admitted request: what to charge it to, and the headers its answer carries."""
+
+    request_id: str
+    keys: CounterKeys
+    headers: list[tuple[bytes, bytes]]
+    shared: bool  # counted in Redis, not only in this process
+    limits: Limits = field(default_factory=Limits)
+    reserved: int = 0  # tokens reserved for it until it is settled
+    # The same request's admissions by the other subjects it is counted against (its team).
+    also: list[Admission] = field(default_factory=list)
+    leased: bool = False  # its place is one of a block (places.py): request_id names it
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,9 +44,16 @@ from protocol.rate_limits import (
 )  # fmt: skip
 from router.errors import RouterError
 from router.intake.counters import ADMIT, MERGE, RELEASE, SETTLE, LocalCounters, Tally, as_text
-from router.intake.limited import Subject, counted_subjects, has_budget, limit_headers, refusal
+from router.intake.limited import (
+    Admission,
+    Subject,
+    counted_subjects,
+    has_budget,
+    limit_headers,
+    refusal,
+)
 from router.intake.places import TICK_SECONDS, LeasedPlaces, leased
-from router.intake.script_batch import ScriptBatch
+from router.intake.script_batch import ScriptBatch, limits_client
 from router.metrics import RouterMetrics
 from router.table.keys import Caller
 
@@ -72,21 +79,6 @@ ROUTER_SHARE_SECONDS = 600
 # The ledger: a key's tokens this UTC day and month, from the usage rows (and what this
 # router counted and has not written yet). None: no ledger (a router on a static file).
 Ledger = Callable[[str, float], Awaitable[tuple[int, int]]]
-
-
-@dataclass
-class Admission:
-    """An admitted request: what to charge it to, and the headers its answer carries."""
-
-    request_id: str
-    keys: CounterKeys
-    headers: list[tuple[bytes, bytes]]
-    shared: bool  # counted in Redis, not only in this process
-    limits: Limits = field(default_factory=Limits)
-    reserved: int = 0  # tokens reserved for it until it is settled
-    # The same request's admissions by the other subjects it is counted against (its team).
-    also: list[Admission] = field(default_factory=list)
-    leased: bool = False  # its place is one of a block (places.py): request_id names it
 
 
 @dataclass
@@ -139,6 +131,28 @@ class RateLimiter:
         named = {name for name, _value in first.headers}
         first.headers += [h for other in others for h in other.headers if h[0] not in named]
         return first
+
+    def admit_now(self, caller: Caller) -> tuple[bool, Admission | None]:
+        """``admit`` without a wait (forward/express.py): (True, the admission, None where
+        nothing counts it), or (False, None) unless it has caps alone, places spare here."""
+        now, subjects = self.clock(), counted_subjects(caller)
+        if not subjects:
+            return True, None
+        if self._outage or self._merge_again_at or not self._use_redis(now):
+            return False, None
+        admitted = self.places.admit_now(subjects, now)
+        if admitted is None:
+            return False, None
+        admitted[0].also = admitted[1:]
+        return True, admitted[0]
+
+    def settle_leased(self, admission: Admission) -> bool:
+        """``charge`` without a wait, for an admission of places alone; False: not one."""
+        if not all(one.leased for one in (admission, *admission.also)):
+            return False
+        for one in (admission, *admission.also):
+            self.places.put_back(one.keys, one.request_id)
+        return True
 
     async def _admit_one(
         self, caller: Caller, subject: Subject, now: float, reserve: int
@@ -206,7 +220,7 @@ class RateLimiter:
                 1 if limits.tokens_per_day and self.ledger else 0,
                 1 if limits.tokens_per_month and self.ledger else 0)  # fmt: skip
         keys = admission.keys
-        prefix = _prefix_of(keys)
+        prefix = keys.prefix
         self._holding.pop(admission.request_id, None)
         if admission.shared and self._use_redis(now):
             try:
@@ -415,18 +429,8 @@ class RateLimiter:
             if not url:
                 self.metrics.limits_shared.set(0)
                 return False
-            import redis.asyncio as aioredis
-            from redis.asyncio.retry import Retry
-            from redis.backoff import NoBackoff
-            from redis.exceptions import ConnectionError as RedisConnectionError
-
-            self._client = aioredis.Redis.from_url(
-                url, socket_timeout=REDIS_TIMEOUT, socket_connect_timeout=REDIS_TIMEOUT,
-                # A connection a restarted Redis closed is made again at once, once.
-                retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError],
-            )  # fmt: skip
-            # Admissions, settlings and releases go in batches, one pipeline a turn of
-            # the loop.
+            self._client = limits_client(url, REDIS_TIMEOUT)
+            # Admissions, settlings and releases go in batches, one pipeline a turn.
             self._batch = ScriptBatch(self._client)
             self._merge = self._client.register_script(MERGE)
         self.metrics.limits_shared.set(1)
@@ -443,8 +447,3 @@ class RateLimiter:
             self.local.outage_began()
         self._outage = True
         self.metrics.limits_shared.set(0)
-
-
-def _prefix_of(keys: CounterKeys) -> str:
-    """The key's prefix, from the braces its counters carry."""
-    return keys.requests[keys.requests.index("{") + 1 : keys.requests.index("}")]

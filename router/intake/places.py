@@ -32,9 +32,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.rate_limits import INFLIGHT_HOLD_SECONDS, CounterKeys, Limits
+from protocol.rate_limits import INFLIGHT_HOLD_SECONDS, CounterKeys, Limits, counter_keys
 from router.intake.counters import as_text
-from router.intake.limited import has_budget
+from router.intake.limited import Admission, Subject, has_budget
 
 # Caps this big and over are leased; under it, each request is counted in Redis.
 LEASE_FROM = 32
@@ -148,6 +148,23 @@ class LeasedPlaces:
         place = block.spare.pop()
         block.peak = max(block.peak, block.taken)
         return place, block.taken
+
+    def admit_now(self, subjects: list[Subject], now: float) -> list[Admission] | None:
+        """A place of each subject's spare ones, or None (and none taken) unless each has
+        caps alone and a place spare: then limits.py's ``admit``, which may lease a block."""
+        if not all(leased(subject.limits) for subject in subjects):
+            return None
+        keys = [counter_keys(subject.counted_as, now) for subject in subjects]
+        blocks = [self.blocks.get(counted.inflight) for counted in keys]
+        if not all(block is not None and block.spare for block in blocks):
+            return None
+        admitted = []
+        for block, counted, subject in zip(blocks, keys, subjects, strict=True):
+            assert block is not None
+            admitted.append(Admission(block.spare.pop(), counted, [], True, subject.limits,
+                                      leased=True))  # fmt: skip
+            block.peak = max(block.peak, block.taken)
+        return admitted
 
     def put_back(self, keys: CounterKeys, place: str) -> None:
         """An answered request's place, spare again (for the next, until the tick)."""

@@ -31,9 +31,9 @@ from router.conversations.store import ConversationStore
 from router.errors import RouterError
 from router.intake.body_checks import check_body
 from router.intake.call import Call, Receive, Send, Upload, read_body, resolve, rewrite_body
-from router.intake.limited import worst_case
-from router.intake.limits import Admission, RateLimiter
-from router.intake.media_urls import MediaUrlPolicy
+from router.intake.limited import Admission, worst_case
+from router.intake.limits import RateLimiter
+from router.intake.media_urls import MediaUrlPolicy, may_name_media
 from router.intake.request_ids import log_request
 from router.intake.uploads import read_upload, resolve_upload
 from router.metrics import RouterMetrics
@@ -47,6 +47,8 @@ from router.wire.upstream import HOP_REQUEST_HEADERS
 RESPONSES_PATH = "/v1/responses"
 # Where the router asks for usage in the stream on the client's behalf.
 USAGE_OPTION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+# What may be answered from callbacks (forward/express.py): neither translated nor uploaded.
+EXPRESS_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 
 
 @dataclass
@@ -165,7 +167,7 @@ class Reception:
             message, retry_after = route.unavailable()
             raise errors.unavailable(message, retry_after)
         # Within the key's limits, a replica that can take it, now or after a wait.
-        arrival.admission = admission = await self.limiter.admit(
+        arrival.admission = await self.limiter.admit(
             caller, worst_case(path, payload, body, self.config.reserve_tokens)
         )
         # An upload's rest is still to be read: nothing else may read the client meanwhile.
@@ -174,24 +176,75 @@ class Reception:
             return None
         if waited is not route:  # the table's route as it is now
             route = await self._pinned(waited.serving(kind), payload, path, caller)
-        # The call, as the proxy forwards it.
+        return self._call(arrival, scope, head, route, payload, body, receive, send,
+                          translation=translation, upload=upload, chain=chain)  # fmt: skip
+
+    def take_now(
+        self, arrival: Arrival, scope: dict[str, Any], body: bytes, receive: Receive, send: Send
+    ) -> Call | None:
+        """``take_call`` without a wait, for a request whose body is all here and that
+        nothing makes wait (forward/express.py): a JSON request without media URLs, of a
+        key whose limits are caps alone (or none), for a model ready now. None: nothing
+        was counted, and ``take_call`` takes it (and says why when it refuses it)."""
+        path = arrival.path
+        head = read_head(scope["headers"], arrival.request_id)
+        if len(body) > self.config.max_body or path not in EXPRESS_PATHS:
+            return None
+        try:
+            self.tables.require_loaded()
+            caller = self.tables.keys.authenticate(head.authorization, head.api_key)
+            route, payload = resolve(self.tables.table, body, caller)
+            check_body(path, payload, self.config.max_choices)
+        except RouterError:
+            return None
+        kind = KIND_OF_PATH[path]
+        if kind not in route.serves or may_name_media(body):
+            return None
+        route = route.serving(kind)
+        if not route.endpoints or route.concurrency:
+            return None
+        admitted, admission = self.limiter.admit_now(caller)
+        if not admitted:
+            return None
+        arrival.caller, arrival.model, arrival.admission = caller, route.name, admission
+        return self._call(arrival, scope, head, route, payload, body, receive, send)
+
+    def _call(
+        self, arrival: Arrival, scope: dict[str, Any], head: Head, route: ModelRoute,
+        payload: dict[str, Any], body: bytes, receive: Receive, send: Send, *,
+        translation: Translation | None = None, upload: Upload | None = None,
+        chain: Chain | None = None,
+    ) -> Call:  # fmt: skip
+        """The call, as the proxy forwards it."""
+        path = arrival.path
         session = affinity_for(route, payload, path, head.session, self.config)
         body, drop_usage_only = _body_for_engine(path, body, payload, route)
+        admission = arrival.admission
         arrival.call = Call(
             receive=receive, send=send, path=path, route=route, body=body, headers=head.forward,
-            caller=caller, session=session, drop_usage_only=drop_usage_only,
+            caller=arrival.caller, session=session, drop_usage_only=drop_usage_only,
             started=arrival.started, limit_headers=admission.headers if admission else [],
-            kind=kind, translation=translation, query=scope.get("query_string", b""),
-            upload=upload, chain=chain,
+            kind=KIND_OF_PATH.get(path), translation=translation,
+            query=scope.get("query_string", b""), upload=upload, chain=chain,
         )  # fmt: skip
         return arrival.call
 
     async def see_out(self, arrival: Arrival) -> None:
         """However the request ended: its tokens charged to its key, its place on a replica
         offered to the next waiter, its metrics and its log line."""
-        if arrival.admission is not None:
+        admission = arrival.admission
+        if admission is not None and not self.limiter.settle_leased(admission):
             call = arrival.call
-            await self.limiter.charge(arrival.admission, call.tokens_spent if call else 0)
+            await self.limiter.charge(admission, call.tokens_spent if call else 0)
+        self._seen_out(arrival)
+
+    def see_out_now(self, arrival: Arrival) -> None:
+        """``see_out`` of a request ``take_now`` took (its places are given back at once)."""
+        if arrival.admission is not None:
+            self.limiter.settle_leased(arrival.admission)
+        self._seen_out(arrival)
+
+    def _seen_out(self, arrival: Arrival) -> None:
         self.waiting.place_freed(arrival.model)
         elapsed = arrival.elapsed()
         self.metrics.request_done(arrival.model, arrival.status, elapsed)

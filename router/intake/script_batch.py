@@ -122,3 +122,17 @@ class ScriptBatch:
             if not self._tasks:
                 self._send()
             await asyncio.wait(list(self._tasks))
+
+
+def limits_client(url: str, timeout: float) -> Any:
+    """A redis.asyncio client for the limits' scripts: ``timeout`` on each command and
+    connect, and a connection a restarted Redis closed made again at once, once."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    return aioredis.Redis.from_url(
+        url, socket_timeout=timeout, socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError],
+    )  # fmt: skip

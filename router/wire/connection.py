@@ -117,7 +117,13 @@ class Response:
             self._released = True
             self._connection.finished(self, whole=self._complete and not self._error)
 
-    # Called by the connection.
+    # Called by the connection (router/forward/express.py's answer overrides them).
+    def _headed(self) -> None:
+        """The status and headers are in (``request`` is told by its own future)."""
+
+    def _fed(self) -> None:
+        """What one read from the socket held has been fed (chunks, maybe the end)."""
+
     def _feed(self, data: bytes) -> None:
         self._chunks.append(data)
         self._buffered += len(data)
@@ -185,6 +191,9 @@ class EngineConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(UpstreamBroken(f"the engine's answer is not valid HTTP: {exc}", "invalid"))
             self.abort()
+            return
+        if self.response is not None:
+            self.response._fed()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -221,6 +230,7 @@ class EngineConnection(asyncio.Protocol):
         self.response.status = self.parser.get_status_code()
         if self.headers_done is not None and not self.headers_done.done():
             self.headers_done.set_result(None)
+        self.response._headed()
 
     def on_body(self, body: bytes) -> None:
         assert self.response is not None
@@ -234,28 +244,43 @@ class EngineConnection(asyncio.Protocol):
 
     # -- requests ------------------------------------------------------------------------
 
+    def send(
+        self, method: bytes, host: bytes, path: bytes, body: bytes, headers: bytes,
+        response: Response, length: int | None = None,
+    ) -> None:  # fmt: skip
+        """Write a request whose answer ``response`` is told of; ``length``: the whole
+        body's, when only its head is ``body`` (the caller sends the rest, then ``wait``s)."""
+        self.response = response
+        self.parser = httptools.HttpResponseParser(self)
+        self.framed = self.keep_alive = False
+        head = b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s\r\n" % (
+            method, path, host, len(body) if length is None else length, headers,
+        )  # fmt: skip
+        assert self.transport is not None, "send() on a connection not yet made"
+        self.transport.writelines((head, body))
+        if length is None:
+            self.wait()
+
+    def wait(self) -> None:
+        """The request is out: the read timeout runs from here."""
+        self.last_read = self.loop.time()
+        self.timer = self.loop.call_at(self.last_read + self.read_timeout, self._on_timer)
+
     async def request(
         self, method: bytes, host: bytes, path: bytes, body: bytes, headers: bytes,
         rest: Rest | None = None,
     ) -> Response:  # fmt: skip
-        response = self.response = Response(self)
-        self.parser = httptools.HttpResponseParser(self)
-        self.framed = self.keep_alive = False
+        response = Response(self)
         self.headers_done = self.loop.create_future()
-        length = len(body) if rest is None else rest.length
-        head = b"%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n%s\r\n" % (
-            method, path, host, length, headers,
-        )  # fmt: skip
-        assert self.transport is not None, "request() on a connection not yet made"
-        self.transport.writelines((head, body))
+        self.send(method, host, path, body, headers, response,
+                  None if rest is None else rest.length)  # fmt: skip
         if rest is not None:
             try:
                 await self._send_rest(rest.chunks)
             except BaseException:
                 self.finished(response, whole=False)
                 raise
-        self.last_read = self.loop.time()
-        self.timer = self.loop.call_at(self.last_read + self.read_timeout, self._on_timer)
+            self.wait()
         try:
             await self.headers_done
         except BaseException:

@@ -22,22 +22,24 @@ Serving it (the socket, TLS, lifespan, signals, a graceful stop) is ``router.wir
 from __future__ import annotations
 
 import asyncio
-import http
 import logging
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote
 
 import httptools
 
+from router.wire.cycle import Application, RequestCycle, plain_answer
+
 logger = logging.getLogger(__name__)
 
-Application = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]],
-                       Awaitable[None]]  # fmt: skip
+# An application's way to answer a request from callbacks, before any task is made: True
+# when it took the request (router/forward/express.py), False to have it answered in a task.
+Expressway = Callable[[RequestCycle], bool]
 
 # An upload past this many bytes unread pauses reading until the application takes it.
 HIGH_WATER_BYTES = 64 * 1024
@@ -45,27 +47,7 @@ HIGH_WATER_BYTES = 64 * 1024
 MOST_HEAD_BYTES = 64 * 1024
 # An idle keep-alive connection is closed after this long (uvicorn's default).
 KEEP_ALIVE_SECONDS = 5.0
-# Answers the head of which goes out with its body: below this, one write of both.
-JOIN_BELOW_BYTES = 256 * 1024
-
 ASGI = {"version": "3.0", "spec_version": "2.3"}
-DISCONNECT = {"type": "http.disconnect"}
-STATUS_LINES = {
-    status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phrase.encode())
-    for status in http.HTTPStatus
-}
-NO_BODY_STATUSES = frozenset({204, 304})
-
-
-def status_line(status: int) -> bytes:
-    return STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status
-
-
-def plain_answer(status: int, text: str) -> bytes:
-    """A whole answer the server gives itself, after which it closes the connection."""
-    body = text.encode()
-    head = b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n" % len(body)
-    return status_line(status) + head + b"connection: close\r\n\r\n" + body
 
 
 class Clock:
@@ -82,9 +64,11 @@ class Clock:
 class Server:
     """What the connections of one listening socket share."""
 
-    def __init__(self, app: Application, scheme: str = "http") -> None:
+    def __init__(self, app: Application, scheme: str = "http",
+                 express: Expressway | None = None) -> None:  # fmt: skip
         self.app = app
         self.scheme = scheme
+        self.express = express
         self.clock = Clock()
         self.connections: set[Connection] = set()
         self.tasks: set[asyncio.Task] = set()
@@ -100,6 +84,10 @@ class Server:
         for connection in list(self.connections):
             if connection.answering is None and connection.idle_since < deadline:
                 connection.transport.close()
+
+    def busy(self) -> bool:
+        """Whether an answer is under way, in a task or from callbacks."""
+        return bool(self.tasks) or any(c.answering is not None for c in self.connections)
 
     def stop_accepting(self) -> None:
         """A stop: idle connections closed now, busy ones after their answer."""
@@ -121,6 +109,7 @@ class Connection(asyncio.Protocol):
         self.address: tuple[Any, Any] = (None, None)  # the server's, the client's
         self.parsing: RequestCycle | None = None  # the request the parser is in
         self.answering: RequestCycle | None = None  # the request being answered
+        self.unstarted: RequestCycle | None = None  # answering, its body not all here yet
         self.queued: deque[RequestCycle] = deque()  # pipelined, answered in turn
         self.idle_since = time.monotonic()
         self.reading_paused = False
@@ -152,6 +141,9 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
+            if self.unstarted is not None:  # the body comes later: answered in a task
+                cycle, self.unstarted = self.unstarted, None
+                self.start(cycle)
         except httptools.HttpParserUpgrade:
             pass  # no upgrade served: the request is answered as HTTP/1.1 (as uvicorn does)
         except httptools.HttpParserError as exc:
@@ -163,11 +155,15 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.drained = asyncio.get_running_loop().create_future()
+        if self.answering is not None and self.answering.express is not None:
+            self.answering.express.client_paused()
 
     def resume_writing(self) -> None:
         if self.drained is not None and not self.drained.done():
             self.drained.set_result(None)
         self.drained = None
+        if self.answering is not None and self.answering.express is not None:
+            self.answering.express.client_resumed()
 
     def refuse(self, status: int, text: str) -> None:
         """Answer a request the server cannot hand on, and close (nothing after it can be
@@ -216,7 +212,9 @@ class Connection(asyncio.Protocol):
         keep_alive = parser.should_keep_alive() and not self.server.stopping
         cycle = RequestCycle(self, scope, keep_alive, self.expects_continue)
         self.parsing = cycle
-        if self.answering is None:
+        if self.answering is None and self.server.express is not None and version != "1.0":
+            self.answering = self.unstarted = cycle  # perhaps answered once its body is here
+        elif self.answering is None:
             self.start(cycle)
         else:  # pipelined: answered after the one before it; read no further meanwhile
             self.queued.append(cycle)
@@ -237,12 +235,28 @@ class Connection(asyncio.Protocol):
         if cycle is not None:
             cycle.complete = True
             cycle.wake()
+            if cycle is self.unstarted:
+                self.unstarted = None
+                if not self.expressed(cycle):
+                    self.start(cycle)
+
+    def expressed(self, cycle: RequestCycle) -> bool:
+        """Whether the application took ``cycle`` to answer from callbacks."""
+        try:
+            return self.server.express(cycle)  # type: ignore[misc]
+        except Exception:
+            logger.exception("The application's express way failed on %s %s",
+                             cycle.scope["method"], cycle.scope["path"])  # fmt: skip
+            return cycle.started  # half an answer is the application's to finish
 
     # -- answering ----------------------------------------------------------------------
 
     def start(self, cycle: RequestCycle) -> None:
         self.answering = cycle
-        task = asyncio.get_running_loop().create_task(cycle.run(self.server.app))
+        self.spawn(cycle.run(self.server.app))
+
+    def spawn(self, answering: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(answering)
         tasks = self.server.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -270,177 +284,3 @@ class Connection(asyncio.Protocol):
         if self.reading_paused and not self.queued:
             self.reading_paused = False
             self.transport.resume_reading()
-
-
-class RequestCycle:
-    """One request and its answer: ASGI's ``receive`` and ``send`` for it."""
-
-    __slots__ = ("connection", "scope", "keep_alive", "expects_continue", "body", "unread",
-                 "complete", "delivered", "disconnected", "started", "finished", "chunked",
-                 "no_body", "length_left", "head", "waiter")  # fmt: skip
-
-    def __init__(self, connection: Connection, scope: dict, keep_alive: bool,
-                 expects_continue: bool) -> None:  # fmt: skip
-        self.connection = connection
-        self.scope = scope
-        self.keep_alive = keep_alive
-        self.expects_continue = expects_continue
-        self.body: list[bytes] = []  # arrived, not yet taken by ``receive``
-        self.unread = 0
-        self.complete = False  # the whole body has arrived
-        self.delivered = False  # and was taken
-        self.disconnected = False
-        self.started = False  # the answer's head was given
-        self.finished = False  # its last body message was sent
-        self.chunked = False
-        self.no_body = False  # HEAD, 204, 304
-        self.length_left = -1  # bytes the content-length has left; -1: no length given
-        self.head = b""  # the answer's head, held to go out with its body
-        self.waiter: asyncio.Future | None = None
-
-    async def run(self, app: Application) -> None:
-        try:
-            await app(self.scope, self.receive, self.send)
-        except asyncio.CancelledError:  # a stop past its grace: cut, not a failure to report
-            self.connection.transport.close()
-            raise
-        except BaseException as exc:
-            logger.error("The application failed on %s %s", self.scope["method"],
-                         self.scope["path"], exc_info=exc)  # fmt: skip
-            if not self.started and not self.disconnected:
-                self.connection.refuse(500, "Internal Server Error")
-            else:
-                self.connection.transport.close()
-            if not isinstance(exc, Exception):
-                raise
-            return
-        if self.disconnected or self.finished:
-            return
-        if not self.started:
-            logger.error("The application answered nothing to %s %s", self.scope["method"],
-                         self.scope["path"])  # fmt: skip
-            self.connection.refuse(500, "Internal Server Error")
-        else:  # a half-sent answer cannot be mended: the client sees it cut off
-            logger.error("The application left its answer to %s %s unfinished",
-                         self.scope["method"], self.scope["path"])  # fmt: skip
-            self.connection.transport.close()
-
-    def wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def lost(self) -> None:
-        self.disconnected = True
-        self.wake()
-
-    async def receive(self) -> dict:
-        if self.expects_continue:
-            self.expects_continue = False
-            if not self.started and not self.disconnected:
-                self.connection.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        while True:
-            if self.disconnected or self.finished:
-                return DISCONNECT
-            if self.body or (self.complete and not self.delivered):
-                body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
-                self.body.clear()
-                self.unread = 0
-                self.connection.resume_reading()
-                self.delivered = self.complete
-                return {"type": "http.request", "body": body, "more_body": not self.complete}
-            self.waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-
-    async def send(self, message: dict) -> None:
-        connection = self.connection
-        if connection.drained is not None and not self.disconnected:
-            await connection.drained
-        if self.disconnected or connection.transport.is_closing():
-            return
-        if not self.started:
-            if message["type"] != "http.response.start":
-                raise RuntimeError(f"expected http.response.start, got {message['type']}")
-            self.start_answer(message["status"], message.get("headers", ()))
-        elif not self.finished:
-            if message["type"] != "http.response.body":
-                raise RuntimeError(f"expected http.response.body, got {message['type']}")
-            self.send_body(message.get("body", b""), message.get("more_body", False))
-        else:
-            raise RuntimeError(f"{message['type']} after the answer was complete")
-
-    def start_answer(self, status: int, headers: Any) -> None:
-        parts = [status_line(status), self.connection.server.clock.date_header]
-        length: int | None = None
-        closes = False
-        for name, value in headers:
-            # A CR or LF in a header would let whoever chose it write headers of their own.
-            if b"\n" in value or b"\r" in value or b"\n" in name or b"\r" in name or b":" in name:
-                raise RuntimeError(f"header {name!r} has a line break or colon in it")
-            name = name.lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                self.chunked = value.lower() == b"chunked"
-            elif name == b"connection" and b"close" in value.lower():
-                self.keep_alive, closes = False, True
-            parts += (name, b": ", value, b"\r\n")
-        self.started = True
-        self.expects_continue = False
-        self.no_body = self.scope["method"] == "HEAD" or status in NO_BODY_STATUSES
-        if length is not None:
-            self.length_left = length
-        elif self.no_body or self.chunked:
-            pass
-        elif self.scope["http_version"] == "1.0":
-            self.keep_alive = False  # HTTP/1.0 has no chunks: the body ends with the connection
-        else:
-            self.chunked = True
-            parts.append(b"transfer-encoding: chunked\r\n")
-        if not self.keep_alive and not closes:
-            parts.append(b"connection: close\r\n")
-        parts.append(b"\r\n")
-        self.head = b"".join(parts)
-        if length is None or self.no_body:
-            # A stream's head goes out with its first events when they come in this turn of
-            # the loop (they mostly come with the engine's head: a write a stream saved),
-            # and at the turn's end when they do not.
-            asyncio.get_running_loop().call_soon(self.write_head)
-
-    def write_head(self) -> None:
-        head, self.head = self.head, b""
-        if head and not self.disconnected:
-            self.connection.transport.write(head)
-
-    def send_body(self, body: bytes, more: bool) -> None:
-        if self.no_body:
-            data = b""
-        elif self.chunked:
-            data = b"%x\r\n%b\r\n" % (len(body), body) if body else b""
-            if not more:
-                data += b"0\r\n\r\n"
-        elif self.length_left >= 0:
-            self.length_left -= len(body)
-            if self.length_left < 0:
-                raise RuntimeError("the answer is longer than its content-length")
-            data = body
-        else:  # HTTP/1.0 without a length: until the connection closes
-            data = body
-        head, self.head = self.head, b""
-        transport = self.connection.transport
-        if head:
-            if len(data) < JOIN_BELOW_BYTES:
-                data = head + data
-            else:
-                transport.write(head)
-        if data:
-            transport.write(data)
-        if not more:
-            if self.length_left > 0 and not self.no_body:
-                raise RuntimeError("the answer is shorter than its content-length")
-            self.finished = True
-            self.wake()
-            self.connection.answered(self)

@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 # How long a stop waits for the answers under way (streams among them) before cutting.
 STOP_GRACE_SECONDS = 30.0
+POLL_SECONDS = 0.05
 
 
 class LifespanFailed(Exception):
@@ -74,7 +75,9 @@ async def serve(app: Application, sock: socket.socket,
         await lifespan.startup()
     except LifespanFailed as exc:
         raise SystemExit(f"the router did not start: {exc}") from None
-    server = Server(app, scheme="https" if ssl_context else "http")
+    # An application may answer what needs no waiting from callbacks (``express``).
+    server = Server(app, scheme="https" if ssl_context else "http",
+                    express=getattr(app, "express", None))  # fmt: skip
     listener = await loop.create_server(server.connection, sock=sock, ssl=ssl_context,
                                         backlog=BACKLOG)  # fmt: skip
     signals = 0
@@ -95,13 +98,13 @@ async def serve(app: Application, sock: socket.socket,
         await stopped.wait()
         listener.close()
         server.stop_accepting()
-        if server.tasks:
-            logger.info("stopping: %d answers under way", len(server.tasks))
-            waiting = asyncio.ensure_future(asyncio.wait(list(server.tasks),
-                                                         timeout=STOP_GRACE_SECONDS))  # fmt: skip
+        if server.busy():
+            logger.info("stopping: answers under way")
+            waiting = asyncio.ensure_future(answered(server, STOP_GRACE_SECONDS))
             cutting = asyncio.ensure_future(cut.wait())
             await asyncio.wait([waiting, cutting], return_when=asyncio.FIRST_COMPLETED)
             cutting.cancel()
+            waiting.cancel()
         for task in list(server.tasks):
             task.cancel()
         for connection in list(server.connections):
@@ -111,6 +114,14 @@ async def serve(app: Application, sock: socket.socket,
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         await lifespan.shutdown()
+
+
+async def answered(server: Server, seconds: float) -> None:
+    """Return once no answer is under way, or after ``seconds`` (a stop's wait: a poll)."""
+    for _ in range(int(seconds / POLL_SECONDS)):
+        if not server.busy():
+            return
+        await asyncio.sleep(POLL_SECONDS)
 
 
 async def sweep_every_second(server: Server) -> None:

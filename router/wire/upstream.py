@@ -24,9 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections import deque
+from collections.abc import Callable
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from router.wire.connection import EngineConnection, Response, Rest, UpstreamBroken
+
+R = TypeVar("R", bound=Response)
 
 # Request headers that describe this hop, not the request; never forwarded.
 HOP_REQUEST_HEADERS = frozenset(
@@ -47,6 +52,43 @@ class UpstreamUnreachable(Exception):
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(detail)
         self.kind = kind
+
+
+class Slots:
+    """The requests in flight the pool allows (a semaphore that can also be taken at once,
+    from a callback, when one is free), handed out first come, first served."""
+
+    def __init__(self, count: int) -> None:
+        self.free = count
+        self.waiters: deque[asyncio.Future] = deque()
+
+    def take_now(self) -> bool:
+        if self.free <= 0 or self.waiters:
+            return False
+        self.free -= 1
+        return True
+
+    async def take(self) -> None:
+        if self.take_now():
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.give()  # handed a slot just as it was cancelled: the next may have it
+            elif waiter in self.waiters:
+                self.waiters.remove(waiter)
+            raise
+
+    def give(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes to it, still taken
+                return
+        self.free += 1
 
 
 class _Target:
@@ -75,13 +117,13 @@ class Upstream:
         self.connections = connections
         self._idle: dict[tuple, list[EngineConnection]] = {}
         self._targets: dict[str, _Target] = {}
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: Slots | None = None
         self._ssl: ssl.SSLContext | None = None
         self.loop: asyncio.AbstractEventLoop
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self._slots = asyncio.Semaphore(self.connections)
+        self._slots = Slots(self.connections)
 
     async def close(self) -> None:
         for connections in self._idle.values():
@@ -119,21 +161,17 @@ class Upstream:
             target = self._target(base_url)
         except ValueError as exc:
             raise UpstreamUnreachable("connect", str(exc)) from None
-        encoded = b"".join(
-            b"%s: %s\r\n" % (name, value)
-            for name, value in headers
-            if b"\r" not in value and b"\n" not in value
-        )
+        encoded = encode_headers(headers)
         assert self._slots is not None, "Upstream.start() was not called"
         # An upload's rest can be sent once: never on a kept-alive connection that may have
         # been closed under it.
         for fresh in (True,) if rest is not None else (False, True):
             # A slot per request, held until its response is closed (see _give_back).
-            await self._slots.acquire()
+            await self._slots.take()
             try:
                 connection, reused = await self._connection(target, base_url, fresh=fresh)
             except BaseException:
-                self._slots.release()
+                self._slots.give()
                 raise
             try:
                 return await connection.request(
@@ -155,19 +193,46 @@ class Upstream:
             raise UpstreamUnreachable(kind, detail)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _connection(
-        self, target: _Target, url: str, *, fresh: bool = False
-    ) -> tuple[EngineConnection, bool]:
+    def send_now(
+        self, base_url: str, path: str, body: bytes, headers: list[tuple[bytes, bytes]],
+        answer: Callable[[EngineConnection], R],
+    ) -> R | None:  # fmt: skip
+        """POST on a kept-alive connection at once, from a callback: the Response
+        ``answer`` makes is told of the answer as it comes (router/forward/express.py).
+        None, sending nothing, when no slot or no idle connection to that engine is free."""
+        assert self._slots is not None, "Upstream.start() was not called"
+        target = self._targets.get(base_url)
+        if target is None or not self._slots.take_now():
+            return None
+        connection = self._idle_connection(target)
+        if connection is None:
+            self._slots.give()
+            return None
+        response = answer(connection)
+        connection.send(b"POST", target.host_header, (target.prefix + path).encode(), body,
+                        encode_headers(headers), response)  # fmt: skip
+        return response
+
+    def _idle_connection(self, target: _Target) -> EngineConnection | None:
+        """A kept-alive connection to ``target`` still fit to carry a request, if any."""
         idle = self._idle.get(target.key)
         now = self.loop.time()
-        while idle and not fresh:
+        while idle:
             connection = idle.pop()
             usable = not connection.closed and not (
                 connection.transport is not None and connection.transport.is_closing()
             )
             if usable and now - connection.idle_since < KEEPALIVE_SECONDS:
-                return connection, True
+                return connection
             connection.abort()
+        return None
+
+    async def _connection(
+        self, target: _Target, url: str, *, fresh: bool = False
+    ) -> tuple[EngineConnection, bool]:
+        connection = None if fresh else self._idle_connection(target)
+        if connection is not None:
+            return connection, True
         if target.ssl and self._ssl is None:
             self._ssl = ssl.create_default_context()
         try:
@@ -192,7 +257,16 @@ class Upstream:
         """A request's answer was closed: free its slot, and keep its connection for the
         next request to that engine if the answer was read whole on a kept-alive one."""
         assert self._slots is not None
-        self._slots.release()
+        self._slots.give()
         if reusable:
             connection.idle_since = self.loop.time()
             self._idle.setdefault(connection.key, []).append(connection)
+
+
+def encode_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """Headers as they go on the wire; one with a line break in its value is left out."""
+    return b"".join(
+        b"%s: %s\r\n" % (name, value)
+        for name, value in headers
+        if b"\r" not in value and b"\n" not in value
+    )

@@ -9,7 +9,7 @@ import contextlib
 
 import pytest
 
-from router.wire import server as wire_server
+from router.wire.cycle import status_line
 from router.wire.server import KEEP_ALIVE_SECONDS, MOST_HEAD_BYTES, Server
 
 
@@ -295,5 +295,5 @@ def test_idle_connections_are_swept_and_a_stop_closes_each_after_its_answer():
 
 
 def test_every_status_has_its_line():
-    assert wire_server.status_line(429) == b"HTTP/1.1 429 Too Many Requests\r\n"
-    assert wire_server.status_line(599) == b"HTTP/1.1 599 \r\n"
+    assert status_line(429) == b"HTTP/1.1 429 Too Many Requests\r\n"
+    assert status_line(599) == b"HTTP/1.1 599 \r\n"
