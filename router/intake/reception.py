@@ -219,10 +219,11 @@ class Reception:
         path = arrival.path
         session = affinity_for(route, payload, path, head.session, self.config)
         body, drop_usage_only = _body_for_engine(path, body, payload, route)
-        admission = arrival.admission
+        admission, caller = arrival.admission, arrival.caller
+        assert caller is not None  # known before its body was read
         arrival.call = Call(
             receive=receive, send=send, path=path, route=route, body=body, headers=head.forward,
-            caller=arrival.caller, session=session, drop_usage_only=drop_usage_only,
+            caller=caller, session=session, drop_usage_only=drop_usage_only,
             started=arrival.started, limit_headers=admission.headers if admission else [],
             kind=KIND_OF_PATH.get(path), translation=translation,
             query=scope.get("query_string", b""), upload=upload, chain=chain,

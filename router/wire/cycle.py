@@ -13,11 +13,8 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from router.wire.server import Connection
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
 
 logger = logging.getLogger("router.wire.server")
 
@@ -46,6 +43,22 @@ def plain_answer(status: int, text: str) -> bytes:
     return status_line(status) + head + b"connection: close\r\n\r\n" + body
 
 
+class ClientConnection(Protocol):
+    """What a cycle needs of the client's connection it came on (server.py's)."""
+
+    transport: asyncio.Transport
+    drained: asyncio.Future | None  # set while the client reads slower than it is written to
+    server: Any  # its ``clock.date_header``
+
+    def refuse(self, status: int, text: str) -> None: ...
+
+    def answered(self, cycle: RequestCycle) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def spawn(self, answering: Coroutine[Any, Any, None]) -> None: ...
+
+
 class Express(Protocol):
     """An answer being given from callbacks, told what its client does meanwhile."""
 
@@ -63,7 +76,7 @@ class RequestCycle:
                  "complete", "delivered", "disconnected", "started", "finished", "chunked",
                  "no_body", "length_left", "head", "waiter", "express")  # fmt: skip
 
-    def __init__(self, connection: Connection, scope: dict, keep_alive: bool,
+    def __init__(self, connection: ClientConnection, scope: dict, keep_alive: bool,
                  expects_continue: bool) -> None:  # fmt: skip
         self.connection = connection
         self.scope = scope
