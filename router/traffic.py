@@ -13,6 +13,9 @@ from collections import defaultdict
 
 from protocol.routing import TRAFFIC_KEEP_SECONDS, TTFT_EDGES, traffic_key
 
+# A time to first byte's field, by the index of the first edge at or above it.
+TTFT_FIELDS = [*(f"ttft:{index}" for index in range(len(TTFT_EDGES))), "ttft:inf"]
+
 
 class Traffic:
     """Counts by model since the last ``take``."""
@@ -31,8 +34,7 @@ class Traffic:
             counts[f"error:{code}"] += 1
 
     def first_byte(self, model: str, seconds: float) -> None:
-        index = bisect_left(TTFT_EDGES, seconds)
-        self._counts[model][f"ttft:{index if index < len(TTFT_EDGES) else 'inf'}"] += 1
+        self._counts[model][TTFT_FIELDS[bisect_left(TTFT_EDGES, seconds)]] += 1
 
     def tokens(self, model: str, prompt: int, completion: int) -> None:
         counts = self._counts[model]

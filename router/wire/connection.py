@@ -32,6 +32,8 @@ HOP_RESPONSE_HEADERS = frozenset(
 
 # Reading pauses while this much of an answer waits for a slow client.
 HIGH_WATER = 256 * 1024
+# A request's head and body go in one write below this (copying more costs more).
+JOIN_BELOW_BYTES = 64 * 1024
 # An engine whose host went silent (a cut link, a machine powered off) never closes its
 # connections, and the read timeout is long (prefill of a long prompt). The host's kernel
 # answers keepalive probes however busy the engine is, so no answer to 3 probes 2 s apart
@@ -257,7 +259,10 @@ class EngineConnection(asyncio.Protocol):
             method, path, host, len(body) if length is None else length, headers,
         )  # fmt: skip
         assert self.transport is not None, "send() on a connection not yet made"
-        self.transport.writelines((head, body))
+        if len(body) < JOIN_BELOW_BYTES:  # one write: writelines costs a second
+            self.transport.write(head + body)
+        else:
+            self.transport.writelines((head, body))
         if length is None:
             self.wait()
 

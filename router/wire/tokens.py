@@ -90,10 +90,13 @@ def usage_of_body(body: bytes) -> Tokens | None:
 
 
 def _last_usage(body: bytes, start: int) -> re.Match[bytes] | None:
-    last = None
-    for last in _USAGE_OBJECT.finditer(body, start):  # noqa: B007
-        pass
-    return last
+    end = len(body)
+    while (found := body.rfind(b'"usage"', start, end)) >= 0:
+        match = _USAGE_OBJECT.match(body, found)
+        if match is not None:
+            return match
+        end = found
+    return None
 
 
 def _last_event_end(data: bytes) -> int:

@@ -63,7 +63,7 @@ class Fleet:
 
 
 @contextlib.asynccontextmanager
-async def fleet(tmp_path, engines: int = 1, chunks: int = 3):
+async def fleet(tmp_path, engines: int = 1, chunks: int = 3, engine_name: str = "llama.cpp"):
     runners = []
     started = []
     for n in range(engines):
@@ -77,7 +77,8 @@ async def fleet(tmp_path, engines: int = 1, chunks: int = 3):
     static = tmp_path / "static.yaml"
     key = {"name": "test", "sha256": hashlib.sha256(KEY.encode()).hexdigest()}
     static.write_text(yaml.safe_dump({
-        "models": [{"name": "m", "endpoints": [{"url": f"http://127.0.0.1:{port}"}
+        "models": [{"name": "m", "endpoints": [{"url": f"http://127.0.0.1:{port}",
+                                                "engine": engine_name}
                                                for _engine, port in started]}],
         "keys": [key],
     }))  # fmt: skip
@@ -203,6 +204,41 @@ def test_a_client_that_leaves_mid_stream_is_counted_499_and_frees_its_replica(tm
             assert engine.requests[-1]["path"] == "/tokenize"
             charged = f.metric('llmgw_router_completion_tokens_total{model="m"}') - tokens
             assert 1 <= charged < 20  # the words it had, not the answer's 20
+
+    run(scenario())
+
+
+def test_a_stream_whose_engine_breaks_off_is_carried_on_by_another_replica(tmp_path):
+    async def scenario():
+        async with fleet(tmp_path, engines=2, chunks=6) as f:
+            await f.warm()
+            for engine in f.engines:
+                engine.gate = True  # each chunk waits for a release: the break comes mid-way
+            async with f.client.stream("POST", "/v1/chat/completions",
+                                       json={**CHAT, "stream": True}) as answer:  # fmt: skip
+                lines = answer.aiter_lines()
+                first = await anext(lines)
+                while not first.startswith("data: "):
+                    first = await anext(lines)
+                (client,) = [c for c in f.server.connections if c.answering is not None]
+                express = client.answering.express
+                assert express is not None  # answered from callbacks until the break
+                broken = express.endpoint
+                for engine in f.engines:
+                    engine.gate = False  # the replica that carries it on answers at once
+                express._connection.transport.abort()  # the engine's connection, reset
+                rest = [line async for line in lines if line.startswith("data: ")]
+            said = events("\n".join([first, *rest]))
+            assert said[-1] == "[DONE]"
+            assert not any("error" in e for e in said[:-1])  # carried on, not ended in error
+            assert f.metric('kind="broken_stream"') == 1
+            assert f.metric("llmgw_router_migrations_total") == 1
+            (other,) = [e for e in f.router.table.routes["m"].endpoints if e != broken]
+            continued = [r for r in f.engines[0].requests + f.engines[1].requests
+                         if r["body"].get("continue_final_message")]  # fmt: skip
+            assert continued, "the other replica was asked to carry the answer on"
+            assert all(f.router.balancer.inflight(e.replica) == 0
+                       for e in (broken, other))  # fmt: skip
 
     run(scenario())
 
