@@ -36,9 +36,11 @@ SHARED_SOCKET_SERVERS = {
     "uvicorn-asyncio": ["--server", "uvicorn", "--loop", "asyncio"],
     "uvicorn-h11": ["--server", "uvicorn", "--http", "h11"],
 }  # fmt: skip
-# The router's ASGI application with each outbound client.
+# The router's ASGI application with each outbound client ("task": the lean one with the
+# express way off, every request on the task path).
 CLIENTS = {"lean": "router.asgi:application", "aiohttp": "bench.aiohttp_upstream:application",
-           "bare": "bench.bare_proxy:application"}  # fmt: skip
+           "bare": "bench.bare_proxy:application",
+           "task": "bench.task_path:application"}  # fmt: skip
 
 
 @dataclass

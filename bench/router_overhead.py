@@ -25,10 +25,11 @@ throughput as a fraction of direct, and the router's as a fraction of nginx's. A
 variant is a server and an outbound client: ``own`` (router/wire/server.py), ``uvicorn``
 or ``daphne``; ``lean`` (router/wire/upstream.py, what production runs) or ``aiohttp``
 (bench/aiohttp_upstream.py, kept to measure against); ``own+lean`` is what `llmgw up`
-runs. With ``--static``, two floors: ``own+bare`` (bench/bare_proxy.py: the router's own
-server and client, nothing between) and ``raw+bare`` (bench/raw_proxy.py: the least a
-proxy in Python does). Each measurement runs --seconds after a short warm-up, in ROUNDS
-slices taken in turns.
+runs, ``own+task`` the same with its express way off (every request on the task path,
+``LLMGW_ROUTER_EXPRESS=false``). With ``--static``, two floors: ``own+bare``
+(bench/bare_proxy.py: the router's own server and client, nothing between) and
+``raw+bare`` (bench/raw_proxy.py: the least a proxy in Python does). Each measurement
+runs --seconds after a short warm-up, in ROUNDS slices taken in turns.
 """
 
 from __future__ import annotations

@@ -203,6 +203,8 @@ class Router:
         path = scope["path"]
         if path not in EXPRESS_PATHS or scope["method"] != "POST" or not self._started:
             return False
+        if not self.config.express:
+            return False
         request_id = request_id_for(header(scope, b"x-request-id"))
         added = self._added_headers(scope, request_id)
         arrival = Arrival(path, request_id, started=time.perf_counter())

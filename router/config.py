@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.env import env_float, env_int, env_str, llmgw_home
+from core.env import env_bool, env_float, env_int, env_str, llmgw_home
 from core.secret_files import metrics_token
 
 
@@ -83,6 +83,9 @@ class RouterConfig:
     # Hosts, addresses and networks (CIDR) media URLs may point at although they are inside
     # the fleet (intake/media_urls.py): none, since engines fetch them from inside it.
     allow_private_urls: tuple[str, ...] = ()
+    # Requests that need no waiting answered from the sockets' callbacks (forward/express.py);
+    # off, every request takes the task path (a way out of a fault in it, and to measure).
+    express: bool = True
 
     @classmethod
     def from_env(cls) -> RouterConfig:
@@ -133,6 +136,7 @@ class RouterConfig:
                 for entry in env_str("LLMGW_ROUTER_ALLOW_PRIVATE_URLS").split(",")
                 if entry.strip()
             ),
+            express=env_bool("LLMGW_ROUTER_EXPRESS", cls.express),
         )
 
     def __post_init__(self) -> None:

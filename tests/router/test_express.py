@@ -63,7 +63,13 @@ class Fleet:
 
 
 @contextlib.asynccontextmanager
-async def fleet(tmp_path, engines: int = 1, chunks: int = 3, engine_name: str = "llama.cpp"):
+async def fleet(
+    tmp_path,
+    engines: int = 1,
+    chunks: int = 3,
+    engine_name: str = "llama.cpp",
+    express: bool = True,
+):
     runners = []
     started = []
     for n in range(engines):
@@ -82,8 +88,9 @@ async def fleet(tmp_path, engines: int = 1, chunks: int = 3, engine_name: str = 
                                                for _engine, port in started]}],
         "keys": [key],
     }))  # fmt: skip
-    router = Router(RouterConfig(static_path=str(static), refresh_seconds=3600, table_file=""),
-                    StaticSource(str(static)))  # fmt: skip
+    config = RouterConfig(static_path=str(static), refresh_seconds=3600, table_file="",
+                          express=express)  # fmt: skip
+    router = Router(config, StaticSource(str(static)))
     await router.start()
     server = Server(router, express=router.express)
     listener = await asyncio.get_running_loop().create_server(server.connection, "127.0.0.1", 0)
@@ -239,6 +246,18 @@ def test_a_stream_whose_engine_breaks_off_is_carried_on_by_another_replica(tmp_p
             assert continued, "the other replica was asked to carry the answer on"
             assert all(f.router.balancer.inflight(e.replica) == 0
                        for e in (broken, other))  # fmt: skip
+
+    run(scenario())
+
+
+def test_with_the_express_way_off_every_request_takes_the_task_path(tmp_path):
+    async def scenario():
+        async with fleet(tmp_path, express=False) as f:
+            await f.warm()
+            answers = [await f.chat(), await f.chat(stream=True)]
+            assert [a.status_code for a in answers] == [200, 200]
+            assert events(answers[1].text)[-1] == "[DONE]"
+            assert f.router.expressed == 0
 
     run(scenario())
 
