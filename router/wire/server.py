@@ -141,9 +141,6 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
-            if self.unstarted is not None:  # the body comes later: answered in a task
-                cycle, self.unstarted = self.unstarted, None
-                self.start(cycle)
         except httptools.HttpParserUpgrade:
             pass  # no upgrade served: the request is answered as HTTP/1.1 (as uvicorn does)
         except httptools.HttpParserError as exc:
@@ -152,6 +149,9 @@ class Connection(asyncio.Protocol):
                             "bytes; send less in headers (a body has no such limit).")  # fmt: skip
             else:
                 self.refuse(400, f"Invalid HTTP request: {exc}")
+        if self.unstarted is not None:  # its body comes later: answered in a task
+            cycle, self.unstarted = self.unstarted, None
+            self.start(cycle)
 
     def pause_writing(self) -> None:
         self.drained = asyncio.get_running_loop().create_future()

@@ -18,9 +18,9 @@ def run(coroutine):
 
 
 @contextlib.asynccontextmanager
-async def serving(app):
+async def serving(app, express=None):
     """``app`` served on a free loopback port: (the Server, its port)."""
-    server = Server(app)
+    server = Server(app, express=express)
     listener = await asyncio.get_running_loop().create_server(server.connection, "127.0.0.1", 0)
     try:
         yield server, listener.sockets[0].getsockname()[1]
@@ -290,6 +290,43 @@ def test_idle_connections_are_swept_and_a_stop_closes_each_after_its_answer():
             assert await busy_reader.read() == b""
             idle_writer.close()
             busy_writer.close()
+
+    run(scenario())
+
+
+def test_an_express_way_answers_whole_requests_from_callbacks_and_tasks_the_rest():
+    """What the router's express way stands on (router/forward/express.py): a request whose
+    body is here is offered before any task is made; one it declines and one whose body
+    comes later are answered in a task as before."""
+    offered = []
+
+    def express(cycle):
+        offered.append(cycle.scope["path"])
+        if cycle.scope["path"] != "/fast":
+            return False
+        body = b"fast " + b"".join(cycle.body)
+        cycle.start_answer(200, [(b"content-length", str(len(body)).encode())])
+        cycle.send_body(body, False)
+        return True
+
+    async def scenario():
+        async with serving(echo, express) as (server, port):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request("/fast", b"one"))
+            assert (await read_answer(reader))[2] == b"fast one"
+            assert not server.tasks
+            writer.write(request("/slow", b"two"))  # declined: the application's, in a task
+            assert (await read_answer(reader))[2] == b"POST /slow ? two"
+            whole = request("/fast", b"later")
+            writer.write(whole[:-3])  # its body comes in two reads: a task reads the rest
+            await asyncio.sleep(0.05)
+            writer.write(whole[-3:])
+            assert (await read_answer(reader))[2] == b"POST /fast ? later"
+            # Pipelined: the first answered at once, so the second is offered in turn.
+            writer.write(request("/fast", b"a") + request("/fast", b"b"))
+            assert [(await read_answer(reader))[2] for _ in range(2)] == [b"fast a", b"fast b"]
+            assert offered == ["/fast", "/slow", "/fast", "/fast"]
+            writer.close()
 
     run(scenario())
 
