@@ -8,6 +8,7 @@ import socket
 import sysconfig
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -282,6 +283,18 @@ PLAYGROUND_MODELS = env_list("LLMGW_PLAYGROUND_MODELS")
 # engines serves here too.
 MODEL_HUB_URL = env_str("HF_ENDPOINT", "https://huggingface.co")
 MODEL_HUB_TOKEN = env_str("HF_TOKEN")
+# The hosts a model's URL source is downloaded from for the fit estimate (its first
+# megabytes; catalog/fit/roots.py): a name, or "*.name" for its subdomains. Others are
+# refused unasked, so the catalog cannot make the control plane call inside the network.
+# By default Hugging Face's and the hub's.
+LLMGW_FIT_DOWNLOAD_HOSTS = [
+    host.lower()
+    for host in env_list(
+        "LLMGW_FIT_DOWNLOAD_HOSTS",
+        ["huggingface.co", "*.huggingface.co", "hf.co", "*.hf.co",
+         urlsplit(MODEL_HUB_URL).hostname or "huggingface.co"],
+    )
+]  # fmt: skip
 
 # Sign-in through an OpenID Connect provider (docs/sign-in.md): off until an issuer is named.
 # The provider's endpoints and keys are read from its discovery document at the first

@@ -20,7 +20,7 @@ import httpx
 from django.conf import settings
 
 from catalog.fit.estimate import ModelShape
-from catalog.fit.roots import OutsideModelRoots, under_a_model_root
+from catalog.fit.roots import OutsideModelRoots, from_a_download_host, under_a_model_root
 from core.gguf import GgufError, GgufHeader, GgufIncomplete, read_header, read_header_bytes
 from core.http import outbound_client
 from protocol.sources import HUB_ID
@@ -159,6 +159,10 @@ def _safetensors_dir(path: Path) -> ModelShape:
 
 
 def _gguf_url(url: str) -> ModelShape:
+    try:
+        from_a_download_host(url)
+    except OutsideModelRoots as err:
+        raise ModelFileError(str(err)) from None
     wanted = FIRST_BYTES
     with outbound_client("", TIMEOUT) as client:
         while True:

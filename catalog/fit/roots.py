@@ -1,18 +1,22 @@
-"""Where the control plane may read a model's local files (its header, its adapters' sizes)
-for the fit estimate: only under the model roots (settings.LLMGW_MODEL_ROOTS), so that a
-catalog entry cannot make the estimate an oracle for this host's files (review finding 24).
+"""Where the control plane may read a model's files for the fit estimate: a local file (its
+header, its adapters' sizes) only under the model roots (settings.LLMGW_MODEL_ROOTS), a URL
+only from the download hosts (settings.LLMGW_FIT_DOWNLOAD_HOSTS), so that a catalog entry
+cannot make the estimate an oracle for this host's files or a way into the network the
+control plane sits in (review finding 24).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.conf import settings
 
 
 class OutsideModelRoots(ValueError):
-    """A local source the control plane does not read; the message names it and the fix."""
+    """A source the control plane does not read; the message names it and the fix."""
 
 
 def under_a_model_root(source: str, roots: list[Path] | None = None) -> Path:
@@ -38,3 +42,32 @@ def under_a_model_root(source: str, roots: list[Path] | None = None) -> Path:
 
 def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def from_a_download_host(url: str, hosts: list[str] | None = None) -> str:
+    """``url``, when its host is one of the fit's download hosts (LLMGW_FIT_DOWNLOAD_HOSTS:
+    a name, or ``*.name`` for its subdomains), else OutsideModelRoots saying so. By name
+    only: an address is allowed where it is listed itself."""
+    hosts = settings.LLMGW_FIT_DOWNLOAD_HOSTS if hosts is None else hosts
+    host = (urlsplit(url).hostname or "").lower().rstrip(".")
+    if not host or not any(_host_matches(host, allowed) for allowed in hosts):
+        raise OutsideModelRoots(
+            f"{url}: the control plane downloads models for the fit estimate only from "
+            f"{', '.join(hosts)}; add {host or 'its host'} to LLMGW_FIT_DOWNLOAD_HOSTS to have "
+            "its size estimated, or declare memory: or gpu_memory: for its profiles"
+        )
+    return url
+
+
+def _host_matches(host: str, allowed: str) -> bool:
+    if allowed.startswith("*.") and not _is_address(host):
+        return host.endswith(allowed[1:])
+    return host == allowed
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

@@ -12,6 +12,7 @@ import pytest
 
 from catalog.fit import model_files
 from catalog.fit.model_files import ModelFileError, fetch_shape, read_local_shape
+from catalog.fit.roots import OutsideModelRoots, from_a_download_host
 from core.gguf import GgufIncomplete, read_header_bytes
 from llmgw_cli.demo import smollm2_path
 from tests.agent.weights_server import WeightsServer
@@ -109,7 +110,15 @@ def test_a_safetensors_directory_reads_its_config_and_file_sizes(tmp_path):
     )  # fmt: skip
 
 
-def test_a_gguf_url_is_read_from_its_first_bytes_even_past_a_short_first_try(tmp_path, monkeypatch):
+@pytest.fixture
+def loopback_downloads(settings):
+    """The tests' weights servers are on loopback: a download host for the fit here."""
+    settings.LLMGW_FIT_DOWNLOAD_HOSTS = ["127.0.0.1"]
+
+
+def test_a_gguf_url_is_read_from_its_first_bytes_even_past_a_short_first_try(
+    tmp_path, monkeypatch, loopback_downloads
+):
     data = small_model(tmp_path).read_bytes()
     server = WeightsServer(data, name="small.gguf", honour_range=False)
     # Each try asks for twice the bytes of the last until the header ends.
@@ -125,13 +134,44 @@ def test_a_gguf_url_is_read_from_its_first_bytes_even_past_a_short_first_try(tmp
     ]
 
 
-def test_a_url_that_answers_an_error_is_named():
+def test_a_url_that_answers_an_error_is_named(loopback_downloads):
     server = WeightsServer(b"GGUF", name="small.gguf")
     try:
         with pytest.raises(ModelFileError, match="cannot read .*other.gguf"):
             fetch_shape(server.url.replace("small.gguf", "other.gguf"))
     finally:
         server.stop()
+
+
+def test_a_url_off_the_download_hosts_is_refused_unasked(tmp_path, settings):
+    """Review finding 24: a catalog entry cannot make the control plane call inside its
+    network; the refusal names the setting, and the host is never asked."""
+    server = WeightsServer(small_model(tmp_path).read_bytes(), name="small.gguf")
+    try:
+        for hosts in (["huggingface.co", "*.hf.co"], ["*.0.0.1"], ["127.0.0.2"]):
+            settings.LLMGW_FIT_DOWNLOAD_HOSTS = hosts
+            facts = model_files.shape_facts(server.url)
+            assert "shape" not in facts
+            assert "downloads models for the fit estimate only from" in facts["unreadable"]
+            assert "LLMGW_FIT_DOWNLOAD_HOSTS" in facts["unreadable"]
+        assert server.requests == []
+        settings.LLMGW_FIT_DOWNLOAD_HOSTS = ["*.hf.co", "127.0.0.1"]
+        assert model_files.shape_facts(server.url)["shape"]["layers"] == 4
+        assert server.requests
+    finally:
+        server.stop()
+
+
+def test_a_download_host_is_a_name_or_its_subdomains():
+    hosts = ["huggingface.co", "*.hf.co"]
+    for url in ("https://huggingface.co/a/b.gguf", "https://cdn-lfs.hf.co/x",
+                "https://CAS-BRIDGE.xethub.hf.co./y"):  # fmt: skip
+        assert from_a_download_host(url, hosts) == url
+    for url in ("https://hf.co.evil.example/x", "https://evilhf.co/x",
+                "https://huggingface.co.internal/x", "https://10.0.0.1/x", "file:///etc/passwd",
+                "https://user@internal.lan/x"):  # fmt: skip
+        with pytest.raises(OutsideModelRoots, match="LLMGW_FIT_DOWNLOAD_HOSTS"):
+            from_a_download_host(url, hosts)
 
 
 class Hub(BaseHTTPRequestHandler):

@@ -72,8 +72,9 @@ def test_a_declared_memory_is_placed_as_declared_whatever_the_estimate(
 
 
 def test_a_url_model_waits_for_its_header_then_is_placed_with_the_estimate(
-    node_ids, tmp_path, django_capture_on_commit_callbacks
+    node_ids, tmp_path, django_capture_on_commit_callbacks, settings
 ):
+    settings.LLMGW_FIT_DOWNLOAD_HOSTS = ["127.0.0.1"]  # the test's weights server's host
     data = llama_model(tmp_path / "small.gguf", **SMALL, kind="f16").read_bytes()
     server = WeightsServer(data, name="small.gguf")
     try:
