@@ -31,6 +31,10 @@ def test_commands_not_signed_for_the_node_are_dropped_and_reported(processes, tm
     processes.append(worker.start())
     wait_until(lambda: Node.objects.filter(id=node_id, state="connected").exists(), 60,
              "the agent to register")  # fmt: skip
+    # Connected is the control plane's side; the agent checks commands once its link's
+    # answer gave it the key (a command before that waits, then is dropped, not refused).
+    wait_until(lambda: "linked to control plane" in worker.output(), 60,
+               "the agent to take its command key")  # fmt: skip
     deadline = time.time() + 60
     token = node_command_key(node_id)  # what its link told it
 
