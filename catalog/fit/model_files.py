@@ -30,6 +30,8 @@ from protocol.sources import HUB_ID
 FIRST_BYTES = 8 << 20
 MOST_BYTES = 128 << 20
 TIMEOUT = 30.0
+# Redirects a download follows (Hugging Face's resolve URL: one, to its CDN).
+MOST_REDIRECTS = 3
 # Bytes per parameter of a safetensors checkpoint, by the dtype its config names.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
 CONTENT_RANGE_TOTAL = re.compile(r"/(\d+)\s*$")
@@ -184,16 +186,29 @@ def _gguf_url(url: str) -> ModelShape:
 
 def _first_bytes(client: httpx.Client, url: str, count: int) -> tuple[bytes, int]:
     """The first ``count`` bytes of ``url`` and the file's whole size, reading no more even
-    from a server that ignores the range."""
-    with client.stream("GET", url, headers={"Range": f"bytes=0-{count - 1}"}) as response:
-        response.raise_for_status()
-        match = CONTENT_RANGE_TOTAL.search(response.headers.get("content-range", ""))
-        total = int(match.group(1)) if match else int(response.headers.get("content-length", 0))
-        data = bytearray()
-        for chunk in response.iter_bytes():
-            data += chunk
-            if len(data) >= count:
-                break
+    from a server that ignores the range; a redirect followed (a hub's ``resolve`` URL goes
+    to its CDN) only to a download host, each hop checked before it is asked."""
+    for _hop in range(MOST_REDIRECTS + 1):
+        with client.stream("GET", url, headers={"Range": f"bytes=0-{count - 1}"}) as response:
+            if not response.is_redirect:
+                return _read_first(response, url, count)
+            url = str(response.url.join(response.headers["location"]))
+        try:
+            from_a_download_host(url)
+        except OutsideModelRoots as err:
+            raise ModelFileError(f"a redirect led to {err}") from None
+    raise ModelFileError(f"{url}: more than {MOST_REDIRECTS} redirects")
+
+
+def _read_first(response: httpx.Response, url: str, count: int) -> tuple[bytes, int]:
+    response.raise_for_status()
+    match = CONTENT_RANGE_TOTAL.search(response.headers.get("content-range", ""))
+    total = int(match.group(1)) if match else int(response.headers.get("content-length", 0))
+    data = bytearray()
+    for chunk in response.iter_bytes():
+        data += chunk
+        if len(data) >= count:
+            break
     if not total:
         raise ModelFileError(f"{url} does not say how large it is (no Content-Range or length)")
     return bytes(data[:count]), total

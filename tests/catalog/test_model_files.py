@@ -162,6 +162,44 @@ def test_a_url_off_the_download_hosts_is_refused_unasked(tmp_path, settings):
         server.stop()
 
 
+class Redirect(BaseHTTPRequestHandler):
+    """Answers every GET with a redirect to ``to`` (a hub's resolve URL, to its CDN)."""
+
+    to = ""
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(302)
+        self.send_header("Location", self.to)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_redirect_is_followed_only_to_a_download_host(tmp_path, loopback_downloads):
+    weights = WeightsServer(small_model(tmp_path).read_bytes(), name="small.gguf")
+    handler = type("To", (Redirect,), {})
+    redirect = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=redirect.serve_forever, daemon=True).start()
+    start = f"http://127.0.0.1:{redirect.server_address[1]}/org/m/resolve/main/small.gguf"
+    try:
+        handler.to = weights.url
+        assert model_files.shape_facts(start)["shape"]["layers"] == 4
+        asked = len(weights.requests)
+        handler.to = weights.url.replace("127.0.0.1", "localhost")  # not a download host
+        facts = model_files.shape_facts(start)
+        assert facts["unreadable"].startswith(f"a redirect led to {handler.to}: the control "
+                                              "plane downloads models")  # fmt: skip
+        assert len(weights.requests) == asked  # never asked
+        handler.to = start  # round and round
+        assert "more than 3 redirects" in model_files.shape_facts(start)["unreadable"]
+    finally:
+        weights.stop()
+        redirect.shutdown()
+        redirect.server_close()
+
+
 def test_a_download_host_is_a_name_or_its_subdomains():
     hosts = ["huggingface.co", "*.hf.co"]
     for url in ("https://huggingface.co/a/b.gguf", "https://cdn-lfs.hf.co/x",
