@@ -112,6 +112,27 @@ async def test_requests_arriving_together_share_a_lease_and_none_is_refused(rout
         await router.admit(key)
 
 
+async def test_the_express_way_takes_only_spare_places_and_gives_them_back(routers, prefix):
+    """``admit_now`` (router/forward/express.py's) never leases: it takes a place the block
+    holds spare, or says the request must be admitted the usual way; the cap holds."""
+    router = routers()
+    key = caller(prefix, concurrency=64)
+    assert router.admit_now(key) == (False, None)  # no block yet: ``admit`` leases one
+    first = await router.admit(key)
+    spare = len(router.places.blocks[counter_keys(prefix, NOON).inflight].spare)
+    taken = [router.admit_now(key) for _ in range(spare)]
+    assert all(ok and admission.leased for ok, admission in taken)
+    assert router.admit_now(key) == (False, None)  # none spare: never past the block
+    assert len(in_flight(prefix)) == spare + 1  # nothing asked of Redis beyond the lease
+    for _ok, admission in taken:
+        assert router.settle_leased(admission)
+    assert router.admit_now(key)[0]  # given back: spare again
+    await router.charge(first, 0)
+    assert router.admit_now(caller(prefix)) == (True, None)  # no limits: nothing to count
+    budget = caller(f"{prefix}b", concurrency=64, tokens_per_day=1000)
+    assert router.admit_now(budget) == (False, None)  # counted per request, in Redis
+
+
 async def test_routers_that_lease_never_pass_the_cap_together(routers, prefix):
     a, b = routers(), routers()
     key = caller(prefix, concurrency=32)
