@@ -53,6 +53,9 @@ from bench.router_fleet import make_catalog, serve_fleet_routers
 
 WARMUP_SECONDS = 0.3  # connections opened, before each slice is measured
 ROUNDS = 3  # each measurement is this many slices, direct and routers taking turns
+STREAMS = {"both": (False, True), "no": (False,), "yes": (True,)}
+# The issue's goal (45): the router's throughput at least this share of nginx's.
+GOAL_OF_NGINX = 0.80
 
 
 async def measure(
@@ -116,6 +119,42 @@ def cpu_per_request(seconds: float, answers: int) -> str:
     return f"{seconds / answers * 1e6:.0f}us" if answers else "-"
 
 
+class Slices:
+    """What a target's slices took: wall time, CPU of its processes and of the whole
+    machine, answers counted. The CPU runs through each slice's warm-up too, under the
+    same load: it is taken as a rate over the slice's wall time, times the window."""
+
+    def __init__(self) -> None:
+        self.wall = self.own = self.machine = 0.0
+
+    def add(self, wall: float, own: float, machine: float) -> None:
+        self.wall += wall
+        self.own += own
+        self.machine += machine
+
+    def in_window(self, seconds: float) -> tuple[float, float]:
+        """CPU seconds of its processes and of the machine in ``seconds`` of windows."""
+        if not self.wall:
+            return 0.0, 0.0
+        return self.own / self.wall * seconds, self.machine / self.wall * seconds
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy, all cores together."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
+def room(machine: float, own: float, answers: int) -> float:
+    """The most of the router's CPU an answer (s) can cost for it to answer GOAL_OF_NGINX of
+    what nginx did, where the load generator, the engine and the proxy share the machine's
+    cores: kept as busy as nginx's run kept them (at best), an answer may cost the machine
+    1 / GOAL_OF_NGINX of what it cost through nginx, and what is not the proxy's own (the
+    load generator's, the engine's, the kernel's) is the same through either."""
+    through_nginx = machine / answers
+    return through_nginx / GOAL_OF_NGINX - (through_nginx - own / answers)
+
+
 async def start_targets(
     args: argparse.Namespace, workdir: Path, processes: list, sockets: list,
     env: dict[str, str] | None,
@@ -177,61 +216,87 @@ async def run(args: argparse.Namespace, env: dict[str, str] | None = None) -> No
         print(
             f"{'path':22} {'stream':6} {'conc':>4} | {'direct p50':>10} {'p99':>7} | "
             f"{'p50':>8} {'p99':>7} | {'added p50':>9} {'p99':>7} | "
-            f"{'direct r/s':>10} {'r/s':>7} {'ratio':>6} {'of nginx':>8} | {'CPU/req':>8}"
+            f"{'direct r/s':>10} {'r/s':>7} {'ratio':>6} {'of nginx':>8} | {'CPU/req':>8} "
+            f"{'machine':>8} {'busy':>6}"
         )
-        for stream in (False, True):
+        for stream in STREAMS[args.stream]:
             for concurrency in concurrencies:
                 # Slices taken in turn, so a change in the machine's other load during the
                 # run weighs on direct and proxied alike.
                 latencies: dict[str, list[float]] = {name: [] for name in targets}
                 answers = dict.fromkeys(targets, 0)
-                cpu = dict.fromkeys(targets, 0.0)
+                slices = {name: Slices() for name in targets}
                 refused: dict[str, dict[int, int]] = {name: {} for name in targets}
                 for _round in range(ROUNDS):
                     for name, target in targets.items():
-                        began = cpu_seconds(*target.pids)
+                        began = (time.perf_counter(), cpu_seconds(*target.pids),
+                                 machine_busy_seconds())  # fmt: skip
                         slice_latencies, slice_answers, slice_refused = await measure(
                             target.url, concurrency, stream, args.seconds / ROUNDS, target.key
                         )
-                        cpu[name] += cpu_seconds(*target.pids) - began
+                        slices[name].add(time.perf_counter() - began[0],
+                                         cpu_seconds(*target.pids) - began[1],
+                                         machine_busy_seconds() - began[2])  # fmt: skip
                         latencies[name] += slice_latencies
                         answers[name] += slice_answers
                         for status, count in slice_refused.items():
                             refused[name][status] = refused[name].get(status, 0) + count
-                direct = latencies["direct"]
-                direct_rps = answers["direct"] / args.seconds
-                nginx_rps = answers["nginx"] / args.seconds if "nginx" in targets else None
-                d50, d99 = percentile(direct, 0.5), percentile(direct, 0.99)
-                for name in targets:
-                    proxied = latencies[name]
-                    rps = answers[name] / args.seconds
-                    p50, p99 = percentile(proxied, 0.5), percentile(proxied, 0.99)
-                    share = rps / direct_rps if direct_rps else None
-                    nginx_share = nginx_rps / direct_rps if nginx_rps and direct_rps else None
-                    of_nginx = "" if name in ("direct", "nginx") else ratio(share, nginx_share)
-                    print(
-                        f"{name:22} {'yes' if stream else 'no':6} {concurrency:>4} | "
-                        f"{d50 * 1e3:>8.2f}ms {d99 * 1e3:>5.2f}ms | "
-                        f"{p50 * 1e3:>6.2f}ms {p99 * 1e3:>5.2f}ms | "
-                        f"{(p50 - d50) * 1e3:>7.2f}ms {(p99 - d99) * 1e3:>5.2f}ms | "
-                        f"{direct_rps:>10.0f} {rps:>7.0f} {ratio(rps, direct_rps):>6} "
-                        f"{of_nginx:>8} | {cpu_per_request(cpu[name], answers[name]):>8}"
-                        + "".join(f" {n}x{status}!" for status, n in refused[name].items()),
-                        flush=True,
-                    )
+                print_rows(stream, concurrency, args.seconds, latencies, answers, slices,
+                           refused)  # fmt: skip
         print("ratio = r/s / direct r/s; of nginx = the router's ratio / nginx's; "
               "added = latency - direct latency; CPU/req = CPU per answer of the processes "
-              "named (direct: the engine's own)")  # fmt: skip
+              "named (direct: the engine's own); machine = the whole machine's CPU per "
+              "answer, and how many of its cores were busy; room = the router's CPU an "
+              f"answer at which it would reach {GOAL_OF_NGINX:.2f} of nginx here "
+              "(``room``)")  # fmt: skip
     finally:
         stop(*reversed(processes))
         for sock in sockets:
             sock.close()
 
 
+def print_rows(
+    stream: bool, concurrency: int, seconds: float, latencies: dict[str, list[float]],
+    answers: dict[str, int], slices: dict[str, Slices], refused: dict[str, dict[int, int]],
+) -> None:  # fmt: skip
+    """A row a target, then (under load) the room nginx's row leaves the router."""
+    direct = latencies["direct"]
+    direct_rps = answers["direct"] / seconds
+    nginx_rps = answers["nginx"] / seconds if "nginx" in answers else None
+    d50, d99 = percentile(direct, 0.5), percentile(direct, 0.99)
+    cores = psutil.cpu_count() or 1
+    for name in latencies:
+        proxied = latencies[name]
+        rps = answers[name] / seconds
+        p50, p99 = percentile(proxied, 0.5), percentile(proxied, 0.99)
+        share = rps / direct_rps if direct_rps else None
+        nginx_share = nginx_rps / direct_rps if nginx_rps and direct_rps else None
+        of_nginx = "" if name in ("direct", "nginx") else ratio(share, nginx_share)
+        own, machine = slices[name].in_window(seconds)
+        print(
+            f"{name:22} {'yes' if stream else 'no':6} {concurrency:>4} | "
+            f"{d50 * 1e3:>8.2f}ms {d99 * 1e3:>5.2f}ms | "
+            f"{p50 * 1e3:>6.2f}ms {p99 * 1e3:>5.2f}ms | "
+            f"{(p50 - d50) * 1e3:>7.2f}ms {(p99 - d99) * 1e3:>5.2f}ms | "
+            f"{direct_rps:>10.0f} {rps:>7.0f} {ratio(rps, direct_rps):>6} "
+            f"{of_nginx:>8} | {cpu_per_request(own, answers[name]):>8} "
+            f"{cpu_per_request(machine, answers[name]):>8} {machine / seconds:>4.1f}/{cores}"
+            + "".join(f" {n}x{status}!" for status, n in refused[name].items()),
+            flush=True,
+        )
+    if concurrency == 1 or not answers.get("nginx"):
+        return  # one at a time, latency is the measure, not the machine's share
+    own, machine = slices["nginx"].in_window(seconds)
+    print(f"{'':22} room: {room(machine, own, answers['nginx']) * 1e6:.0f}us of the router's "
+          f"CPU an answer for {GOAL_OF_NGINX:.2f} of nginx")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=3.0, help="measured window per run")
     parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--stream", choices=STREAMS, default="both",
+                        help="answers streamed, not, or both (in turn)")  # fmt: skip
     parser.add_argument(
         "--routers", default="own+lean", help="comma-separated SERVER+CLIENT variants"
     )
