@@ -62,6 +62,22 @@ def test_events_split_anywhere_come_out_whole_and_in_order():
         assert scanner.tokens == Tokens(5, 7)
 
 
+@pytest.mark.parametrize("ending", [b"\n\n", b"\r\n\r\n", b"\r\r"])
+def test_events_without_usage_pass_whole_whatever_their_line_endings(ending):
+    """The reads that end on an event's end and name no usage (nearly every read of a
+    stream) pass as they came; those that end mid-event keep the rest for the next."""
+    plain = b'data: {"choices": [{"delta": {"content": "hi"}}]}' + ending
+    last = b'data: {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 7}}'
+    stream = plain + plain + last + ending
+    for cut in range(1, len(stream)):
+        scanner = EventScanner(drop_usage_only=True)
+        first = scanner.feed(stream[:cut])
+        assert scanner.mid_event == (not stream[:cut].endswith(ending)), cut
+        out = first + scanner.feed(stream[cut:]) + scanner.flush()
+        assert out == plain + plain, cut
+        assert scanner.tokens == Tokens(5, 7)
+
+
 def test_usage_riding_on_a_content_chunk_is_counted_and_the_chunk_kept():
     chunk = event(
         {
