@@ -264,9 +264,13 @@ class Upstream:
 
 
 def encode_headers(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """Headers as they go on the wire; one with a line break in its value is left out."""
+    """Headers as they go on the wire; one with a line break in its name or value is left
+    out (it would let whoever chose it write headers of their own)."""
+    text = b"".join([b"%s: %s\r\n" % header for header in headers])
+    if text.count(b"\n") == len(headers) and text.count(b"\r") == len(headers):
+        return text  # a line break a header, each its own end: the usual case, checked once
     return b"".join(
         b"%s: %s\r\n" % (name, value)
         for name, value in headers
-        if b"\r" not in value and b"\n" not in value
+        if not any(b in part for b in (b"\r", b"\n") for part in (name, value))
     )

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from router.wire.connection import UpstreamBroken
-from router.wire.upstream import Upstream, UpstreamUnreachable
+from router.wire.upstream import Upstream, UpstreamUnreachable, encode_headers
 
 BODY = b'{"model": "m"}'
 
@@ -352,3 +352,21 @@ def test_engine_connections_give_up_on_a_silent_host_in_seconds():
     # Dead within ~10 s, not the 600 s read timeout.
     assert options["idle"] + options["interval"] * options["probes"] <= 10
     assert options["unacknowledged_ms"] <= 10_000
+
+
+def test_headers_go_one_a_line_and_one_with_a_line_break_is_left_out():
+    usual = [(b"x-request-id", b"abc"), (b"content-type", b"application/json")]
+    assert encode_headers(usual) == b"x-request-id: abc\r\ncontent-type: application/json\r\n"
+    forged = [
+        (b"x-request-id", b"abc"),
+        (b"x-note", b"a\r\nauthorization: Bearer stolen"),  # a value that writes a header
+        (b"x-bad\nname", b"b"),
+        (b"x-cr", b"c\rd"),
+        (b"content-type", b"application/json"),
+    ]
+    assert encode_headers(forged) == usual_bytes(usual)
+    assert encode_headers([]) == b""
+
+
+def usual_bytes(headers: list[tuple[bytes, bytes]]) -> bytes:
+    return b"".join(name + b": " + value + b"\r\n" for name, value in headers)
