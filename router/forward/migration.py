@@ -24,14 +24,13 @@ holds the text already sent), so the prompt is counted once.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from router.translate.chat import CONTINUE_FINAL_MESSAGE
 from router.wire.compact_json import compact_json
-from router.wire.tokens import Tokens, tokens_of
+from router.wire.tokens import EVENT_END, Tokens, tokens_of
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -45,8 +44,6 @@ BUDGETS = ("max_tokens", "max_completion_tokens")
 # What is kept of a stream is read into its Progress past this size, so a long answer
 # costs the router its text, not every event it relayed.
 FOLD_BYTES = 256 * 1024
-
-_EVENT_SEPARATOR = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
 
 @dataclass
@@ -140,7 +137,7 @@ class Relayed:
 
 def event_payloads(data: bytes) -> Iterator[dict[str, Any]]:
     """The JSON objects of the server-sent events in ``data`` ([DONE] and others skipped)."""
-    for event in _EVENT_SEPARATOR.split(data):
+    for event in EVENT_END.split(data):
         chunk = _payload(event)
         if isinstance(chunk, dict):
             yield chunk
@@ -269,7 +266,7 @@ class Splice:
         self._partial = data[end:]
         if not end:
             return b""
-        return b"".join(self._rewrite(event) for event in _EVENT_SEPARATOR.split(data[:end]))
+        return b"".join(self._rewrite(event) for event in EVENT_END.split(data[:end]))
 
     def flush(self) -> bytes:
         """An unterminated last event, once the continuation ended."""
@@ -321,7 +318,7 @@ def _says_nothing(choice: Any) -> bool:
 
 
 def _last_event_end(data: bytes) -> int:
-    ends = [m.end() for m in _EVENT_SEPARATOR.finditer(data)]
+    ends = [m.end() for m in EVENT_END.finditer(data)]
     return ends[-1] if ends else 0
 
 

@@ -11,14 +11,12 @@ engines put it in that chunk, and a tool call's name may come before or with its
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from router.wire.tokens import Tokens, tokens_of
+from router.wire.tokens import EVENT_END, Tokens, tokens_of
 
-_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 # What a message says when an error body carries no words of its own.
 _NO_MESSAGE = "The engine answered HTTP {status} without saying why."
 # Asks an engine to go on from the conversation's final assistant message instead of
@@ -202,7 +200,7 @@ class ChatStream:
         data = self._partial + data if self._partial else data
         out = []
         start = 0
-        for match in _EVENT_END.finditer(data):
+        for match in EVENT_END.finditer(data):
             out.append(self._read_event(data[start : match.start()]))
             start = match.end()
         self._partial = data[start:]

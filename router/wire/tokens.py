@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass
 from typing import TypeGuard
 
-_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_ENDINGS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # what ends a server-sent event
+EVENT_END = re.compile(b"|".join(re.escape(ending) for ending in _ENDINGS))
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
-_ENDINGS = (b"\n\n", b"\r\n\r\n", b"\r\r")  # what ends an event (_EVENT_END's)
 _DECODER = json.JSONDecoder()
 
 
@@ -103,7 +103,7 @@ def _last_usage(body: bytes, start: int) -> re.Match[bytes] | None:
 def _last_event_end(data: bytes) -> int:
     """Where the last whole event in ``data`` ends (0 if none does)."""
     end = 0
-    for separator in (b"\n\n", b"\r\n\r\n", b"\r\r"):
+    for separator in _ENDINGS:
         found = data.rfind(separator)
         if found >= 0:
             end = max(end, found + len(separator))
@@ -112,7 +112,7 @@ def _last_event_end(data: bytes) -> int:
 
 def _event_end(data: bytes, position: int) -> int:
     """Where the event around ``position`` ends (just past its blank line)."""
-    found = _EVENT_END.search(data, position)
+    found = EVENT_END.search(data, position)
     return found.end() if found else len(data)
 
 
